@@ -1,0 +1,38 @@
+"""The ``dpflow`` command line (Typer).
+
+Every command calls the same ``dpflow_core`` function as the matching Dagster
+asset. Each stage registers its commands from its own module below; errors of
+type :class:`dpflow_core.errors.DpflowError` are printed in one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from dpflow_core.errors import DpflowError
+
+app = typer.Typer(
+    name="dpflow",
+    help="Matrix Studio recordings -> replay buffer -> GPU server -> Diffusion Policy checkpoint.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# Stage modules register their commands on ``app`` when imported.
+from dpflow_core.cli import recordings as _recordings  # noqa: E402,F401
+from dpflow_core.cli import dataset as _dataset  # noqa: E402,F401
+from dpflow_core.cli import remote as _remote  # noqa: E402,F401
+from dpflow_core.cli import runs as _runs  # noqa: E402,F401
+from dpflow_core.cli import platform as _platform  # noqa: E402,F401
+
+
+def main() -> None:
+    """Console-script entry point: run the app, print DpflowError in one line."""
+    try:
+        app()
+    except DpflowError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        sys.exit(2)

@@ -1,0 +1,5 @@
+"""`dpflow` commands of the recordings stage."""
+
+from __future__ import annotations
+
+from dpflow_core.cli import app  # noqa: F401

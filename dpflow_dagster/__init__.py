@@ -1,0 +1,1 @@
+"""Dagster definitions for dpflow: thin assets over ``dpflow_core`` functions."""
