@@ -1,0 +1,239 @@
+"""align_episode: decoding, colour, timestamp alignment, trimming and bad input."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from dpflow_core import samples
+from dpflow_core.conversion import align_episode
+from dpflow_core.das_schema import das_messages
+from dpflow_core.errors import ConversionError
+from dpflow_core.topics import DAS_DEFAULT
+
+SPEC = samples.SampleSpec(seconds=3.0, width=160, height=120, gop_size=15)
+SIZE = (96, 72)
+
+
+def _write_vio(path: Path, frames_bgr, frame_ns, pose_ns, pos, quat, valid, grip_ns, grip, fps=30.0):
+    """Write a minimal ``_vio.mcap`` (camera, pose, gripper) from explicit streams."""
+    msgs = das_messages()
+    t = DAS_DEFAULT
+    units = samples._encode_h264(list(frames_bgr), fps, 15)
+    records = []
+    for seq, (ts, (data, _)) in enumerate(zip(frame_ns, units)):
+        records.append((int(ts) + 5_000_000, t.camera, msgs.CompressedImage(
+            header=samples._header(msgs, t.camera, seq, ts, fps), frame_id="camera0", data=data, format="h264")))
+    for seq, ts in enumerate(pose_ns):
+        p = msgs.PoseInFrame(header=samples._header(msgs, t.pose, seq, ts, fps), frame_id="world",
+                             pose_valid=bool(valid[seq]), score=0.9)
+        p.pose.position.x, p.pose.position.y, p.pose.position.z = pos[seq]
+        p.pose.orientation.x, p.pose.orientation.y, p.pose.orientation.z, p.pose.orientation.w = quat[seq]
+        records.append((int(ts) + 30_000_000, t.pose, p))
+    for seq, (ts, w) in enumerate(zip(grip_ns, grip)):
+        records.append((int(ts) + 1_000_000, t.gripper, msgs.MagneticEncoderMeasurement(
+            header=samples._header(msgs, t.gripper, seq, ts, 50.0), value=float(w))))
+    records.sort(key=lambda r: r[0])
+    samples._write_mcap(path, records)
+    return path
+
+
+@pytest.fixture(scope="module")
+def episodes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("align")
+    out = {
+        "plain": samples.write_episode(root, "plain", SPEC, seed=3),
+        "late_idr": samples.write_episode(root, "late_idr", replace(SPEC, drop_first_idr=True), seed=4),
+        "missing2": samples.write_episode(root, "missing2", replace(SPEC, missing_frames=(40, 41)), seed=5),
+        "late_early": samples.write_episode(
+            root, "late_early", replace(SPEC, camera_start_delay_s=0.4, camera_end_early_s=0.2), seed=6),
+        "vio40": samples.write_episode(root, "vio40", replace(SPEC, vio_coverage=(0.3, 0.7)), seed=7),
+        "invalid": samples.write_episode(root, "invalid", replace(SPEC, pose_invalid=((0.0, 0.4), (2.4, 2.6))), seed=8),
+    }
+    return out
+
+
+def _gt_at(ep, ts_ns):
+    gt_t = ep.pose_ts_ns.astype(np.int64)
+    idx = np.searchsorted(gt_t, ts_ns)
+    assert np.array_equal(gt_t[idx], ts_ns)
+    return ep.position_m[idx], Rotation.from_quat(ep.quat_xyzw[idx])
+
+
+def test_aligned_poses_match_ground_truth_at_frame_times(episodes):
+    ep = episodes["plain"]
+    a = align_episode(ep.vio_mcap, SIZE)
+    assert a.rgb.shape == (len(a), SIZE[1], SIZE[0], 3) and a.rgb.dtype == np.uint8
+    assert a.eef_pos.dtype == np.float32 and a.eef_rot_axis_angle.shape == (len(a), 3)
+    # every camera frame lies inside the pose and gripper tracks except possibly the edges
+    assert len(a) >= len(ep.camera_ts_ns) - 2
+    pos, rot = _gt_at(ep, a.camera_ts_ns)
+    np.testing.assert_allclose(a.eef_pos, pos, atol=1e-6)
+    assert (rot.inv() * Rotation.from_rotvec(a.eef_rot_axis_angle)).magnitude().max() < 1e-6
+    assert np.all(np.linalg.norm(a.eef_rot_axis_angle, axis=1) <= np.pi)
+    # gripper (50 Hz, own clock) interpolated linearly at the frame times
+    ref = np.interp(a.camera_ts_ns.astype(np.float64), ep.gripper_ts_ns.astype(np.float64), ep.gripper_width_m)
+    np.testing.assert_allclose(a.gripper_width[:, 0], ref, atol=1e-6)
+    np.testing.assert_allclose(a.timestamps_s, (a.camera_ts_ns - a.camera_ts_ns[0]) / 1e9)
+    assert a.report["frequency_hz"] == pytest.approx(30.0, rel=0.01)
+    assert a.report["gaps"] == [] and a.report["leading_undecodable_packets"] == 0
+
+
+def test_frames_before_first_idr_are_skipped_and_paired_by_timestamp(episodes):
+    ep = episodes["late_idr"]
+    a = align_episode(ep.vio_mcap, SIZE)
+    # the sample drops the first IDR: the P-frames up to the next IDR (gop 15) cannot decode
+    assert a.report["camera_messages"] == len(ep.camera_ts_ns)
+    assert a.report["leading_undecodable_packets"] == SPEC.gop_size - 1
+    assert a.report["decoded_frames"] == len(ep.camera_ts_ns) - (SPEC.gop_size - 1)
+    assert a.camera_ts_ns[0] == ep.camera_ts_ns[SPEC.gop_size - 1]
+    pos, _ = _gt_at(ep, a.camera_ts_ns)
+    np.testing.assert_allclose(a.eef_pos, pos, atol=1e-6)
+    # the first decoded frame matches a reference decode of that access unit's GOP
+    assert a.report["trimmed_s"]["start"] > (SPEC.gop_size - 1) / 30 - 0.01
+
+
+def test_rgb_matches_cv2_area_reference(episodes):
+    """The decoder's scaler (area) gives the same image as BGR decode + cv2 INTER_AREA + BGR->RGB."""
+    ep = episodes["plain"]
+    a = align_episode(ep.vio_mcap, SIZE)
+    from dpflow_core.recordings import read_streams
+
+    s = read_streams(ep.vio_mcap)
+    ctx = av.CodecContext.create("h264", "r")
+    ref = []
+    for data in s.camera_packets[:10]:
+        for f in ctx.decode(av.Packet(data)):
+            bgr = f.to_ndarray(format="bgr24")
+            ref.append(cv2.cvtColor(cv2.resize(bgr, SIZE, interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB))
+    k = int(np.searchsorted(s.camera_ts_ns, a.camera_ts_ns[0]))
+    diff = np.abs(a.rgb[: 10 - k].astype(int) - np.stack(ref[k:10]).astype(int))
+    assert diff.mean() < 2.0, diff.mean()
+    # and far from the channel-swapped image
+    swapped = np.abs(a.rgb[: 10 - k, ..., ::-1].astype(int) - np.stack(ref[k:10]).astype(int))
+    assert swapped.mean() > 5 * diff.mean() + 5
+
+
+def test_known_colour_patches_stay_rgb(tmp_path):
+    n, w, h = 12, 160, 120
+    rgb = np.zeros((h, w, 3), np.uint8)
+    rgb[:, : w // 3] = (210, 30, 30)  # red
+    rgb[:, w // 3 : 2 * w // 3] = (30, 210, 30)  # green
+    rgb[:, 2 * w // 3 :] = (30, 30, 210)  # blue
+    bgr = rgb[..., ::-1].copy()
+    t0 = 1_767_000_000_000_000_000
+    ts = t0 + np.arange(n, dtype=np.int64) * 33_333_333
+    quat = np.tile([0.0, 0.0, 0.0, 1.0], (n, 1))
+    path = _write_vio(tmp_path / "c_vio.mcap", [bgr] * n, ts, ts, np.zeros((n, 3)), quat, np.ones(n, bool),
+                      ts, np.full(n, 0.05))
+    for size in (SIZE, None):
+        a = align_episode(path, size)
+        W, H = size or (w, h)
+        assert a.rgb.shape[1:] == (H, W, 3)
+        for col, want in zip((W // 6, W // 2, 5 * W // 6), ((210, 30, 30), (30, 210, 30), (30, 30, 210))):
+            got = a.rgb[:, H // 2, col].astype(int)
+            assert np.abs(got - np.array(want)).max() <= 8, (size, col, got[0])
+
+
+def test_slerp_and_linear_interpolation_between_sparse_poses(tmp_path):
+    """Poses at 10 Hz, frames at 30 Hz: constant-rate rotation and linear motion are recovered exactly."""
+    n, fps = 60, 30.0
+    t0 = 1_767_000_000_000_000_000
+    frame_ns = t0 + np.round(np.arange(n) * 1e9 / fps).astype(np.int64) + 5_000_000
+    pose_ns = t0 + np.arange(0, 21) * 100_000_000
+    ps = (pose_ns - t0) / 1e9
+    axis = np.array([0.3, -0.5, 0.8]) / np.linalg.norm([0.3, -0.5, 0.8])
+    rate = 1.2  # rad/s, so the rotation passes 2.4 rad: slerp, not component-wise interpolation
+    quat = Rotation.from_rotvec(np.outer(ps * rate, axis)).as_quat()
+    vel = np.array([0.1, -0.05, 0.02])
+    pos = np.array([0.4, 0.0, 0.3]) + np.outer(ps, vel)
+    grip_ns = t0 + np.arange(0, 110) * 20_000_000
+    grip = 0.02 + 0.03 * (grip_ns - t0) / 1e9
+    frames = [np.full((120, 160, 3), 128, np.uint8)] * n
+    path = _write_vio(tmp_path / "s_vio.mcap", frames, frame_ns, pose_ns, pos, quat, np.ones(len(ps), bool),
+                      grip_ns, grip)
+    a = align_episode(path, SIZE)
+    fs = (a.camera_ts_ns - t0) / 1e9
+    assert a.camera_ts_ns[0] == frame_ns[0] and len(a) == n
+    np.testing.assert_allclose(a.eef_pos, np.array([0.4, 0.0, 0.3]) + np.outer(fs, vel), atol=1e-6)
+    want = Rotation.from_rotvec(np.outer(fs * rate, axis))
+    assert (want.inv() * Rotation.from_rotvec(a.eef_rot_axis_angle)).magnitude().max() < 1e-5
+    np.testing.assert_allclose(a.gripper_width[:, 0], 0.02 + 0.03 * fs, atol=1e-6)
+    assert a.report["frequency_hz"] == pytest.approx(fps, rel=1e-3)
+
+
+def test_two_missing_frames_are_reported_as_a_gap(episodes):
+    a = align_episode(episodes["missing2"].vio_mcap, SIZE)
+    assert len(a.report["gaps"]) == 1
+    gap = a.report["gaps"][0]
+    assert gap["missing_frames"] == 2 and gap["duration_s"] == pytest.approx(3 / 30, abs=0.005)
+    assert a.report["frequency_hz"] == pytest.approx(30.0, rel=0.01)
+
+
+def test_late_camera_is_trimmed_to_the_overlap(episodes):
+    ep = episodes["late_early"]
+    a = align_episode(ep.vio_mcap, SIZE)
+    tr = a.report["trimmed_s"]
+    assert tr["start"] == pytest.approx(0.4, abs=0.05) and tr["end"] == pytest.approx(0.2, abs=0.05)
+    assert a.camera_ts_ns[0] == ep.camera_ts_ns[0] and a.camera_ts_ns[-1] == ep.camera_ts_ns[-1]
+    assert a.report["duration_s"] == pytest.approx(3.0 - 0.6, abs=0.06)
+
+
+def test_camera_shorter_than_pose_by_one_frame(tmp_path):
+    n = 40
+    t0 = 1_767_000_000_000_000_000
+    ts = t0 + np.arange(n + 1, dtype=np.int64) * 33_333_333
+    quat = np.tile([0.0, 0.0, 0.0, 1.0], (n + 1, 1))
+    pos = np.outer(np.arange(n + 1), [0.001, 0, 0])
+    frames = [np.full((120, 160, 3), 90, np.uint8)] * n
+    path = _write_vio(tmp_path / "short_vio.mcap", frames, ts[:n], ts, pos, quat, np.ones(n + 1, bool),
+                      ts, np.full(n + 1, 0.05))
+    a = align_episode(path, SIZE)
+    assert len(a) == n
+    assert a.report["trimmed_s"]["end"] == pytest.approx(1 / 30, abs=1e-3)
+    assert a.report["trimmed_s"]["start"] == 0.0
+    np.testing.assert_allclose(a.eef_pos[:, 0], np.arange(n) * 0.001, atol=1e-7)
+
+
+def test_vio_covering_40_percent_is_rejected(episodes):
+    with pytest.raises(ConversionError) as err:
+        align_episode(episodes["vio40"].vio_mcap, SIZE)
+    assert err.value.code == "low_coverage"
+    pct = int(re.search(r"cover only (\d+)% of the recording", err.value.reason).group(1))
+    assert 37 <= pct <= 43 and "minimum 50%" in err.value.reason and "pose 0.9" in err.value.reason
+    # explicit lower bound accepts it, trimmed to the pose track
+    a = align_episode(episodes["vio40"].vio_mcap, SIZE, min_overlap_fraction=0.3)
+    assert a.report["coverage"] == pytest.approx(0.4, abs=0.03)
+
+
+def test_invalid_pose_policy(episodes):
+    path = episodes["invalid"].vio_mcap
+    with pytest.raises(ConversionError) as err:
+        align_episode(path, SIZE, invalid_pose_policy="reject")
+    assert err.value.code == "pose_invalid" and "pose_valid is false" in err.value.reason
+    a = align_episode(path, SIZE, invalid_pose_policy="trim")
+    inv = a.report["pose_invalid"]
+    assert len(inv["stretches_s"]) == 2 and inv["invalid_frames"] >= 15
+    # longest valid stretch: 0.4 s .. 2.4 s (the rest is dropped)
+    assert a.report["duration_s"] == pytest.approx(2.0, abs=0.1)
+    assert inv["dropped_frames"] >= 15
+    ep = episodes["invalid"]
+    t_rel = (a.camera_ts_ns - ep.camera_ts_ns[0].astype(np.int64)) / 1e9
+    assert t_rel[0] >= 0.4 - 0.04 and t_rel[-1] < 2.4
+    with pytest.raises(ConversionError, match="invalid_pose_policy"):
+        align_episode(path, SIZE, invalid_pose_policy="ignore")
+
+
+def test_native_resolution_and_rgb_dir(episodes, tmp_path):
+    a = align_episode(episodes["plain"].vio_mcap, None, rgb_dir=tmp_path)
+    assert a.rgb.shape[1:] == (SPEC.height, SPEC.width, 3)
+    assert a.rgb_path == tmp_path / "plain.rgb.npy" and a.rgb_path.exists()
+    stored = np.load(a.rgb_path, mmap_mode="r")
+    np.testing.assert_array_equal(stored[a.rgb_rows[0] : a.rgb_rows[1]], a.rgb)
