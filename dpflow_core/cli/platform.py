@@ -2,4 +2,27 @@
 
 from __future__ import annotations
 
-from dpflow_core.cli import app  # noqa: F401
+from pathlib import Path
+
+import typer
+
+from dpflow_core.cli import app
+
+
+@app.command("report")
+def report(
+    manifest: Path = typer.Argument(..., help="Pairing manifest JSON (the paired_episodes output)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Report folder: report.html, quality.json, previews/."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in the folder."),
+) -> None:
+    """Episode quality report: duration, rates, VIO score, pose_valid gaps, previews, outliers."""
+    from dpflow_core.report import write_report
+
+    result = write_report(manifest, out, overwrite=overwrite)
+    for e in result.episodes:
+        flag = f"  OUTLIER: {'; '.join(e.outlier_reasons)}" if e.is_outlier else ""
+        typer.echo(
+            f"{e.stem}: {e.duration_s:.2f} s, score median {e.score_median:.2f}, "
+            f"{len(e.pose_gaps)} pose gaps ({e.pose_gap_total_s:.2f} s){flag}"
+        )
+    typer.echo(f"{len(result.episodes)} episodes, {len(result.outliers)} outliers -> {result.html_path}")
