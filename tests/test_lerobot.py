@@ -1,0 +1,437 @@
+"""LeRobot v2.1 writer and openpi norm stats: layout, values, fail-fast errors, no network.
+
+lerobot itself is not installed in the test environment: `pip install --dry-run
+lerobot==0.3.3` (the last release writing v2.1) would replace torch 2.13 CPU by
+torch 2.7.1 with CUDA libraries. The schema tests below check the documented v2.1
+layout and the rules LeRobot's loader enforces (timestamps 1/fps apart within
+1e-4 s, video frames at those timestamps, per-episode stats shapes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from scipy.spatial.transform import Rotation
+
+from dpflow_core import lerobot as lr
+from dpflow_core.errors import ConversionError, DatasetError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def synthetic_episode(n: int, seed: int, hw: tuple[int, int] = (48, 64)) -> tuple[np.ndarray, np.ndarray]:
+    """(state (n, 7) float32, frames (n, H, W, 3) uint8) with smooth motion and textured frames."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)[:, None] / 30.0
+    pos = 0.3 + 0.1 * np.sin(t * rng.uniform(0.5, 2.0, 3) + rng.uniform(0, 6, 3))
+    rot = 0.4 * np.sin(t * rng.uniform(0.5, 2.0, 3) + rng.uniform(0, 6, 3))
+    width = 0.05 + 0.03 * np.sin(t * 1.3 + seed)
+    state = lr.episode_state(pos, rot, width)
+    h, w = hw
+    ys, xs = np.mgrid[0:h, 0:w]
+    frames = np.empty((n, h, w, 3), dtype=np.uint8)
+    for i in range(n):
+        frames[i, ..., 0] = 128 + 100 * np.sin(xs / 7.0 + i / 5.0)
+        frames[i, ..., 1] = 90 + 60 * np.cos(ys / 5.0 + seed)
+        frames[i, ..., 2] = 160 + 80 * np.sin((xs + ys) / 9.0 - i / 7.0)
+    return state, frames
+
+
+def write_dataset(out: Path, lengths=(40, 33, 51), freqs=(29.97, 30.02, 29.99), rule="next_state", task="pick the cup"):
+    """Write a dataset; return (export result, states, frames)."""
+    states, frames = [], []
+    with lr.LeRobotWriter(out, task, rule) as writer:
+        for k, (n, f) in enumerate(zip(lengths, freqs)):
+            s, fr = synthetic_episode(n, k)
+            writer.add_episode(s, {lr.CAMERA_KEY: fr}, f, stem=f"ep{k}")
+            states.append(s)
+            frames.append(fr)
+        result = writer.finish()
+    return result, states, frames
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lerobot") / "ds"
+    return (out, *write_dataset(out))
+
+
+# --------------------------------------------------------------------------- actions and stats
+
+
+def test_next_state_actions_shift_by_one_and_hold_at_the_end():
+    state, _ = synthetic_episode(10, 1)
+    actions = lr.episode_actions(state, "next_state")
+    assert actions.dtype == np.float32 and actions.shape == (10, 7)
+    np.testing.assert_array_equal(actions[:-1], state[1:])
+    np.testing.assert_array_equal(actions[-1], state[-1])
+
+
+def test_delta_actions_compose_back_to_the_next_state():
+    state, _ = synthetic_episode(12, 2)
+    actions = lr.episode_actions(state, "delta")
+    np.testing.assert_allclose(actions[:-1, :3], state[1:, :3] - state[:-1, :3], atol=1e-7)
+    np.testing.assert_allclose(actions[:-1, 6], state[1:, 6] - state[:-1, 6], atol=1e-7)
+    # R[t+1] = delta * R[t] (world frame)
+    recomposed = Rotation.from_rotvec(actions[:-1, 3:6]) * Rotation.from_rotvec(state[:-1, 3:6])
+    np.testing.assert_allclose(recomposed.as_rotvec(), state[1:, 3:6], atol=1e-5)
+    np.testing.assert_array_equal(actions[-1], np.zeros(7, dtype=np.float32))
+    with pytest.raises(ConversionError, match="unknown action rule"):
+        lr.episode_actions(state, "velocity")
+
+
+def test_image_stats_are_exact_per_channel():
+    _, frames = synthetic_episode(7, 3)
+    stats = lr.image_stats(frames)
+    for c in range(3):
+        ch = frames[..., c].astype(np.float64)
+        assert stats["mean"][c, 0, 0] == pytest.approx(ch.mean() / 255, rel=1e-12)
+        assert stats["std"][c, 0, 0] == pytest.approx(ch.std() / 255, rel=1e-9)
+        assert stats["min"][c, 0, 0] == ch.min() / 255 and stats["max"][c, 0, 0] == ch.max() / 255
+    assert stats["count"].tolist() == [7]
+
+
+def test_dataset_fps_is_the_pooled_measured_frequency():
+    # 31 frames at 30 Hz (1 s) + 61 frames at 20 Hz (3 s): 90 intervals in 4 s
+    assert lr.dataset_fps([30.0, 20.0], [31, 61]) == pytest.approx(22.5)
+    with pytest.raises(ConversionError):
+        lr.dataset_fps([30.0, -1.0], [10, 10])
+
+
+# --------------------------------------------------------------------------- layout (schema test)
+
+
+def test_info_json_follows_the_v21_layout(dataset):
+    out, result, states, _ = dataset
+    info = json.loads((out / "meta/info.json").read_text())
+    assert info["codebase_version"] == "v2.1"
+    assert info["total_episodes"] == 3 and result.n_episodes == 3
+    assert info["total_frames"] == sum(len(s) for s in states) == result.total_frames
+    assert info["total_tasks"] == 1 and info["total_videos"] == 3 and info["total_chunks"] == 1
+    assert info["chunks_size"] == 1000
+    assert info["splits"] == {"train": "0:3"}
+    assert info["data_path"] == "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+    assert info["video_path"] == "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+    expected_fps = sum(n - 1 for n in (40, 33, 51)) / sum((n - 1) / f for n, f in zip((40, 33, 51), (29.97, 30.02, 29.99)))
+    assert info["fps"] == pytest.approx(expected_fps, rel=1e-12) and result.fps == info["fps"]
+    feats = info["features"]
+    assert set(feats) == {"observation.state", "action", "observation.images.camera0",
+                          "timestamp", "frame_index", "episode_index", "index", "task_index"}
+    for key in ("observation.state", "action"):
+        assert feats[key] == {"dtype": "float32", "shape": [7], "names": list(lr.STATE_NAMES)}
+    cam = feats["observation.images.camera0"]
+    assert cam["dtype"] == "video" and cam["shape"] == [48, 64, 3]
+    assert cam["names"] == ["height", "width", "channels"]
+    assert cam["info"] == {
+        "video.fps": info["fps"], "video.height": 48, "video.width": 64, "video.codec": "h264",
+        "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.channels": 3, "has_audio": False,
+    }
+    for key, dtype in (("timestamp", "float32"), ("frame_index", "int64"), ("episode_index", "int64"),
+                       ("index", "int64"), ("task_index", "int64")):
+        assert feats[key] == {"dtype": dtype, "shape": [1], "names": None}
+    assert not any(p.name.startswith(".") for p in out.parent.iterdir()), "temporary folder left behind"
+
+
+def test_episodes_tasks_and_episode_stats(dataset):
+    out, _, states, frames = dataset
+    episodes = [json.loads(x) for x in (out / "meta/episodes.jsonl").read_text().splitlines()]
+    assert episodes == [{"episode_index": k, "tasks": ["pick the cup"], "length": len(s)} for k, s in enumerate(states)]
+    tasks = [json.loads(x) for x in (out / "meta/tasks.jsonl").read_text().splitlines()]
+    assert tasks == [{"task_index": 0, "task": "pick the cup"}]
+    lines = [json.loads(x) for x in (out / "meta/episodes_stats.jsonl").read_text().splitlines()]
+    info = json.loads((out / "meta/info.json").read_text())
+    assert [x["episode_index"] for x in lines] == [0, 1, 2]
+    for k, line in enumerate(lines):
+        stats = line["stats"]
+        assert set(stats) == set(info["features"])
+        for key, s in stats.items():
+            assert set(s) == {"min", "max", "mean", "std", "count"}
+            assert s["count"] == [len(states[k])]
+            shape = {"observation.state": (7,), "action": (7,), "observation.images.camera0": (3, 1, 1)}.get(key, (1,))
+            for name in ("min", "max", "mean", "std"):
+                assert np.asarray(s[name]).shape == shape, (key, name)
+        np.testing.assert_allclose(stats["observation.state"]["mean"], states[k].astype(np.float64).mean(0), rtol=1e-12)
+        np.testing.assert_allclose(stats["observation.state"]["std"], states[k].astype(np.float64).std(0), rtol=1e-9)
+        assert stats["observation.state"]["min"] == states[k].min(0).tolist()
+        img = np.asarray(stats["observation.images.camera0"]["mean"])[:, 0, 0]
+        np.testing.assert_allclose(img, frames[k].reshape(-1, 3).mean(0) / 255, rtol=1e-12)
+        assert stats["frame_index"]["max"] == [len(states[k]) - 1]
+        assert stats["episode_index"]["min"] == stats["episode_index"]["max"] == [k]
+
+
+def test_parquet_columns_and_timestamps_pass_lerobots_sync_rule(dataset):
+    out, result, states, _ = dataset
+    start = 0
+    all_ts, all_ep = [], []
+    for k, s in enumerate(states):
+        table = pq.read_table(out / f"data/chunk-000/episode_{k:06d}.parquet")
+        assert table.column_names == ["observation.state", "action", "timestamp", "frame_index",
+                                      "episode_index", "index", "task_index"]
+        assert table.schema.field("observation.state").type == pa.list_(pa.float32())
+        assert table.schema.field("timestamp").type == pa.float32()
+        n = len(s)
+        state = np.stack(table.column("observation.state").to_numpy(zero_copy_only=False))
+        np.testing.assert_array_equal(state, s)
+        action = np.stack(table.column("action").to_numpy(zero_copy_only=False))
+        np.testing.assert_array_equal(action, lr.episode_actions(s, "next_state"))
+        assert table.column("frame_index").to_pylist() == list(range(n))
+        assert table.column("episode_index").to_pylist() == [k] * n
+        assert table.column("index").to_pylist() == list(range(start, start + n))
+        assert table.column("task_index").to_pylist() == [0] * n
+        all_ts.append(table.column("timestamp").to_numpy())
+        all_ep.append(np.full(n, k))
+        start += n
+    # LeRobot's check_timestamps_sync: within an episode, consecutive timestamps are 1/fps +- 1e-4 s apart
+    ts = np.concatenate(all_ts).astype(np.float64)
+    ep = np.concatenate(all_ep)
+    inside = ep[1:] == ep[:-1]
+    assert np.all(np.abs(np.diff(ts)[inside] - 1 / result.fps) <= 1e-4)
+    assert all(t[0] == 0 for t in all_ts)
+
+
+def test_videos_hold_every_frame_at_its_parquet_timestamp(dataset):
+    out, result, states, frames = dataset
+    for k, s in enumerate(states):
+        path = out / f"videos/chunk-000/observation.images.camera0/episode_{k:06d}.mp4"
+        ts = pq.read_table(out / f"data/chunk-000/episode_{k:06d}.parquet").column("timestamp").to_numpy()
+        with av.open(str(path)) as c:
+            stream = c.streams.video[0]
+            assert stream.codec_context.name == "h264" and stream.pix_fmt == "yuv420p"
+            decoded = [(float(f.pts * f.time_base), f.to_ndarray(format="rgb24")) for f in c.decode(stream)]
+        assert len(decoded) == len(s)
+        # LeRobot's video tolerance: decoded frame time within 1e-4 s of the query timestamp
+        assert np.max(np.abs(np.array([t for t, _ in decoded]) - ts)) < 1e-4
+        rgb = np.stack([f for _, f in decoded]).astype(np.float64)
+        mse = np.mean((rgb - frames[k]) ** 2)
+        assert 10 * np.log10(255**2 / mse) > 25, "decoded frames do not match the input"
+
+
+def test_writer_refuses_an_existing_folder_and_cleans_up_on_error(tmp_path):
+    out = tmp_path / "ds"
+    out.mkdir()
+    with pytest.raises(ConversionError, match="already exists"):
+        lr.LeRobotWriter(out, "task")
+    out2 = tmp_path / "ds2"
+    state, frames = synthetic_episode(5, 0)
+    with pytest.raises(ConversionError, match="camera"):
+        with lr.LeRobotWriter(out2, "task") as writer:
+            writer.add_episode(state, {lr.CAMERA_KEY: frames}, 30.0)
+            writer.add_episode(state, {lr.CAMERA_KEY: frames[:, :32]}, 30.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+    with pytest.raises(ConversionError, match="empty"):
+        lr.LeRobotWriter(tmp_path / "ds3", "task").finish()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_chunks_follow_chunks_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(lr, "CHUNKS_SIZE", 2)
+    out = tmp_path / "ds"
+    result, *_ = write_dataset(out, lengths=(5, 6, 7), freqs=(30, 30, 30))
+    info = json.loads((out / "meta/info.json").read_text())
+    assert info["chunks_size"] == 2 and info["total_chunks"] == 2
+    assert (out / "data/chunk-001/episode_000002.parquet").is_file()
+    assert (out / "videos/chunk-001/observation.images.camera0/episode_000002.mp4").is_file()
+    assert lr.compute_openpi_norm_stats(out)["state"].mean.shape == (7,)
+
+
+# --------------------------------------------------------------------------- norm stats
+
+
+def numpy_reference(values: np.ndarray) -> dict[str, list[float]]:
+    v = values.astype(np.float64)
+    return {
+        "mean": v.mean(axis=0).tolist(),
+        "std": v.std(axis=0).tolist(),
+        "q01": np.quantile(v, 0.01, axis=0).tolist(),
+        "q99": np.quantile(v, 0.99, axis=0).tolist(),
+    }
+
+
+def test_openpi_norm_stats_equal_the_numpy_reference(dataset, tmp_path):
+    out, _, states, _ = dataset
+    path = lr.write_openpi_norm_stats(out, tmp_path / "assets")
+    assert path == tmp_path / "assets" / "norm_stats.json"
+    data = json.loads(path.read_text())
+    assert set(data) == {"norm_stats"} and set(data["norm_stats"]) == {"state", "actions"}
+    state = np.concatenate(states)
+    actions = np.concatenate([lr.episode_actions(s, "next_state") for s in states])
+    assert data["norm_stats"]["state"] == numpy_reference(state)
+    assert data["norm_stats"]["actions"] == numpy_reference(actions)
+    with pytest.raises(DatasetError, match="already exists"):
+        lr.write_openpi_norm_stats(out, path)
+    lr.write_openpi_norm_stats(out, path, overwrite=True)
+
+
+def test_norm_stats_never_open_a_video(dataset, tmp_path):
+    out, *_ = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    for mp4 in copy.rglob("*.mp4"):
+        mp4.write_bytes(b"not a video")
+    shutil.rmtree(copy / "videos" / "chunk-000")
+    assert lr.compute_openpi_norm_stats(copy)["actions"].q99.tolist() == lr.compute_openpi_norm_stats(out)["actions"].q99.tolist()
+
+
+def test_delta_rule_dataset_stats(tmp_path):
+    out = tmp_path / "ds"
+    _, states, _ = write_dataset(out, lengths=(20, 25), freqs=(30, 30), rule="delta")
+    stats = lr.compute_openpi_norm_stats(out)
+    actions = np.concatenate([lr.episode_actions(s, "delta") for s in states]).astype(np.float64)
+    assert stats["actions"].mean.tolist() == actions.mean(0).tolist()
+
+
+def test_openpi_style_feature_names_are_accepted(dataset, tmp_path):
+    out, *_ = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    info_path = copy / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    info["features"]["state"] = info["features"].pop("observation.state")
+    info["features"]["actions"] = info["features"].pop("action")
+    info_path.write_text(json.dumps(info))
+    for p in (copy / "data").rglob("*.parquet"):
+        t = pq.read_table(p)
+        pq.write_table(t.rename_columns(["state" if c == "observation.state" else "actions" if c == "action" else c
+                                         for c in t.column_names]), p)
+    a, b = lr.compute_openpi_norm_stats(copy), lr.compute_openpi_norm_stats(out)
+    assert a["state"].std.tolist() == b["state"].std.tolist()
+
+
+# --------------------------------------------------------------------------- fail fast
+
+
+def _copy_with_info(src: Path, dst: Path, edit) -> Path:
+    shutil.copytree(src, dst)
+    info_path = dst / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    edit(info)
+    info_path.write_text(json.dumps(info))
+    return dst
+
+
+def test_unconverted_folder_fails_at_once_naming_info_json(tmp_path):
+    raw = tmp_path / "pick_place"
+    raw.mkdir()
+    (raw / "pick_place_0000.mcap").write_bytes(b"\x89MCAP0\r\n")
+    with pytest.raises(DatasetError) as exc:
+        lr.compute_openpi_norm_stats(raw)
+    assert exc.value.code == "missing_metadata"
+    assert str(raw / "meta" / "info.json") in str(exc.value) and "export-lerobot" in str(exc.value)
+    with pytest.raises(DatasetError, match="dataset folder not found"):
+        lr.compute_openpi_norm_stats(tmp_path / "nothing")
+
+
+def test_other_codebase_version_names_both_versions(dataset, tmp_path):
+    out, *_ = dataset
+    copy = _copy_with_info(out, tmp_path / "ds", lambda i: i.update(codebase_version="v2.0"))
+    with pytest.raises(DatasetError) as exc:
+        lr.compute_openpi_norm_stats(copy)
+    assert exc.value.code == "version_mismatch"
+    assert "'v2.0'" in exc.value.reason and "'v2.1'" in exc.value.reason
+    assert lr.compute_openpi_norm_stats(copy, expected_version="v2.0")["state"].mean.shape == (7,)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda i: i["features"].pop("action"), r"features has none of \['action', 'actions'\]"),
+        (lambda i: i["features"]["observation.state"].update(shape=[6]), "shape \\[6\\] but 7 names"),
+        (lambda i: i["features"]["observation.state"].update(shape=[6], names=None), r"vectors of length \[7\], feature shape is \[6\]"),
+        (lambda i: i["features"]["action"].update(dtype="video"), "dtype 'video'"),
+        (lambda i: i.update(total_frames=i["total_frames"] + 1), "total_frames"),
+        (lambda i: i.pop("data_path"), "'data_path' is missing"),
+    ],
+)
+def test_inconsistent_features_fail_with_the_field(dataset, tmp_path, edit, match):
+    out, *_ = dataset
+    copy = _copy_with_info(out, tmp_path / "ds", edit)
+    with pytest.raises(DatasetError, match=match):
+        lr.compute_openpi_norm_stats(copy)
+
+
+def test_missing_parquet_and_wrong_row_count(dataset, tmp_path):
+    out, *_ = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    p = copy / "data/chunk-000/episode_000001.parquet"
+    pq.write_table(pq.read_table(p).slice(0, 10), p)
+    with pytest.raises(DatasetError, match="10 rows, but meta/episodes.jsonl says length 33"):
+        lr.compute_openpi_norm_stats(copy)
+    p.unlink()
+    with pytest.raises(DatasetError, match="parquet file of episode 1 not found") as exc:
+        lr.compute_openpi_norm_stats(copy)
+    assert exc.value.path == str(p)
+
+
+def test_empty_dataset_fails(dataset, tmp_path):
+    out, *_ = dataset
+    copy = _copy_with_info(out, tmp_path / "ds", lambda i: i.update(total_episodes=0, total_frames=0))
+    (copy / "meta/episodes.jsonl").write_text("")
+    with pytest.raises(DatasetError, match="dataset is empty") as exc:
+        lr.compute_openpi_norm_stats(copy)
+    assert exc.value.code == "empty_dataset"
+
+
+# --------------------------------------------------------------------------- no network, CLI
+
+_NO_NETWORK_CHILD = textwrap.dedent(
+    """
+    import json, socket, sys
+    attempts = []
+    class NoSocket(socket.socket):
+        def __init__(self, *a, **k):
+            attempts.append(a)
+            raise OSError("network disabled in this test")
+    socket.socket = NoSocket
+    socket.create_connection = lambda *a, **k: (attempts.append(a), NoSocket())[1]
+    from dpflow_core.lerobot import compute_openpi_norm_stats
+    stats = compute_openpi_norm_stats(sys.argv[1])
+    print(json.dumps({"attempts": len(attempts), "state_mean": stats["state"].mean.tolist(),
+                      "actions_q99": stats["actions"].q99.tolist()}))
+    """
+)
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0
+
+
+def test_norm_stats_finish_without_network(dataset):
+    out, _, states, _ = dataset
+    cmd = [sys.executable, "-c", _NO_NETWORK_CHILD, str(out)]
+    if _unshare_works():
+        cmd = ["unshare", "-rn", *cmd]  # a network namespace with no interface but lo (down)
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["attempts"] == 0
+    state = np.concatenate(states).astype(np.float64)
+    assert result["state_mean"] == state.mean(0).tolist()
+    actions = np.concatenate([lr.episode_actions(s, "next_state") for s in states]).astype(np.float64)
+    assert result["actions_q99"] == np.quantile(actions, 0.99, axis=0).tolist()
+
+
+def test_cli_lerobot_norm_stats(dataset, tmp_path):
+    out, *_ = dataset
+    dest = tmp_path / "norm_stats.json"
+    proc = subprocess.run(["dpflow", "lerobot-norm-stats", str(out), "-o", str(dest)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(dest)
+    assert json.loads(dest.read_text()) == {"norm_stats": {k: v.to_json() for k, v in lr.compute_openpi_norm_stats(out).items()}}
+    proc = subprocess.run(["dpflow", "lerobot-norm-stats", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "meta/info.json not found" in proc.stderr
