@@ -175,3 +175,517 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStr
         duplicate_timestamps=duplicates,
         message_counts=counts,
     )
+
+
+# ---------------------------------------------------------------------------
+# Validation of one recording, reported as data
+# ---------------------------------------------------------------------------
+
+#: A stream starting (or ending) more than this many seconds after (before) the
+#: other required streams is reported for trimming.
+LATE_START_WARN_S = 0.1
+#: A measured rate further than this fraction from the header's ``expect_hz`` is reported.
+RATE_TOLERANCE = 0.1
+#: At most this many leading camera packets are kept to find the first decodable frame.
+H264_PROBE_PACKETS = 300
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of :func:`inspect_recording`.
+
+    Attributes:
+        code: stable machine-readable code (``snake_case``), e.g. ``truncated_mcap``.
+        reason: human sentence naming the topic, count or byte offset concerned.
+    """
+
+    code: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "reason": self.reason}
+
+
+@dataclass
+class RecordingReport:
+    """Validation figures of one MCAP recording (see :func:`inspect_recording`).
+
+    Times are capture times (``header.timestamp``, ns); offsets and durations in s.
+
+    Attributes:
+        path: the file inspected; size_bytes: its size.
+        required: the topics that had to be present.
+        has_summary: the footer points at a summary section.
+        has_chunk_index, has_message_index, has_statistics: which indexes the file holds.
+        indexed: all three are present, so a seeking reader can find messages by
+            topic and the counts read are checked against the summary statistics.
+            When false the file was still read completely, in a streaming pass.
+        message_counts: messages read per topic (all topics, streaming pass).
+        summary_counts: messages per topic according to the Statistics record, or None.
+        schemas, encodings: schema name and message encoding per topic.
+        expected_hz: ``header.expect_hz`` of the first message per measured topic.
+        rates_hz: measured rate per measured topic, (unique capture times - 1) / span.
+        first_ts_ns, last_ts_ns: first and last capture time per measured topic.
+        start_offsets_s, end_offsets_s: per required topic, how much later it starts
+            than the earliest required stream / how much earlier it ends than the latest.
+        overlap_start_ns, overlap_end_ns, overlap_s: the span covered by every required
+            stream (the camera counted from its first decodable frame).
+        log_time_inversions: per topic, adjacent messages (file order) whose log time decreases.
+        duplicate_timestamps: per topic, messages repeating an earlier capture time.
+        camera_format: ``format`` field of the first camera message.
+        leading_undecodable_packets, leading_undecodable_s: camera packets (and their
+            span in s) before the first frame the H.264 decoder outputs; None when not probed.
+        first_decodable_ts_ns: capture time of that first frame.
+        pose_invalid_fraction: fraction of pose messages with ``pose_valid == false``;
+            None when the file has no pose topic.
+        errors: problems that make the file unusable (any error -> reject).
+        warnings: faults measured and tolerated (sorted, trimmed or skipped downstream).
+    """
+
+    path: Path
+    size_bytes: int
+    required: tuple[str, ...]
+    has_summary: bool = False
+    has_chunk_index: bool = False
+    has_message_index: bool = False
+    has_statistics: bool = False
+    message_counts: dict[str, int] = field(default_factory=dict)
+    summary_counts: dict[str, int] | None = None
+    schemas: dict[str, str] = field(default_factory=dict)
+    encodings: dict[str, str] = field(default_factory=dict)
+    expected_hz: dict[str, float] = field(default_factory=dict)
+    rates_hz: dict[str, float] = field(default_factory=dict)
+    first_ts_ns: dict[str, int] = field(default_factory=dict)
+    last_ts_ns: dict[str, int] = field(default_factory=dict)
+    start_offsets_s: dict[str, float] = field(default_factory=dict)
+    end_offsets_s: dict[str, float] = field(default_factory=dict)
+    overlap_start_ns: int | None = None
+    overlap_end_ns: int | None = None
+    overlap_s: float | None = None
+    log_time_inversions: dict[str, int] = field(default_factory=dict)
+    duplicate_timestamps: dict[str, int] = field(default_factory=dict)
+    camera_format: str = ""
+    leading_undecodable_packets: int | None = None
+    leading_undecodable_s: float | None = None
+    first_decodable_ts_ns: int | None = None
+    pose_invalid_fraction: float | None = None
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+
+    @property
+    def indexed(self) -> bool:
+        return self.has_summary and self.has_chunk_index and self.has_message_index and self.has_statistics
+
+    @property
+    def ok(self) -> bool:
+        """True when the file has no errors (warnings are allowed)."""
+        return not self.errors
+
+    def to_dict(self) -> dict:
+        """JSON-ready figures (the ``validation`` entry of a pairing manifest)."""
+        return {
+            "path": str(self.path),
+            "size_bytes": self.size_bytes,
+            "indexed": self.indexed,
+            "has_summary": self.has_summary,
+            "has_chunk_index": self.has_chunk_index,
+            "has_message_index": self.has_message_index,
+            "has_statistics": self.has_statistics,
+            "required_topics": list(self.required),
+            "message_counts": dict(self.message_counts),
+            "summary_counts": None if self.summary_counts is None else dict(self.summary_counts),
+            "schemas": dict(self.schemas),
+            "encodings": dict(self.encodings),
+            "expected_hz": {k: round(v, 3) for k, v in self.expected_hz.items()},
+            "rates_hz": {k: round(v, 3) for k, v in self.rates_hz.items()},
+            "first_ts_ns": dict(self.first_ts_ns),
+            "last_ts_ns": dict(self.last_ts_ns),
+            "start_offsets_s": {k: round(v, 6) for k, v in self.start_offsets_s.items()},
+            "end_offsets_s": {k: round(v, 6) for k, v in self.end_offsets_s.items()},
+            "overlap_start_ns": self.overlap_start_ns,
+            "overlap_end_ns": self.overlap_end_ns,
+            "overlap_s": None if self.overlap_s is None else round(self.overlap_s, 6),
+            "log_time_inversions": dict(self.log_time_inversions),
+            "duplicate_timestamps": dict(self.duplicate_timestamps),
+            "camera_format": self.camera_format,
+            "leading_undecodable_packets": self.leading_undecodable_packets,
+            "leading_undecodable_s": None if self.leading_undecodable_s is None else round(self.leading_undecodable_s, 6),
+            "first_decodable_ts_ns": self.first_decodable_ts_ns,
+            "pose_invalid_fraction": None if self.pose_invalid_fraction is None else round(self.pose_invalid_fraction, 6),
+            "errors": [p.to_dict() for p in self.errors],
+            "warnings": [p.to_dict() for p in self.warnings],
+        }
+
+
+class _TopicStats:
+    """Capture and log times of one topic, gathered during the streaming pass."""
+
+    def __init__(self) -> None:
+        self.ts: list[int] = []
+        self.log_times: list[int] = []
+        self.expect_hz: float | None = None
+
+
+def _first_decodable(packets: list[tuple[int, bytes]]) -> int | None:
+    """Index of the first packet (capture order) for which libavcodec outputs a frame.
+
+    ``packets`` is [(capture ns, Annex-B access unit)] sorted by capture time.
+    Packets before the first IDR access unit with SPS/PPS yield no frame
+    (formats.md, known traps); each packet carries its index as pts, so a
+    decoder delay does not shift the answer.
+    """
+    import av  # local: validation without a camera probe needs no libavcodec
+
+    ctx = av.CodecContext.create("h264", "r")
+    ctx.thread_count = 1
+    for i, (_ts, data) in enumerate(packets):
+        pkt = av.Packet(data)
+        pkt.pts = i
+        try:
+            frames = ctx.decode(pkt)
+        except av.FFmpegError:
+            continue
+        if frames:
+            return int(frames[0].pts) if frames[0].pts is not None else i
+    try:
+        frames = ctx.decode(None)
+    except av.FFmpegError:
+        frames = []
+    return int(frames[0].pts) if frames and frames[0].pts is not None else None
+
+
+def inspect_recording(
+    path: str | Path,
+    topics: TopicMap = DAS_DEFAULT,
+    required: tuple[str, ...] | None = None,
+    probe_video: bool = True,
+) -> RecordingReport:
+    """Validate one MCAP recording in a single streaming pass and report the figures.
+
+    The whole file is read record by record (``mcap.stream_reader.StreamReader``
+    with CRC validation), so a file without summary or message index is still read
+    completely; the counts read are compared with the Statistics record when
+    present (a seeking read of an index-less file returns zero messages without
+    error, formats.md section 1). Messages of the measured topics (camera, pose,
+    gripper, IMU, camera_info and extra cameras of ``topics``) are decoded with
+    the protobuf schemas embedded in the file to get ``header.timestamp``. H.264
+    is decoded only until the first frame comes out (full decoding is the
+    conversion's job).
+
+    Args:
+        path: the ``.mcap`` file.
+        topics: topic names and accepted schema names.
+        required: topics that must be present with messages; default
+            ``topics.required()`` (camera, pose, gripper: a ``<STEM>_vio.mcap``).
+            A raw ``<STEM>.mcap`` has no pose: pass ``(topics.camera, topics.gripper)``.
+        probe_video: find the first decodable camera frame (leading undecodable packets).
+
+    Returns:
+        The report. Bad content never raises: it is listed in ``errors`` with a
+        code (``empty_file``, ``not_mcap``, ``truncated_mcap``,
+        ``missing_closing_magic``, ``corrupt_mcap``, ``unknown_encoding``,
+        ``missing_topics``, ``unexpected_schema``, ``no_messages``,
+        ``count_mismatch``, ``undecodable_message``, ``no_header``,
+        ``no_decodable_frame``, ``no_overlap``) and a reason naming the byte
+        offset, topic or count; tolerated faults are in ``warnings``
+        (``no_index``, ``log_time_inversions``, ``duplicate_timestamps``,
+        ``late_start``, ``early_end``, ``leading_undecodable``, ``pose_invalid``,
+        ``rate_mismatch``, ``unknown_encoding`` on an optional topic).
+
+    Raises:
+        RecordingError: ``path`` is not a file (code ``missing_file``).
+    """
+    import heapq
+
+    from mcap.exceptions import EndOfFile, InvalidMagic
+    from mcap.records import Channel, ChunkIndex, Footer, Message, MessageIndex, Schema, Statistics
+    from mcap.stream_reader import StreamReader
+    from google.protobuf.message import DecodeError
+
+    path = Path(path)
+    if not path.is_file():
+        raise RecordingError("file not found", path, code="missing_file")
+    size = path.stat().st_size
+    required = tuple(topics.required()) if required is None else tuple(required)
+    report = RecordingReport(path=path, size_bytes=size, required=required)
+    if size == 0:
+        report.errors.append(Problem("empty_file", f"{path.name}: empty file (0 bytes)"))
+        return report
+
+    accepted_schemas = {
+        topics.camera: topics.camera_schemas,
+        topics.pose: topics.pose_schemas,
+        topics.gripper: topics.gripper_schemas,
+        topics.imu: topics.imu_schemas,
+    }
+    measured = [t for t in (topics.camera, topics.pose, topics.gripper, topics.imu, topics.camera_info, *topics.extra_cameras) if t]
+    stats = {t: _TopicStats() for t in measured}
+    schemas: dict[int, Schema] = {}
+    channels: dict[int, Channel] = {}
+    decoders: dict[int, object] = {}
+    undecodable: dict[str, int] = {}
+    no_header: set[str] = set()
+    per_channel: dict[int, int] = {}
+    statistics: Statistics | None = None
+    footer: Footer | None = None
+    pose_invalid = 0
+    camera_heap: list[tuple[int, int, bytes]] = []  # max-heap on capture time: (-ts, -seq, data)
+    factory = DecoderFactory()  # one per file: it caches message classes by schema id
+
+    with open(path, "rb") as f:
+        try:
+            for record in StreamReader(f, validate_crcs=True).records:
+                if isinstance(record, Message):
+                    per_channel[record.channel_id] = per_channel.get(record.channel_id, 0) + 1
+                    channel = channels.get(record.channel_id)
+                    if channel is None or channel.topic not in stats:
+                        continue
+                    decoder = decoders.get(record.channel_id)
+                    if decoder is None:
+                        continue
+                    topic = channel.topic
+                    try:
+                        decoded = decoder(record.data)
+                    except (DecodeError, ValueError):
+                        undecodable[topic] = undecodable.get(topic, 0) + 1
+                        continue
+                    header = getattr(decoded, "header", None)
+                    if header is None:
+                        no_header.add(topic)
+                        continue
+                    st = stats[topic]
+                    ts = int(header.timestamp)
+                    if st.expect_hz is None:
+                        st.expect_hz = float(getattr(header, "expect_hz", 0.0) or 0.0)
+                    st.ts.append(ts)
+                    st.log_times.append(record.log_time)
+                    if topic == topics.camera:
+                        if not report.camera_format:
+                            report.camera_format = str(getattr(decoded, "format", ""))
+                        if probe_video:
+                            item = (-ts, -len(st.ts), bytes(decoded.data))
+                            if len(camera_heap) < H264_PROBE_PACKETS:
+                                heapq.heappush(camera_heap, item)
+                            elif item > camera_heap[0]:
+                                heapq.heapreplace(camera_heap, item)
+                    elif topic == topics.pose and not getattr(decoded, "pose_valid", True):
+                        pose_invalid += 1
+                elif isinstance(record, Schema):
+                    schemas[record.id] = record
+                elif isinstance(record, Channel):
+                    if record.id in channels:  # repeated in the summary section
+                        continue
+                    channels[record.id] = record
+                    schema = schemas.get(record.schema_id)
+                    report.schemas[record.topic] = schema.name if schema else ""
+                    report.encodings[record.topic] = record.message_encoding
+                    if record.topic in stats:
+                        decoder = factory.decoder_for(record.message_encoding, schema)
+                        if decoder is None:
+                            code_reason = (
+                                f"{path.name}: topic {record.topic} uses message encoding "
+                                f"{record.message_encoding!r} with schema encoding "
+                                f"{schema.encoding if schema else 'none'!r}; only protobuf can be decoded"
+                            )
+                            target = report.errors if record.topic in required else report.warnings
+                            target.append(Problem("unknown_encoding", code_reason))
+                        else:
+                            decoders[record.id] = decoder
+                elif isinstance(record, MessageIndex):
+                    report.has_message_index = True
+                elif isinstance(record, ChunkIndex):
+                    report.has_chunk_index = True
+                    if record.message_index_offsets:
+                        report.has_message_index = True
+                elif isinstance(record, Statistics):
+                    statistics = record
+                elif isinstance(record, Footer):
+                    footer = record
+        except InvalidMagic as exc:
+            offset = 0 if f.tell() <= 8 else f.tell()
+            kind = "opening" if offset == 0 else "closing"
+            report.errors.append(Problem(
+                "not_mcap" if offset == 0 else "corrupt_mcap",
+                f"{path.name}: not an MCAP file: bad {kind} magic at byte {offset} ({exc})",
+            ))
+        except EndOfFile:
+            n_read = sum(per_channel.values())
+            if footer is not None:
+                report.errors.append(Problem(
+                    "missing_closing_magic",
+                    f"{path.name}: missing closing magic: the file ends at byte {size} right after the "
+                    "footer (written or copied incompletely)",
+                ))
+            else:
+                report.errors.append(Problem(
+                    "truncated_mcap",
+                    f"{path.name}: truncated MCAP: the file ends at byte {size} in the middle of a record, "
+                    f"before the footer ({n_read} messages readable before the cut)",
+                ))
+        except (McapError, ValueError, KeyError, EOFError) as exc:
+            report.errors.append(Problem(
+                "corrupt_mcap",
+                f"{path.name}: corrupt MCAP near byte {f.tell()} of {size}: {type(exc).__name__}: {exc}",
+            ))
+        except Exception as exc:  # decompressors raise their own types (zstd.ZstdError, lz4 RuntimeError)
+            report.errors.append(Problem(
+                "corrupt_mcap",
+                f"{path.name}: corrupt MCAP near byte {f.tell()} of {size}: {type(exc).__name__}: {exc}",
+            ))
+
+    report.has_summary = footer is not None and footer.summary_start != 0
+    report.has_statistics = statistics is not None
+    topic_of = {cid: ch.topic for cid, ch in channels.items()}
+    for cid, n in per_channel.items():
+        topic = topic_of.get(cid, f"<channel {cid}>")
+        report.message_counts[topic] = report.message_counts.get(topic, 0) + n
+    for topic in channels.values():
+        report.message_counts.setdefault(topic.topic, 0)
+    read_ok = not any(p.code in _STRUCTURAL for p in report.errors)
+
+    if statistics is not None:
+        summary_counts: dict[str, int] = {}
+        for cid, n in statistics.channel_message_counts.items():
+            topic = topic_of.get(cid, f"<channel {cid}>")
+            summary_counts[topic] = summary_counts.get(topic, 0) + n
+        report.summary_counts = summary_counts
+        if read_ok:
+            for topic in sorted(set(summary_counts) | set(report.message_counts)):
+                got, want = report.message_counts.get(topic, 0), summary_counts.get(topic, 0)
+                if got != want:
+                    report.errors.append(Problem(
+                        "count_mismatch",
+                        f"{path.name}: topic {topic}: read {got} messages, summary statistics say {want}",
+                    ))
+    if read_ok and not report.indexed:
+        missing_parts = [name for name, present in (
+            ("summary", report.has_summary), ("chunk index", report.has_chunk_index),
+            ("message index", report.has_message_index), ("statistics", report.has_statistics)) if not present]
+        report.warnings.append(Problem(
+            "no_index",
+            f"{path.name}: no {' and no '.join(missing_parts)}: read in a streaming pass"
+            + ("" if report.has_statistics else "; message counts could not be checked against statistics"),
+        ))
+    if not read_ok:
+        return report
+
+    missing = [t for t in required if t not in report.schemas]
+    if missing:
+        report.errors.append(Problem(
+            "missing_topics", f"{path.name}: not a Matrix Studio recording: missing topics {', '.join(missing)}"
+        ))
+    for topic, names in accepted_schemas.items():
+        name = report.schemas.get(topic)
+        if name is not None and name not in names and report.encodings.get(topic) == "protobuf":
+            report.errors.append(Problem(
+                "unexpected_schema",
+                f"{path.name}: topic {topic} has schema {name!r}, expected one of {list(names)}",
+            ))
+    for topic, n in undecodable.items():
+        target = report.errors if topic in required else report.warnings
+        target.append(Problem("undecodable_message", f"{path.name}: {n} {topic} messages fail to decode as protobuf"))
+    for topic in sorted(no_header):
+        target = report.errors if topic in required else report.warnings
+        target.append(Problem("no_header", f"{path.name}: topic {topic} messages have no device header (header.timestamp)"))
+    for topic in required:
+        if topic in report.schemas and report.message_counts.get(topic, 0) == 0:
+            report.errors.append(Problem("no_messages", f"{path.name}: required topic {topic} has no messages"))
+
+    for topic, st in stats.items():
+        if not st.ts:
+            continue
+        t = np.asarray(st.ts, dtype=np.int64)
+        lt = np.asarray(st.log_times, dtype=np.int64)
+        report.log_time_inversions[topic] = int(np.count_nonzero(np.diff(lt) < 0))
+        uniq = np.unique(t)
+        report.duplicate_timestamps[topic] = int(len(t) - len(uniq))
+        report.first_ts_ns[topic], report.last_ts_ns[topic] = int(uniq[0]), int(uniq[-1])
+        span_s = (int(uniq[-1]) - int(uniq[0])) / 1e9
+        report.rates_hz[topic] = (len(uniq) - 1) / span_s if span_s > 0 else 0.0
+        if st.expect_hz:
+            report.expected_hz[topic] = st.expect_hz
+            if report.rates_hz[topic] and abs(report.rates_hz[topic] / st.expect_hz - 1) > RATE_TOLERANCE:
+                report.warnings.append(Problem(
+                    "rate_mismatch",
+                    f"{path.name}: {topic} measured {report.rates_hz[topic]:.2f} Hz, header expects {st.expect_hz:g} Hz",
+                ))
+        if report.log_time_inversions[topic]:
+            report.warnings.append(Problem(
+                "log_time_inversions",
+                f"{path.name}: {report.log_time_inversions[topic]} {topic} messages out of log-time order; "
+                "sorted by capture time",
+            ))
+        if report.duplicate_timestamps[topic]:
+            report.warnings.append(Problem(
+                "duplicate_timestamps",
+                f"{path.name}: {report.duplicate_timestamps[topic]} {topic} messages repeat a capture time; "
+                "later duplicates dropped",
+            ))
+
+    n_pose = len(stats[topics.pose].ts) if topics.pose in stats else 0
+    if n_pose:
+        report.pose_invalid_fraction = pose_invalid / n_pose
+        if pose_invalid:
+            report.warnings.append(Problem(
+                "pose_invalid",
+                f"{path.name}: {pose_invalid} of {n_pose} poses ({100 * pose_invalid / n_pose:.1f} %) have "
+                "pose_valid == false (VIO lost tracking)",
+            ))
+
+    camera_start = report.first_ts_ns.get(topics.camera)
+    if probe_video and camera_heap and report.camera_format.lower() in ("h264", ""):
+        packets = sorted(((-neg_ts, -neg_seq), data) for neg_ts, neg_seq, data in camera_heap)
+        first = _first_decodable([(ts, data) for (ts, _seq), data in packets])
+        if first is None:
+            report.errors.append(Problem(
+                "no_decodable_frame",
+                f"{path.name}: no decodable H.264 frame in the first {len(packets)} camera packets "
+                f"({(packets[-1][0][0] - packets[0][0][0]) / 1e9:.3f} s)",
+            ))
+        else:
+            first_ts = packets[first][0][0]
+            report.first_decodable_ts_ns = int(first_ts)
+            report.leading_undecodable_packets = first
+            report.leading_undecodable_s = (first_ts - packets[0][0][0]) / 1e9
+            camera_start = int(first_ts)
+            if first:
+                report.warnings.append(Problem(
+                    "leading_undecodable",
+                    f"{path.name}: {first} leading H.264 packets ({report.leading_undecodable_s:.3f} s) before the "
+                    "first decodable frame (IDR with SPS/PPS); they are skipped",
+                ))
+
+    present = [t for t in required if t in report.first_ts_ns]
+    if present and len(present) == len(required):
+        starts = {t: report.first_ts_ns[t] for t in present}
+        ends = {t: report.last_ts_ns[t] for t in present}
+        earliest, latest = min(starts.values()), max(ends.values())
+        for t in present:
+            report.start_offsets_s[t] = (starts[t] - earliest) / 1e9
+            report.end_offsets_s[t] = (latest - ends[t]) / 1e9
+            if report.start_offsets_s[t] > LATE_START_WARN_S:
+                report.warnings.append(Problem(
+                    "late_start",
+                    f"{path.name}: {t} starts {report.start_offsets_s[t]:.3f} s after the first stream; "
+                    "trim to the overlap",
+                ))
+            if report.end_offsets_s[t] > LATE_START_WARN_S:
+                report.warnings.append(Problem(
+                    "early_end",
+                    f"{path.name}: {t} ends {report.end_offsets_s[t]:.3f} s before the last stream; trim to the overlap",
+                ))
+        if camera_start is not None and topics.camera in starts:
+            starts[topics.camera] = camera_start
+        report.overlap_start_ns, report.overlap_end_ns = max(starts.values()), min(ends.values())
+        report.overlap_s = (report.overlap_end_ns - report.overlap_start_ns) / 1e9
+        if report.overlap_s <= 0:
+            report.errors.append(Problem(
+                "no_overlap",
+                f"{path.name}: the required streams do not overlap in time "
+                f"({', '.join(f'{t} {(starts[t] - earliest) / 1e9:.3f}-{(ends[t] - earliest) / 1e9:.3f} s' for t in present)})",
+            ))
+    return report
+
+
+#: Error codes after which the rest of the file could not be read.
+_STRUCTURAL = frozenset({"empty_file", "not_mcap", "truncated_mcap", "missing_closing_magic", "corrupt_mcap"})

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
+from typing import Callable
 
 import av
 import cv2
@@ -353,11 +354,13 @@ def write_task(
     task: str = "pick_place",
     spec: SampleSpec = SampleSpec(),
     topics: TopicMap = DAS_DEFAULT,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[SampleEpisode]:
     """Write a Matrix Studio task folder ``out_dir/<task>/`` with ``episodes`` episodes.
 
     Episode ``k`` uses seed ``seed * 1000 + k`` and length ``seconds`` +- 15 %.
     ``vio_result.json`` lists the episodes whose status is success.
+    ``progress(done, total)`` is called after each episode.
 
     Raises:
         FileExistsError: when ``out_dir/<task>`` already holds recordings.
@@ -370,6 +373,8 @@ def write_task(
     for k in range(episodes):
         length = float(seconds * rng.uniform(0.85, 1.15))
         written.append(write_episode(task_dir, f"{task}_{k:04d}", replace(spec, seconds=length), seed * 1000 + k, topics))
+        if progress is not None:
+            progress(k + 1, episodes)
     summary = {
         "task_name": task,
         "success_mcap_files": [e.vio_mcap.name for e in written if json.loads(e.vio_json.read_text())["status"] == "success"],

@@ -1,0 +1,142 @@
+"""Helpers that build small Matrix Studio recordings and damage them on purpose.
+
+Shared by the recordings, pairing, sensor, asset and conversion tests. Episodes
+are small (160x120 px, 2.5 s) so a folder of them is written in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from mcap.records import Channel, Message, Schema
+from mcap.stream_reader import StreamReader
+from mcap.writer import IndexType, Writer
+
+from dpflow_core.samples import SampleEpisode, SampleSpec, write_episode, write_task
+from dpflow_core.topics import DAS_DEFAULT
+
+#: Small, fast sample episodes: 160x120 px, 2.5 s, an IDR every 15 frames.
+SMALL = SampleSpec(seconds=2.5, width=160, height=120, gop_size=15)
+
+
+def write_small_task(out_dir: str | Path, episodes: int = 2, seed: int = 0, task: str = "pick_place",
+                     spec: SampleSpec = SMALL) -> list[SampleEpisode]:
+    """A task folder ``out_dir/<task>`` of ``episodes`` small episodes (see ``write_task``)."""
+    return write_task(out_dir, episodes=episodes, seconds=spec.seconds, seed=seed, task=task, spec=spec)
+
+
+def write_small_episode(task_dir: str | Path, stem: str, seed: int = 0, **faults) -> SampleEpisode:
+    """One small episode with ``SampleSpec`` fault options (e.g. ``camera_start_delay_s=0.4``)."""
+    return write_episode(task_dir, stem, replace(SMALL, **faults), seed=seed)
+
+
+def cut_at_fraction(path: str | Path, fraction: float = 0.6) -> int:
+    """Truncate a file to ``fraction`` of its bytes (a recorder killed, a copy interrupted); returns the new size."""
+    path = Path(path)
+    size = int(path.stat().st_size * fraction)
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    return size
+
+
+def cut_closing_magic(path: str | Path) -> int:
+    """Remove the last 8 bytes (the closing ``\\x89MCAP0\\r\\n`` magic); returns the new size."""
+    path = Path(path)
+    assert path.read_bytes()[-8:] == b"\x89MCAP0\r\n"
+    return _truncate(path, 8)
+
+
+def _truncate(path: Path, n_bytes: int) -> int:
+    size = path.stat().st_size - n_bytes
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    return size
+
+
+def rewrite_mcap(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    chunk_index_only: bool = False,
+    encodings: dict[str, str] | None = None,
+) -> Path:
+    """Copy an MCAP's schemas, channels and messages with a plain ``mcap`` Writer.
+
+    Args:
+        chunk_index_only: write a summary with chunk indexes only: no message
+            index and no statistics (``index_types=CHUNK``, ``use_statistics=False``).
+        encodings: per topic, a message encoding to declare instead of the real one
+            (e.g. ``{"/robot0/vio/eef_pose": "cbor"}``).
+    """
+    src, dst = Path(src), Path(dst)
+    encodings = encodings or {}
+    tmp = dst.with_name(f".{dst.name}.rewrite")
+    kwargs = dict(index_types=IndexType.CHUNK, use_statistics=False) if chunk_index_only else {}
+    schema_ids: dict[int, int] = {}
+    channel_ids: dict[int, int] = {}
+    with open(src, "rb") as fin, open(tmp, "wb") as fout:
+        writer = Writer(fout, **kwargs)
+        writer.start(profile="", library="dpflow-tests")
+        for record in StreamReader(fin).records:
+            if isinstance(record, Schema) and record.id not in schema_ids:
+                schema_ids[record.id] = writer.register_schema(record.name, record.encoding, record.data)
+            elif isinstance(record, Channel) and record.id not in channel_ids:
+                channel_ids[record.id] = writer.register_channel(
+                    record.topic,
+                    encodings.get(record.topic, record.message_encoding),
+                    schema_ids.get(record.schema_id, 0),
+                    dict(record.metadata),
+                )
+            elif isinstance(record, Message):
+                writer.add_message(
+                    channel_ids[record.channel_id], record.log_time, record.data, record.publish_time, record.sequence
+                )
+        writer.finish()
+    os.replace(tmp, dst)
+    return dst
+
+
+def set_status(vio_json: str | Path, status: str) -> None:
+    """Rewrite the ``status`` of an episode's ``_vio.json``."""
+    path = Path(vio_json)
+    data = json.loads(path.read_text())
+    data["status"] = status
+    path.write_text(json.dumps(data, indent=2))
+
+
+def copy_episode(ep: SampleEpisode, task_dir: str | Path, stem: str) -> dict[str, Path]:
+    """Copy an episode's three files under a new stem; returns them by role."""
+    task_dir = Path(task_dir)
+    out = {
+        "raw_mcap": task_dir / f"{stem}.mcap",
+        "vio_mcap": task_dir / f"{stem}_vio.mcap",
+        "vio_json": task_dir / f"{stem}_vio.json",
+    }
+    shutil.copyfile(ep.raw_mcap, out["raw_mcap"])
+    shutil.copyfile(ep.vio_mcap, out["vio_mcap"])
+    shutil.copyfile(ep.vio_json, out["vio_json"])
+    return out
+
+
+TOPICS = DAS_DEFAULT
+
+
+def refresh_vio_result(task_dir: str | Path, task: str | None = None) -> Path:
+    """Rewrite ``vio_result.json`` from the ``_vio.json`` files present (as Matrix Studio would)."""
+    task_dir = Path(task_dir)
+    success, failed = [], []
+    for p in sorted(task_dir.glob("*_vio.json")):
+        stem = p.name[: -len("_vio.json")]
+        try:
+            ok = json.loads(p.read_text()).get("status") == "success"
+        except (json.JSONDecodeError, AttributeError):
+            ok = False
+        (success if ok else failed).append(f"{stem}_vio.mcap" if ok else f"{stem}.mcap")
+    path = task_dir / "vio_result.json"
+    path.write_text(json.dumps({"task_name": task or task_dir.name, "success_mcap_files": success,
+                                "failed_mcap_files": failed}, indent=2))
+    return path
