@@ -1,5 +1,141 @@
-"""`dpflow` commands of the recordings stage."""
+"""`dpflow` commands of the recordings stage: sample recordings, inspection, pairing."""
 
 from __future__ import annotations
 
-from dpflow_core.cli import app  # noqa: F401
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dpflow_core.cli import app
+from dpflow_core.errors import PairingError, RecordingError
+from dpflow_core.topics import DAS_DEFAULT
+
+_console = Console(stderr=True)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console,
+        transient=True,
+    )
+
+
+@app.command("sample-recordings")
+def sample_recordings(
+    out: Path = typer.Argument(..., help="Output folder; the task folder OUT/<task> is created in it."),
+    episodes: int = typer.Option(6, "--episodes", "-n", min=1, help="Number of episodes."),
+    seconds: float = typer.Option(8.0, "--seconds", "-s", min=0.5, help="Mean episode length in seconds (+-15 %)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed; equal seeds write identical files."),
+    task: str = typer.Option("pick_place", "--task", help="Task name (folder name and file stem prefix)."),
+    width: int = typer.Option(320, "--width", min=16, help="Camera width in pixels (even)."),
+    height: int = typer.Option(240, "--height", min=16, help="Camera height in pixels (even)."),
+) -> None:
+    """Write a Matrix Studio task folder of sample recordings (the demo input and test fixtures)."""
+    from dpflow_core.names import validate_name
+    from dpflow_core.samples import SampleSpec, write_task
+
+    validate_name(task, "task")
+    if width % 2 or height % 2:
+        raise RecordingError(f"--width and --height must be even for H.264 (got {width}x{height})")
+    spec = replace(SampleSpec(), width=width, height=height)
+    with _progress() as bar:
+        job = bar.add_task(f"writing {task}", total=episodes)
+        try:
+            written = write_task(
+                out, episodes=episodes, seconds=seconds, seed=seed, task=task, spec=spec,
+                progress=lambda done, total: bar.update(job, completed=done),
+            )
+        except FileExistsError as exc:
+            raise RecordingError(str(exc).split(": ", 1)[-1], Path(out) / task, code="output_exists") from exc
+    table = Table(title=f"{Path(out) / task}")
+    for col in ("stem", "frames", "poses", "seconds", "_vio.mcap bytes"):
+        table.add_column(col, justify="left" if col == "stem" else "right")
+    for ep in written:
+        span = (int(ep.pose_ts_ns[-1]) - int(ep.pose_ts_ns[0])) / 1e9 if len(ep.pose_ts_ns) else 0.0
+        table.add_row(ep.stem, str(len(ep.camera_ts_ns)), str(len(ep.pose_ts_ns)), f"{span:.2f}", f"{ep.vio_mcap.stat().st_size:,}")
+    Console().print(table)
+
+
+@app.command("inspect-recording")
+def inspect_recording_cmd(
+    path: Path = typer.Argument(..., help="An MCAP file (<STEM>_vio.mcap, or <STEM>.mcap with --raw)."),
+    raw: bool = typer.Option(False, "--raw", help="A raw <STEM>.mcap: the pose topic is not required."),
+    as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
+) -> None:
+    """Validate one recording and print its figures; exit 1 when it has errors."""
+    from dpflow_core.recordings import inspect_recording
+
+    required = (DAS_DEFAULT.camera, DAS_DEFAULT.gripper) if raw else None
+    report = inspect_recording(path, DAS_DEFAULT, required=required)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        table = Table(title=str(path))
+        for col in ("topic", "messages", "rate Hz", "start offset s", "inversions", "duplicates"):
+            table.add_column(col, justify="left" if col == "topic" else "right", overflow="fold")
+        for topic, n in sorted(report.message_counts.items()):
+            rate = report.rates_hz.get(topic)
+            offset = report.start_offsets_s.get(topic)
+            table.add_row(
+                topic, str(n), "" if rate is None else f"{rate:.2f}", "" if offset is None else f"{offset:.3f}",
+                str(report.log_time_inversions.get(topic, "")), str(report.duplicate_timestamps.get(topic, "")),
+            )
+        console = Console()
+        console.print(table)
+        console.print(
+            f"indexed: {report.indexed}  overlap: {report.overlap_s if report.overlap_s is None else round(report.overlap_s, 3)} s  "
+            f"leading undecodable: {report.leading_undecodable_packets} packets  "
+            f"pose_valid false: {report.pose_invalid_fraction}"
+        )
+        for p in report.warnings:
+            console.print(f"[yellow]warning[/] {p.code}: {p.reason}")
+        for p in report.errors:
+            console.print(f"[red]error[/] {p.code}: {p.reason}")
+    if report.errors:
+        raise typer.Exit(1)
+
+
+@app.command("pair")
+def pair(
+    root: Path = typer.Argument(..., help="The Matrix Studio task folder (output/<task_name>)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Manifest JSON to write."),
+    task: Optional[str] = typer.Option(None, "--task", help="Task name (default: vio_result.json, else folder name)."),
+    manifest: Optional[Path] = typer.Option(
+        None, "--manifest", help='Explicit pairing {"episodes": [{"stem", "raw_mcap", "vio_mcap", "vio_json"}]}.'
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUTPUT when it exists."),
+) -> None:
+    """Pair <STEM>.mcap + <STEM>_vio.mcap + <STEM>_vio.json by exact stem and write the manifest."""
+    from dpflow_core.pairing import pair_recordings, write_manifest
+
+    if output.exists() and not overwrite:
+        raise PairingError("manifest already exists (pass --overwrite to replace it)", output, code="output_exists")
+    with _progress() as bar:
+        job = bar.add_task("pairing", total=None)
+        result = pair_recordings(
+            root, DAS_DEFAULT, explicit_manifest=manifest, task=task,
+            progress=lambda stem, done, total: bar.update(job, completed=done, total=total, description=f"pairing {stem}"),
+        )
+    write_manifest(result, output, overwrite=overwrite)
+    console = Console()
+    if result.rejected:
+        table = Table(title="rejected")
+        for col in ("stem", "code", "reason"):
+            table.add_column(col)
+        for r in result.rejected:
+            table.add_row(r.stem, r.code, r.reason)
+        console.print(table)
+    console.print(
+        f"task {result.task}: {len(result.accepted)} accepted, {len(result.rejected)} rejected -> {output}"
+    )
+
