@@ -1,0 +1,1245 @@
+"""The GPU server: the machine that trains, reached over SSH or used locally.
+
+One interface, :class:`GpuServer`, with two transports that share every code
+path above the three primitives they provide (run a shell script, open a
+file, close):
+
+* SSH through Fabric (:class:`fabric.Connection`, Paramiko underneath) when
+  :attr:`ServerConfig.host` is set. Host keys are checked against a
+  known_hosts file; an unknown key is refused unless
+  :attr:`ServerConfig.trust_on_first_use` is set explicitly, a changed key is
+  always refused. SSH config files are not read, so what runs is what the
+  configuration says.
+* The local machine through Invoke (Fabric's own local runner) when no host
+  is configured: the embedded default.
+
+Everything that reaches a remote shell is either a fixed string of this
+module or passed through :func:`shlex.quote`; names (task, run, stem) are
+checked with :func:`dpflow_core.names.validate_name` before anything runs.
+
+Process queries read ``/proc`` (the server is Linux). A detached process is
+started in a tmux session named after the run (fallback: ``setsid``) through a
+small ``sh`` wrapper that records its PID before the command starts and the
+command's exit status when it ends, so a later call, or a later program, can
+tell a natural exit from a vanished process. Identity of a process is
+(PID, start time in clock ticks since boot, command line): only a process that
+matches all three may be signalled.
+
+GPU inventory comes from ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``
+and ``--query-compute-apps=...``; its absence is reported as ``no_gpu``, never as
+success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Iterator, Literal, Mapping, Sequence
+
+from dpflow_core.errors import RemoteError
+from dpflow_core.names import validate_name
+
+LOG = logging.getLogger(__name__)
+
+#: The project checkout this package runs from (used for the local defaults).
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+_HOST_PATTERN = re.compile(r"^[A-Za-z0-9_.:\[\]%-]{1,253}$")
+_USER_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,63}$")
+_ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+
+
+def default_local_data_root() -> str:
+    """Data root of the local transport: ``$DPFLOW_SERVER_ROOT`` or ``<project>/outputs/server``."""
+    return os.environ.get("DPFLOW_SERVER_ROOT") or str(PROJECT_ROOT / "outputs" / "server")
+
+
+def default_local_repo() -> str | None:
+    """The dpflow checkout itself when it is a git work tree (the local server's repository)."""
+    return str(PROJECT_ROOT) if (PROJECT_ROOT / ".git").exists() else None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How to reach the GPU server and where things live on it.
+
+    Attributes:
+        host: SSH host name or address; ``None`` selects the local transport.
+        port: SSH port.
+        user: SSH user; ``None`` means the local user name.
+        key_filename: private key file; with it, no agent and no other key is tried.
+        key_passphrase: passphrase of ``key_filename`` (never printed; rsync is then
+            not used since it cannot ask for it).
+        known_hosts: known_hosts file checked for the host key (default ``~/.ssh/known_hosts``).
+        trust_on_first_use: accept an unknown host key once and append it to ``known_hosts``.
+            A key that differs from a recorded one is refused regardless.
+        repo_path: the training repository on the server (preflight reports its git state).
+        python: the interpreter command on the server, split like a shell would
+            (``python3``, ``/opt/conda/envs/dp/bin/python``, ``conda run -n dp python``);
+            each word is quoted again, so it cannot smuggle shell syntax.
+        activate: an optional shell line run before Python commands (for example
+            ``. /opt/conda/etc/profile.d/conda.sh && conda activate dp``). It is trusted
+            configuration like a command in a Makefile, never built from names.
+        data_root: where datasets and runs go on the server (``~`` = remote home).
+        nvidia_smi: the ``nvidia-smi`` command (a path when it is not on ``PATH``).
+        tmux_socket: tmux socket name (``tmux -L``); ``None`` uses the default server.
+        connect_timeout_s: TCP/SSH connect timeout, seconds.
+
+    Raises:
+        RemoteError: for a port outside 1..65535, or a host or user containing
+            characters that could be read as options or shell syntax.
+    """
+
+    host: str | None = None
+    port: int = 22
+    user: str | None = None
+    key_filename: str | None = None
+    key_passphrase: str | None = field(default=None, repr=False)
+    known_hosts: str | None = None
+    trust_on_first_use: bool = False
+    repo_path: str | None = None
+    python: str = "python3"
+    activate: str | None = None
+    data_root: str = "~/dpflow-data"
+    nvidia_smi: str = "nvidia-smi"
+    tmux_socket: str | None = None
+    connect_timeout_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= int(self.port) <= 65535:
+            raise RemoteError(f"invalid SSH port {self.port!r}: must be 1..65535", code="bad_config")
+        if self.host is not None and (not _HOST_PATTERN.match(self.host) or self.host.startswith("-")):
+            raise RemoteError(f"invalid host {self.host!r}", code="bad_config")
+        if self.user is not None and not _USER_PATTERN.match(self.user):
+            raise RemoteError(f"invalid SSH user {self.user!r}", code="bad_config")
+        if self.tmux_socket is not None:
+            validate_name(self.tmux_socket, "tmux socket")
+        if not shlex.split(self.python):
+            raise RemoteError("python command is empty", code="bad_config")
+
+    @classmethod
+    def local(cls, **overrides) -> "ServerConfig":
+        """The embedded default: this machine, this interpreter, this checkout, ``outputs/server``."""
+        values = {
+            "host": None,
+            "python": sys.executable,
+            "repo_path": default_local_repo(),
+            "data_root": default_local_data_root(),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @property
+    def transport(self) -> Literal["ssh", "local"]:
+        """``"ssh"`` when a host is configured, else ``"local"``."""
+        return "local" if self.host is None else "ssh"
+
+    @property
+    def known_hosts_path(self) -> str:
+        """The known_hosts file actually used."""
+        return os.path.expanduser(self.known_hosts or "~/.ssh/known_hosts")
+
+    def describe(self) -> str:
+        """``user@host:port`` or ``local`` (never a key path or passphrase)."""
+        if self.host is None:
+            return "local"
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """Outcome of :meth:`GpuServer.run`.
+
+    Attributes:
+        command: the command as given (without environment values).
+        exit_code: exit status; 124 when the timeout stopped it (coreutils ``timeout``).
+        stdout, stderr: captured output, decoded as UTF-8 (invalid bytes replaced).
+        duration_s: wall-clock seconds.
+        timed_out: True when ``timeout_s`` elapsed before the command ended.
+    """
+
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True for exit status 0."""
+        return self.exit_code == 0
+
+    def check(self) -> "CommandResult":
+        """Return self when the command succeeded, else raise :class:`RemoteError`."""
+        if not self.ok:
+            what = "timed out" if self.timed_out else f"exited with status {self.exit_code}"
+            tail = (self.stderr or self.stdout).strip()[-600:]
+            raise RemoteError(f"command {self.command!r} {what}: {tail}", code="command_failed")
+        return self
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One row of ``nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu``.
+
+    Memory in MiB, utilisation in percent; ``None`` where nvidia-smi printed ``[N/A]``
+    or ``[Not Supported]``.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    utilization_pct: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One row of ``nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory,process_name``."""
+
+    pid: int
+    gpu_uuid: str
+    used_memory_mib: int | None
+    process_name: str
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """GPUs visible on a machine and the compute processes on them.
+
+    Attributes:
+        status: ``"ok"`` (nvidia-smi answered), ``"no_gpu"`` (no nvidia-smi) or
+            ``"error"`` (nvidia-smi failed, e.g. no driver): only ``"ok"`` is success.
+        gpus, processes: parsed rows (empty unless ``status == "ok"``).
+        message: why the status is not ``"ok"``.
+    """
+
+    status: Literal["ok", "no_gpu", "error"]
+    gpus: tuple[GpuInfo, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+    message: str = ""
+
+    def processes_on(self, gpu_uuid: str) -> tuple[GpuProcess, ...]:
+        """Compute processes running on the GPU with this UUID."""
+        return tuple(p for p in self.processes if p.gpu_uuid == gpu_uuid)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-serialisable form."""
+        return dataclasses.asdict(self)
+
+
+GPU_QUERY_ARGS = (
+    "--query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu",
+    "--format=csv,noheader,nounits",
+)
+GPU_APPS_QUERY_ARGS = (
+    "--query-compute-apps=pid,gpu_uuid,used_memory,process_name",
+    "--format=csv,noheader,nounits",
+)
+
+
+def _csv_int(value: str) -> int | None:
+    value = value.strip()
+    if not value or value.startswith("[") or value.upper() in ("N/A", "NOT SUPPORTED"):
+        return None
+    return int(float(value))
+
+
+def parse_gpu_query(text: str) -> tuple[GpuInfo, ...]:
+    """Parse the output of ``nvidia-smi`` with :data:`GPU_QUERY_ARGS`.
+
+    Each line is ``index, uuid, name, memory.total, memory.used, utilization.gpu``
+    (``csv,noheader,nounits``: ``", "``-separated, MiB and percent without units).
+
+    Raises:
+        RemoteError: for a line that does not have six fields or a bad index.
+    """
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 6:
+            raise RemoteError(f"unexpected nvidia-smi GPU line {line!r}", code="bad_nvidia_smi")
+        # A GPU name could contain a comma: everything between uuid and the last three fields.
+        index, gpu_uuid, *name_parts, total, used, util = parts
+        try:
+            rows.append(
+                GpuInfo(
+                    index=int(index),
+                    uuid=gpu_uuid,
+                    name=", ".join(name_parts),
+                    memory_total_mib=_csv_int(total),
+                    memory_used_mib=_csv_int(used),
+                    utilization_pct=_csv_int(util),
+                )
+            )
+        except ValueError as exc:
+            raise RemoteError(f"unexpected nvidia-smi GPU line {line!r}: {exc}", code="bad_nvidia_smi") from exc
+    return tuple(rows)
+
+
+def parse_compute_apps(text: str) -> tuple[GpuProcess, ...]:
+    """Parse the output of ``nvidia-smi`` with :data:`GPU_APPS_QUERY_ARGS`.
+
+    Each line is ``pid, gpu_uuid, used_memory (MiB), process_name``; the process
+    name (last) may itself contain commas. ``No running processes found`` lines
+    (older drivers print them) yield nothing.
+
+    Raises:
+        RemoteError: for a line that does not parse.
+    """
+    rows = []
+    for line in text.splitlines():
+        if not line.strip() or line.strip().lower().startswith("no running"):
+            continue
+        parts = [p.strip() for p in line.split(",", 3)]
+        if len(parts) < 4:
+            raise RemoteError(f"unexpected nvidia-smi process line {line!r}", code="bad_nvidia_smi")
+        try:
+            rows.append(GpuProcess(int(parts[0]), parts[1], _csv_int(parts[2]), parts[3]))
+        except ValueError as exc:
+            raise RemoteError(f"unexpected nvidia-smi process line {line!r}: {exc}", code="bad_nvidia_smi") from exc
+    return tuple(rows)
+
+
+# --------------------------------------------------------------------- processes
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A process on the server, read from ``/proc/<pid>/stat`` and ``/proc/<pid>/cmdline``.
+
+    Attributes:
+        pid, ppid, pgid, sid: process, parent, process group and session ids.
+        state: one-letter state (``R``, ``S``, ``Z`` for zombie, ...).
+        start_ticks: start time in clock ticks since boot (field 22 of ``stat``);
+            with ``pid`` and ``cmdline`` it identifies the process across PID reuse.
+        start_time_s: the same as a UNIX time in seconds (``btime + ticks / CLK_TCK``).
+        comm: the kernel's short name.
+        cmdline: the argument vector (empty for kernel threads and zombies).
+    """
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    start_ticks: int
+    start_time_s: float
+    comm: str
+    cmdline: tuple[str, ...] = ()
+
+    @property
+    def alive(self) -> bool:
+        """True unless the process is a zombie (exited, not yet reaped)."""
+        return self.state not in ("Z", "X")
+
+    def same_process(self, other: "ProcessInfo") -> bool:
+        """True when ``other`` is this very process (PID, start time and command line)."""
+        return (self.pid, self.start_ticks, self.cmdline) == (other.pid, other.start_ticks, other.cmdline)
+
+
+def _parse_stat_line(line: str) -> tuple[int, str, list[str]] | None:
+    """Split one ``/proc/<pid>/stat`` line into (pid, comm, fields after comm)."""
+    head, sep, tail = line.rpartition(")")
+    if not sep or " (" not in head:
+        return None
+    pid_text, comm = head.split(" (", 1)
+    try:
+        return int(pid_text), comm, tail.split()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class DetachedProcess:
+    """A command started by :meth:`GpuServer.start_detached`.
+
+    Attributes:
+        name: the run name the session and state files are named after.
+        method: ``"tmux"`` or ``"setsid"``.
+        tmux_session: tmux session name (``name`` with ``.`` replaced by ``_``), or None.
+        leader: the wrapper process (leader of the run's process group and session).
+        command: the command as given.
+        state_dir: folder of the state files on the server.
+        pid_path, exit_path, log_path, launch_path, script_path: state files; ``exit_path``
+            holds the command's exit status once it has ended.
+    """
+
+    name: str
+    method: Literal["tmux", "setsid"]
+    tmux_session: str | None
+    leader: ProcessInfo
+    command: str
+    state_dir: str
+    pid_path: str
+    exit_path: str
+    log_path: str
+    launch_path: str
+    script_path: str
+
+    @property
+    def pid(self) -> int:
+        """PID of the wrapper (== process group id == session id)."""
+        return self.leader.pid
+
+    def to_dict(self) -> dict:
+        """Plain JSON-serialisable form (as written to ``launch_path``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "DetachedProcess":
+        """Inverse of :meth:`to_dict`."""
+        values = dict(data)
+        leader = dict(values.pop("leader"))
+        leader["cmdline"] = tuple(leader.get("cmdline", ()))
+        return cls(leader=ProcessInfo(**leader), **values)
+
+
+@dataclass(frozen=True)
+class DetachedStatus:
+    """Where a detached process stands.
+
+    Attributes:
+        exit_code: the command's exit status once the wrapper recorded it, else None.
+        leader_alive: the wrapper (same PID, start time, command line) still runs.
+        members: PIDs still in the run's process group (wrapper included).
+    """
+
+    exit_code: int | None
+    leader_alive: bool
+    members: tuple[int, ...]
+
+    @property
+    def finished(self) -> bool:
+        """The command ended and recorded its exit status."""
+        return self.exit_code is not None
+
+    @property
+    def vanished(self) -> bool:
+        """Nothing of the run is left, but no exit status was recorded (killed)."""
+        return self.exit_code is None and not self.leader_alive and not self.members
+
+
+@dataclass(frozen=True)
+class FileChunk:
+    """Bytes read by :meth:`GpuServer.read_from`.
+
+    Attributes:
+        data: the bytes read.
+        offset: where they start in the file.
+        next_offset: where the next incremental read should start.
+        size: the file's size when read.
+        restarted: the file was shorter than the requested offset (replaced or
+            truncated), so reading restarted at 0.
+    """
+
+    data: bytes
+    offset: int
+    next_offset: int
+    size: int
+    restarted: bool = False
+
+
+# --------------------------------------------------------------------- transports
+
+
+class _LocalTransport:
+    """Runs on this machine through Invoke."""
+
+    kind = "local"
+
+    def __init__(self, config: ServerConfig):
+        import invoke
+
+        self._context = invoke.Context()
+
+    def run(self, script: str, timeout_s: float | None, env: Mapping[str, str] | None):
+        import invoke
+
+        try:
+            result = self._context.run(
+                script, hide=True, warn=True, in_stream=False, pty=False,
+                env=dict(env or {}), timeout=timeout_s,
+            )
+            return result.exited, result.stdout, result.stderr, False
+        except invoke.CommandTimedOut as exc:
+            return 124, exc.result.stdout, exc.result.stderr, True
+
+    def open(self, path: str, mode: str) -> IO[bytes]:
+        return open(path, mode)
+
+    def stat_size(self, path: str) -> int | None:
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+
+    def put(self, local: str, remote: str) -> None:
+        shutil.copyfile(local, remote)
+
+    def get(self, remote: str, local: str) -> None:
+        shutil.copyfile(remote, local)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def home(self) -> str:
+        return os.path.expanduser("~")
+
+    def close(self) -> None:
+        pass
+
+
+class _TrustOnFirstUse:
+    """Paramiko missing-host-key policy: accept once, append the key to known_hosts."""
+
+    def __init__(self, known_hosts: str):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(self.known_hosts, "a") as fh:
+            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        LOG.warning("trusting new %s host key of %s (recorded in %s)", key.get_name(), hostname, self.known_hosts)
+
+
+class _SshTransport:
+    """Runs on ``config.host`` through a Fabric connection (and its SFTP session)."""
+
+    kind = "ssh"
+
+    def __init__(self, config: ServerConfig):
+        import fabric
+        import paramiko
+
+        self.config = config
+        connect_kwargs: dict = {"banner_timeout": config.connect_timeout_s, "auth_timeout": config.connect_timeout_s}
+        if config.key_filename:
+            connect_kwargs.update(key_filename=os.path.expanduser(config.key_filename), look_for_keys=False, allow_agent=False)
+        if config.key_passphrase:
+            connect_kwargs["passphrase"] = config.key_passphrase
+        # An explicit empty SSHConfig: no ~/.ssh/config or /etc/ssh/ssh_config rewrites host, port or keys.
+        fabric_config = fabric.Config(ssh_config=paramiko.SSHConfig())
+        self.connection = fabric.Connection(
+            config.host, user=config.user, port=int(config.port), config=fabric_config,
+            connect_timeout=max(1, int(config.connect_timeout_s)), connect_kwargs=connect_kwargs,
+        )
+        client = self.connection.client
+        known_hosts = config.known_hosts_path
+        if os.path.exists(known_hosts):
+            client.load_host_keys(known_hosts)
+        # Fabric's default is AutoAddPolicy (trust anything); replace it.
+        client.set_missing_host_key_policy(
+            _TrustOnFirstUse(known_hosts) if config.trust_on_first_use else paramiko.RejectPolicy()
+        )
+        self._sftp = None
+        self._home: str | None = None
+
+    def _open_connection(self) -> None:
+        import paramiko
+
+        if self.connection.is_connected:
+            return
+        where = self.config.describe()
+        try:
+            self.connection.open()
+        except paramiko.BadHostKeyException as exc:
+            raise RemoteError(
+                f"host key of {where} does not match {self.config.known_hosts_path}: refusing to connect "
+                "(a changed key can mean an impostor; remove the old line only when you know why it changed)",
+                code="host_key_mismatch",
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            raise RemoteError(f"authentication to {where} failed: {exc}", code="auth_failed") from exc
+        except paramiko.SSHException as exc:
+            if "known_hosts" in str(exc):
+                raise RemoteError(
+                    f"host key of {where} is not in {self.config.known_hosts_path}: refusing to connect "
+                    "(add it with ssh-keyscan after checking its fingerprint, or opt in to trust on first use)",
+                    code="unknown_host_key",
+                ) from exc
+            raise RemoteError(f"SSH to {where} failed: {exc}", code="ssh_failed") from exc
+        except (OSError, socket.timeout) as exc:
+            raise RemoteError(f"cannot reach {where}: {exc}", code="unreachable") from exc
+
+    def run(self, script: str, timeout_s: float | None, env: Mapping[str, str] | None):
+        import invoke
+
+        self._open_connection()
+        if env:
+            # Inline, as Fabric does: sshd's AcceptEnv usually drops environment requests.
+            exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+            script = f"sh -c {shlex.quote(exports + 'exec ' + script)}"
+        try:
+            result = self.connection.run(
+                script, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout_s
+            )
+            return result.exited, result.stdout, result.stderr, False
+        except invoke.CommandTimedOut as exc:
+            return 124, exc.result.stdout, exc.result.stderr, True
+
+    @property
+    def sftp(self):
+        if self._sftp is None:
+            self._open_connection()
+            self._sftp = self.connection.sftp()
+        return self._sftp
+
+    def open(self, path: str, mode: str) -> IO[bytes]:
+        fh = self.sftp.open(path, mode.replace("b", ""))
+        if "w" in mode or "a" in mode:
+            fh.set_pipelined(True)
+        return fh
+
+    def stat_size(self, path: str) -> int | None:
+        try:
+            return self.sftp.stat(path).st_size
+        except FileNotFoundError:
+            return None
+
+    def put(self, local: str, remote: str) -> None:
+        self.sftp.put(local, remote)
+
+    def get(self, remote: str, local: str) -> None:
+        self.sftp.get(remote, local)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.sftp.posix_rename(src, dst)
+
+    def home(self) -> str:
+        if self._home is None:
+            self._home = self.sftp.normalize(".")
+        return self._home
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        self.connection.close()
+
+
+# ----------------------------------------------------------------------- server
+
+
+class GpuServer:
+    """The machine that trains. Use as a context manager (closes the SSH connection).
+
+    Connection happens lazily on the first operation. Paths may start with ``~``
+    (the server's home); relative paths are taken from the home directory over
+    SSH and from the current directory locally.
+
+    Raises (from every method):
+        RemoteError: ``code`` tells why: ``unknown_host_key``, ``host_key_mismatch``,
+            ``auth_failed``, ``unreachable``, ``command_failed``, ``not_found``, ...
+        InvalidNameError: for a run name that is not a safe name.
+    """
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self._transport = _LocalTransport(config) if config.host is None else _SshTransport(config)
+
+    # -- lifecycle
+    def __enter__(self) -> "GpuServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (a later call reconnects)."""
+        self._transport.close()
+
+    @property
+    def transport(self) -> str:
+        """``"ssh"`` or ``"local"``."""
+        return self._transport.kind
+
+    @property
+    def host(self) -> str | None:
+        """The configured host (None for the local transport)."""
+        return self.config.host
+
+    # -- paths
+    def abspath(self, path: str) -> str:
+        """Absolute, normalised server path (``~`` and relative paths resolved)."""
+        if path == "~" or path.startswith("~/"):
+            path = self._transport.home() + path[1:]
+        elif not path.startswith("/"):
+            base = self._transport.home() if self.transport == "ssh" else os.getcwd()
+            path = posixpath.join(base, path)
+        return posixpath.normpath(path)
+
+    @property
+    def data_root(self) -> str:
+        """Absolute data root on the server."""
+        return self.abspath(self.config.data_root)
+
+    # -- commands
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        check: bool = False,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        """Run a command on the server and capture its output.
+
+        Args:
+            cmd: an argument list (each item quoted here) or a shell command string
+                (POSIX ``sh``; the caller quotes what it interpolates).
+            timeout_s: stop the command (TERM, then KILL 5 s later, whole process group)
+                after this many seconds; the result then has exit code 124.
+            check: raise :class:`RemoteError` unless the exit status is 0.
+            env: extra environment variables (names must be identifiers).
+            cwd: working directory on the server.
+
+        Returns:
+            CommandResult with exit code, stdout, stderr and duration.
+        """
+        command = cmd if isinstance(cmd, str) else shlex.join(str(c) for c in cmd)
+        for name in env or {}:
+            if not _ENV_NAME_PATTERN.match(name):
+                raise RemoteError(f"invalid environment variable name {name!r}", code="bad_env")
+        script = command if cwd is None else f"cd -- {shlex.quote(self.abspath(cwd))} && {command}"
+        script = f"sh -c {shlex.quote(script)}"
+        if timeout_s is not None:
+            script = f"timeout -k 5 {float(timeout_s):.3f} {script}"
+        start = time.monotonic()
+        exit_code, stdout, stderr, killed = self._transport.run(
+            script, None if timeout_s is None else timeout_s + 15, env
+        )
+        result = CommandResult(
+            command=command, exit_code=exit_code, stdout=stdout, stderr=stderr,
+            duration_s=time.monotonic() - start,
+            timed_out=killed or (timeout_s is not None and exit_code in (124, 137)),
+        )
+        return result.check() if check else result
+
+    def python_command(self, args: Sequence[str]) -> str:
+        """Shell string running the configured Python (after ``activate``) with quoted ``args``."""
+        words = [shlex.quote(w) for w in shlex.split(self.config.python)] + [shlex.quote(a) for a in args]
+        line = " ".join(words)
+        return f"{self.config.activate} && {line}" if self.config.activate else line
+
+    def has_command(self, name: str) -> bool:
+        """True when ``name`` resolves on the server (``command -v``)."""
+        return self.run(f"command -v {shlex.quote(name)} >/dev/null 2>&1").ok
+
+    # -- files
+    @contextlib.contextmanager
+    def open(self, path: str, mode: str = "rb") -> Iterator[IO[bytes]]:
+        """Open a server file (binary modes: ``rb``, ``wb``, ``ab``, ``r+b``)."""
+        full = self.abspath(path)
+        try:
+            fh = self._transport.open(full, mode)
+        except FileNotFoundError as exc:
+            raise RemoteError("no such file on the server", path=full, code="not_found") from exc
+        except PermissionError as exc:
+            raise RemoteError("permission denied on the server", path=full, code="permission_denied") from exc
+        with fh:
+            yield fh
+
+    def size(self, path: str) -> int | None:
+        """Size in bytes, or None when the file does not exist."""
+        return self._transport.stat_size(self.abspath(path))
+
+    def exists(self, path: str) -> bool:
+        """True when ``path`` exists on the server (file, folder or other)."""
+        return self.run(f"test -e {shlex.quote(self.abspath(path))}").ok
+
+    def mkdir(self, path: str, mode: int = 0o755) -> str:
+        """Create a folder and its parents (no error when it exists); return its absolute path."""
+        full = self.abspath(path)
+        self.run(["mkdir", "-p", "-m", f"{mode:o}", "--", full], check=True)
+        return full
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically rename within one file system (replaces ``dst``)."""
+        self._transport.rename(self.abspath(src), self.abspath(dst))
+
+    def remove(self, path: str) -> None:
+        """Delete one file (not a folder); no error when it is already gone."""
+        self.run(["rm", "-f", "--", self.abspath(path)], check=True)
+
+    def listdir(self, path: str) -> list[str]:
+        """Names in a server folder, sorted (empty when the folder does not exist)."""
+        result = self.run(f"ls -1A -- {shlex.quote(self.abspath(path))} 2>/dev/null")
+        return sorted(line for line in result.stdout.splitlines() if line) if result.ok else []
+
+    def _temp_name(self, path: str) -> str:
+        return f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+
+    def put(self, local: str | Path, remote: str, *, overwrite: bool = False) -> str:
+        """Copy a local file to the server (temp name in the same folder, then rename).
+
+        Returns the absolute remote path.
+
+        Raises:
+            RemoteError: ``exists`` when ``remote`` exists and ``overwrite`` is False;
+                ``not_found`` when the local file is missing.
+        """
+        if not Path(local).is_file():
+            raise RemoteError("local file to upload does not exist", path=local, code="not_found")
+        full = self.abspath(remote)
+        if not overwrite and self.exists(full):
+            raise RemoteError("remote file exists (pass overwrite to replace it)", path=full, code="exists")
+        self.mkdir(posixpath.dirname(full))
+        tmp = self._temp_name(full)
+        self._transport.put(str(local), tmp)
+        self._transport.rename(tmp, full)
+        return full
+
+    def get(self, remote: str, local: str | Path, *, overwrite: bool = False) -> Path:
+        """Copy a server file here (temp name in the same folder, then rename).
+
+        Raises:
+            RemoteError: ``exists`` when ``local`` exists and ``overwrite`` is False;
+                ``not_found`` when the remote file is missing.
+        """
+        full = self.abspath(remote)
+        local = Path(local)
+        if local.exists() and not overwrite:
+            raise RemoteError("local file exists (pass overwrite to replace it)", path=local, code="exists")
+        if self.size(full) is None:
+            raise RemoteError("no such file on the server", path=full, code="not_found")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(self._temp_name(str(local)))
+        try:
+            self._transport.get(full, str(tmp))
+            os.replace(tmp, local)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return local
+
+    def write_text(self, path: str, text: str, *, mode: int = 0o644) -> str:
+        """Write a text file atomically (temp name, chmod, rename; parents created); return its path."""
+        full = self.abspath(path)
+        self.mkdir(posixpath.dirname(full))
+        tmp = self._temp_name(full)
+        with self.open(tmp, "wb") as fh:
+            fh.write(text.encode("utf-8"))
+        self.run(["chmod", f"{mode:o}", "--", tmp], check=True)
+        self._transport.rename(tmp, full)
+        return full
+
+    def read_text(self, path: str) -> str:
+        """Whole file as UTF-8 text (invalid bytes replaced)."""
+        with self.open(path, "rb") as fh:
+            return fh.read().decode("utf-8", "replace")
+
+    def read_from(self, path: str, offset: int = 0, max_bytes: int = 1 << 20) -> FileChunk:
+        """Read new bytes of a growing file (a log) from ``offset``.
+
+        Returns an empty chunk (``next_offset == offset``) when nothing was added,
+        and restarts at 0 when the file became shorter than ``offset``.
+
+        Raises:
+            RemoteError: ``not_found`` when the file does not exist.
+        """
+        full = self.abspath(path)
+        size = self.size(full)
+        if size is None:
+            raise RemoteError("no such file on the server", path=full, code="not_found")
+        restarted = size < offset
+        start = 0 if restarted else offset
+        if start >= size:
+            return FileChunk(b"", start, start, size, restarted)
+        with self.open(full, "rb") as fh:
+            fh.seek(start)
+            data = fh.read(min(max_bytes, size - start))
+        return FileChunk(data, start, start + len(data), size, restarted)
+
+    def read_lines(self, path: str, offset: int = 0, max_bytes: int = 1 << 20) -> tuple[list[str], int]:
+        """Complete lines added since ``offset``, and the offset after the last complete line.
+
+        A trailing partial line (a writer mid-line) is left for the next call.
+        """
+        chunk = self.read_from(path, offset, max_bytes)
+        end = chunk.data.rfind(b"\n")
+        if end < 0:
+            return [], chunk.offset
+        lines = chunk.data[: end + 1].decode("utf-8", "replace").splitlines()
+        return lines, chunk.offset + end + 1
+
+    def tail(self, path: str, n_bytes: int = 64 * 1024) -> str:
+        """The last ``n_bytes`` of a file as text (for error reports)."""
+        size = self.size(path)
+        if size is None:
+            raise RemoteError("no such file on the server", path=self.abspath(path), code="not_found")
+        return self.read_from(path, max(0, size - n_bytes), n_bytes).data.decode("utf-8", "replace")
+
+    # -- hashes and disk
+    def sha256(self, path: str, *, tool: Literal["auto", "sha256sum", "python"] = "auto") -> str:
+        """SHA-256 (hex) of a server file, computed on the server.
+
+        ``sha256sum`` when present (``auto``), else the configured Python's hashlib.
+
+        Raises:
+            RemoteError: ``not_found`` for a missing file, ``command_failed`` otherwise.
+        """
+        full = self.abspath(path)
+        if self.size(full) is None:
+            raise RemoteError("no such file on the server", path=full, code="not_found")
+        py = self.python_command([
+            "-c",
+            "import hashlib,sys\nh=hashlib.sha256()\nwith open(sys.argv[1],'rb') as f:\n"
+            "    for b in iter(lambda: f.read(1<<20), b''): h.update(b)\nprint(h.hexdigest())",
+            full,
+        ])
+        if tool == "sha256sum":
+            script = f"sha256sum -- {shlex.quote(full)}"
+        elif tool == "python":
+            script = py
+        else:
+            script = f"if command -v sha256sum >/dev/null 2>&1; then sha256sum -- {shlex.quote(full)}; else {py}; fi"
+        out = self.run(script, check=True).stdout.split()
+        digest = out[0].lower() if out else ""
+        if not _SHA256_PATTERN.match(digest):
+            raise RemoteError(f"unexpected SHA-256 output {out[:2]!r}", path=full, code="command_failed")
+        return digest
+
+    def free_disk(self, path: str) -> int:
+        """Bytes available to this user on the file system holding ``path``.
+
+        ``path`` may not exist yet: its nearest existing ancestor is measured.
+        """
+        full = self.abspath(path)
+        script = (
+            f"p={shlex.quote(full)}; while [ ! -e \"$p\" ]; do p=$(dirname -- \"$p\"); done; "
+            "df -P -k -- \"$p\" | tail -n 1"
+        )
+        fields = self.run(script, check=True).stdout.split()
+        try:
+            return int(fields[3]) * 1024
+        except (IndexError, ValueError) as exc:
+            raise RemoteError(f"unexpected df output {fields!r}", path=full, code="command_failed") from exc
+
+    # -- processes
+    def process_info(self, pid: int) -> ProcessInfo | None:
+        """The process with this PID, or None when there is none (zombies are returned)."""
+        pid = int(pid)
+        script = (
+            f"s=$(cat /proc/{pid}/stat 2>/dev/null) || exit 3; "
+            f"c=$(tr '\\000' '\\037' < /proc/{pid}/cmdline 2>/dev/null); "
+            "b=$(awk '/^btime/ {print $2}' /proc/stat); t=$(getconf CLK_TCK); "
+            "printf '%s\\n%s\\n%s\\n%s' \"$s\" \"$b\" \"$t\" \"$c\""
+        )
+        result = self.run(script)
+        if result.exit_code == 3:
+            return None
+        result.check()
+        stat_line, btime, clk_tck, *rest = result.stdout.split("\n", 3) + [""]
+        parsed = _parse_stat_line(stat_line)
+        if parsed is None:
+            return None
+        _, comm, fields = parsed
+        cmdline = tuple(a for a in (rest[0] if rest else "").split("\x1f") if a) if rest else ()
+        return self._process_from_fields(pid, comm, fields, int(btime), int(clk_tck), cmdline)
+
+    @staticmethod
+    def _process_from_fields(pid, comm, fields, btime, clk_tck, cmdline=()) -> ProcessInfo:
+        # fields[0] is field 3 of stat (state); start time is field 22.
+        start_ticks = int(fields[19])
+        return ProcessInfo(
+            pid=pid, ppid=int(fields[1]), pgid=int(fields[2]), sid=int(fields[3]), state=fields[0],
+            start_ticks=start_ticks, start_time_s=btime + start_ticks / clk_tck, comm=comm,
+            cmdline=tuple(cmdline),
+        )
+
+    def list_processes(self) -> list[ProcessInfo]:
+        """Every process on the server (without command lines), by PID."""
+        script = (
+            "awk '/^btime/ {print $2}' /proc/stat; getconf CLK_TCK; "
+            "cat /proc/[0-9]*/stat 2>/dev/null; true"
+        )
+        lines = self.run(script, check=True).stdout.splitlines()
+        btime, clk_tck = int(lines[0]), int(lines[1])
+        processes = []
+        for line in lines[2:]:
+            parsed = _parse_stat_line(line)
+            if parsed is not None:
+                pid, comm, fields = parsed
+                with contextlib.suppress(IndexError, ValueError):
+                    processes.append(self._process_from_fields(pid, comm, fields, btime, clk_tck))
+        return sorted(processes, key=lambda p: p.pid)
+
+    def pid_alive(self, pid: int) -> bool:
+        """True when the PID exists and is not a zombie."""
+        info = self.process_info(pid)
+        return info is not None and info.alive
+
+    def group_members(self, pgid: int) -> list[int]:
+        """PIDs of the live (non-zombie) processes in process group ``pgid``."""
+        return [p.pid for p in self.list_processes() if p.pgid == int(pgid) and p.alive]
+
+    def signal_process(self, expected: ProcessInfo, sig: str = "TERM") -> bool:
+        """Send ``sig`` to ``expected.pid`` only when it is still the same process.
+
+        The PID, start time and command line are read again and compared with
+        ``expected``; a reused PID is never signalled.
+
+        Returns:
+            True when the signal was sent, False when the process is gone or is another one.
+        """
+        sig = _validate_signal(sig)
+        current = self.process_info(expected.pid)
+        if current is None or not current.alive or not current.same_process(expected):
+            return False
+        return self.run(["kill", "-s", sig, "--", str(expected.pid)]).ok
+
+    def signal_group(self, leader: ProcessInfo, sig: str = "TERM") -> bool:
+        """Send ``sig`` to the whole process group led by ``leader``, after proving its identity.
+
+        Only when the leader (PID == PGID) is alive and still the same process
+        (PID, start time, command line). When the leader is gone, signal the
+        remaining members one by one with :meth:`signal_process`.
+
+        Returns:
+            True when the signal was sent.
+        """
+        sig = _validate_signal(sig)
+        if leader.pgid != leader.pid:
+            raise RemoteError(f"process {leader.pid} does not lead its process group", code="not_group_leader")
+        current = self.process_info(leader.pid)
+        if current is None or not current.alive or not current.same_process(leader):
+            return False
+        return self.run(["kill", "-s", sig, "--", f"-{leader.pgid}"]).ok
+
+    # -- detached processes
+    def _tmux(self) -> list[str]:
+        return ["tmux"] + (["-L", self.config.tmux_socket] if self.config.tmux_socket else [])
+
+    def tmux_session_exists(self, session: str) -> bool:
+        """True when the tmux session exists (exact name)."""
+        return self.run(self._tmux() + ["has-session", "-t", f"={session}"]).ok
+
+    def start_detached(
+        self,
+        name: str,
+        command: str | Sequence[str],
+        *,
+        state_dir: str,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        log_path: str | None = None,
+        method: Literal["auto", "tmux", "setsid"] = "auto",
+        start_timeout_s: float = 15.0,
+    ) -> DetachedProcess:
+        """Start ``command`` detached from this connection, named after the run.
+
+        A wrapper script ``<state_dir>/<name>.sh`` (mode 0700) writes its PID to
+        ``<name>.pid``, runs the command with stdin from /dev/null and stdout and
+        stderr appended to ``log_path`` (default ``<state_dir>/<name>.log``), then
+        writes the command's exit status to ``<name>.exit``. It ignores nothing:
+        TERM sent to the group ends the command, whose status (143) is recorded.
+        The launch record (:meth:`DetachedProcess.to_dict`) goes to ``<name>.launch.json``.
+
+        Args:
+            name: the run name (validated; the tmux session is ``name`` with ``.`` -> ``_``).
+            command: argument list (quoted here) or shell command string.
+            state_dir: folder for the wrapper and state files (created).
+            cwd, env: working directory and extra environment of the command.
+            method: ``tmux`` (session named after the run), ``setsid`` (new session,
+                no terminal), or ``auto`` (tmux when installed).
+            start_timeout_s: how long to wait for the wrapper to record its PID.
+
+        Raises:
+            InvalidNameError: for an unsafe name.
+            RemoteError: ``already_started`` when this run name was launched in
+                ``state_dir`` before or its tmux session exists; ``start_failed``
+                when the wrapper did not start.
+        """
+        validate_name(name, "run name")
+        for key in env or {}:
+            if not _ENV_NAME_PATTERN.match(key):
+                raise RemoteError(f"invalid environment variable name {key!r}", code="bad_env")
+        command_text = command if isinstance(command, str) else shlex.join(str(c) for c in command)
+        state_dir = self.mkdir(state_dir)
+        base = posixpath.join(state_dir, name)
+        paths = {
+            "pid_path": base + ".pid",
+            "exit_path": base + ".exit",
+            "launch_path": base + ".launch.json",
+            "script_path": base + ".sh",
+            "log_path": self.abspath(log_path) if log_path else base + ".log",
+        }
+        if method == "auto":
+            method = "tmux" if self.has_command("tmux") else "setsid"
+        session = name.replace(".", "_") if method == "tmux" else None
+        for key in ("pid_path", "exit_path", "launch_path"):
+            if self.size(paths[key]) is not None:
+                raise RemoteError(f"run {name!r} was already started here", path=paths[key], code="already_started")
+        if session and self.tmux_session_exists(session):
+            raise RemoteError(f"tmux session {session!r} already exists", code="already_started")
+
+        q = {k: shlex.quote(v) for k, v in paths.items()}
+        lines = [
+            "#!/bin/sh",
+            f"# dpflow detached run {name}",
+            f"echo $$ > {q['pid_path']}.tmp && mv -f {q['pid_path']}.tmp {q['pid_path']}",
+            # A handler (not ignore) so the command, which gets default dispositions,
+            # receives TERM/INT/HUP while this shell survives to record the status.
+            "trap 'true' HUP INT TERM",
+        ]
+        if cwd is not None:
+            lines.append(
+                f"cd -- {shlex.quote(self.abspath(cwd))} || {{ echo 126 > {q['exit_path']}.tmp; "
+                f"mv -f {q['exit_path']}.tmp {q['exit_path']}; exit 126; }}"
+            )
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+        lines += [
+            f"sh -c {shlex.quote(command_text)} < /dev/null >> {q['log_path']} 2>&1",
+            "rc=$?",
+            f"echo \"$rc\" > {q['exit_path']}.tmp && mv -f {q['exit_path']}.tmp {q['exit_path']}",
+            "exit \"$rc\"",
+        ]
+        self.write_text(paths["script_path"], "\n".join(lines) + "\n", mode=0o700)
+
+        wrapper = f"exec sh {q['script_path']}"
+        if method == "tmux":
+            launch = self.run(self._tmux() + ["new-session", "-d", "-s", session, wrapper])
+        else:
+            launch = self.run(
+                f"setsid -f sh {q['script_path']} < /dev/null > /dev/null 2>&1"
+            )
+        if not launch.ok:
+            raise RemoteError(
+                f"could not start run {name!r} with {method}: {launch.stderr.strip()[-400:]}", code="start_failed"
+            )
+        leader = self._wait_for_leader(paths["pid_path"], start_timeout_s)
+        if leader is None:
+            raise RemoteError(f"run {name!r} did not record its PID within {start_timeout_s} s",
+                              path=paths["pid_path"], code="start_failed")
+        proc = DetachedProcess(
+            name=name, method=method, tmux_session=session, leader=leader, command=command_text,
+            state_dir=state_dir, **paths,
+        )
+        self.write_text(paths["launch_path"], json.dumps(proc.to_dict(), indent=2) + "\n")
+        return proc
+
+    def _wait_for_leader(self, pid_path: str, timeout_s: float) -> ProcessInfo | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.size(pid_path):
+                text = self.read_text(pid_path).strip()
+                if text.isdigit():
+                    info = self.process_info(int(text))
+                    if info is not None:
+                        return info
+                    # Exited already: a short command. Identity from the PID alone.
+                    return ProcessInfo(int(text), 0, int(text), int(text), "X", 0, 0.0, "sh")
+            time.sleep(0.05)
+        return None
+
+    def load_detached(self, state_dir: str, name: str) -> DetachedProcess:
+        """Read the launch record of run ``name`` written by :meth:`start_detached`.
+
+        Raises:
+            RemoteError: ``not_found`` when the run was never started there.
+        """
+        validate_name(name, "run name")
+        return DetachedProcess.from_dict(json.loads(self.read_text(posixpath.join(state_dir, name + ".launch.json"))))
+
+    def detached_status(self, proc: DetachedProcess) -> DetachedStatus:
+        """Exit status (once recorded), whether the wrapper still runs, and the group's members."""
+        # Liveness first, exit file second: the wrapper writes the file before it
+        # exits, so a dead wrapper seen here has its status on disk already.
+        current = self.process_info(proc.pid)
+        leader_alive = current is not None and current.alive and current.same_process(proc.leader)
+        members = tuple(self.group_members(proc.leader.pgid))
+        if not leader_alive and current is not None and current.alive and not current.same_process(proc.leader):
+            # Another process holds the PID now, so the group with that id is not this run's.
+            members = ()
+        exit_code = None
+        if self.size(proc.exit_path):
+            text = self.read_text(proc.exit_path).strip()
+            exit_code = int(text) if text.lstrip("-").isdigit() else None
+        return DetachedStatus(exit_code=exit_code, leader_alive=leader_alive, members=members)
+
+    def wait_detached(self, proc: DetachedProcess, timeout_s: float, poll_s: float = 0.5) -> DetachedStatus:
+        """Poll until the run recorded its exit status or vanished, or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.detached_status(proc)
+            if status.finished and not status.leader_alive or status.vanished or time.monotonic() >= deadline:
+                return status
+            time.sleep(poll_s)
+
+    # -- GPUs
+    def gpu_inventory(self, *, timeout_s: float = 60.0) -> GpuInventory:
+        """GPUs and compute processes from ``nvidia-smi`` (see :class:`GpuInventory`)."""
+        smi = [shlex.quote(w) for w in shlex.split(self.config.nvidia_smi)]
+        if not self.has_command(shlex.split(self.config.nvidia_smi)[0]):
+            return GpuInventory("no_gpu", message=f"no GPU: {self.config.nvidia_smi!r} not found on the server")
+        gpus = self.run(" ".join(smi + list(GPU_QUERY_ARGS)), timeout_s=timeout_s)
+        if not gpus.ok:
+            return GpuInventory(
+                "error", message=f"nvidia-smi failed (exit {gpus.exit_code}): {(gpus.stderr or gpus.stdout).strip()[-400:]}"
+            )
+        apps = self.run(" ".join(smi + list(GPU_APPS_QUERY_ARGS)), timeout_s=timeout_s)
+        if not apps.ok:
+            return GpuInventory(
+                "error", parse_gpu_query(gpus.stdout),
+                message=f"nvidia-smi process query failed (exit {apps.exit_code}): {apps.stderr.strip()[-400:]}",
+            )
+        inventory = GpuInventory("ok", parse_gpu_query(gpus.stdout), parse_compute_apps(apps.stdout))
+        if not inventory.gpus:
+            return GpuInventory("no_gpu", message="no GPU: nvidia-smi lists none")
+        return inventory
+
+
+_SIGNALS = {"TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "CONT", "STOP"}
+
+
+def _validate_signal(sig: str) -> str:
+    sig = str(sig).upper().removeprefix("SIG")
+    if sig not in _SIGNALS:
+        raise RemoteError(f"unsupported signal {sig!r}", code="bad_signal")
+    return sig
+
+
+def sha256_file(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
+    """SHA-256 (hex) of a local file, read in chunks of ``chunk_bytes``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk_bytes), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_sha256(value: str) -> bool:
+    """True for 64 lowercase hex digits."""
+    return bool(_SHA256_PATTERN.match(value or ""))
+
+
+__all__ = [
+    "CommandResult", "DetachedProcess", "DetachedStatus", "FileChunk", "GpuInfo", "GpuInventory",
+    "GpuProcess", "GpuServer", "ProcessInfo", "ServerConfig", "parse_compute_apps", "parse_gpu_query",
+    "sha256_file", "is_sha256",
+]
