@@ -424,3 +424,858 @@ def _check_image_size(image_size: Sequence[int]) -> tuple[int, int]:
     if not (8 <= w <= 8192 and 8 <= h <= 8192):
         raise ConversionError(f"image size {w}x{h} out of range (8..8192 pixels per side)", code="bad_option")
     return w, h
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class EpisodeInput:
+    """One accepted episode of a pairing manifest.
+
+    Attributes:
+        stem: the episode's stem.
+        vio_mcap: the ``<STEM>_vio.mcap`` to convert.
+        size_bytes: its size recorded in the manifest (None when absent).
+        sha256: its SHA-256 recorded in the manifest (None when absent).
+        files: the manifest's ``files`` entry ({role: {path, size_bytes, sha256}}).
+    """
+
+    stem: str
+    vio_mcap: Path
+    size_bytes: int | None
+    sha256: str | None
+    files: dict
+
+
+@dataclass
+class ConversionInputs:
+    """Episodes to convert, gathered from one or more manifests or task folders.
+
+    Attributes:
+        episodes: accepted episodes, in manifest order.
+        rejected: episodes the pairing rejected: [{stem, path, code, reason}].
+        manifests: where the manifests came from (paths, or "<in memory>").
+        task: the task name when all manifests agree on one, else None.
+        root: the recordings root of the first manifest.
+        topics: the topic map the first manifest was paired with (its ``topics``
+            dict), or None when it records none.
+    """
+
+    episodes: list[EpisodeInput]
+    rejected: list[dict]
+    manifests: list[str]
+    task: str | None
+    root: str | None
+    topics: dict | None = None
+
+
+def _manifest_as_dict(obj: Any) -> dict:
+    if isinstance(obj, dict):
+        return obj
+    for attr in ("to_dict", "as_dict", "model_dump"):
+        if callable(getattr(obj, attr, None)):
+            return getattr(obj, attr)()
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    raise ConversionError(f"not a manifest: {type(obj).__name__}", code="bad_manifest")
+
+
+def _load_one(item: Any) -> tuple[dict, str]:
+    """A manifest dict from a Manifest object, dict, manifest JSON path or task folder."""
+    if isinstance(item, (str, os.PathLike)):
+        path = Path(item)
+        if path.is_dir():
+            try:
+                from dpflow_core.pairing import pair_recordings
+            except ImportError as exc:
+                raise ConversionError("pairing is not available to pair a task folder", path, code="bad_manifest") from exc
+            return _manifest_as_dict(pair_recordings(path)), str(path)
+        if not path.is_file():
+            raise ConversionError("input is neither a manifest file nor a task folder", path, code="bad_manifest")
+        try:
+            from dpflow_core.pairing import load_manifest
+        except ImportError:
+            load_manifest = None
+        if load_manifest is not None:
+            return _manifest_as_dict(load_manifest(path)), str(path)
+        try:
+            return json.loads(path.read_text()), str(path)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConversionError(f"unreadable manifest: {exc}", path, code="bad_manifest") from exc
+    return _manifest_as_dict(item), "<in memory>"
+
+
+def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
+    """Gather the accepted episodes of one or more pairing manifests.
+
+    Args:
+        manifest_or_paths: a ``Manifest`` (``dpflow_core.pairing``), a manifest
+            dict (``{"manifest_version": 1, "root", "task", "accepted": [...],
+            "rejected": [...]}``), a manifest JSON path, a task folder (paired on
+            the fly), or a list of these. Only ``accepted`` entries are converted;
+            relative file paths are resolved against the manifest's ``root``.
+
+    Raises:
+        ConversionError: an input is missing or not a manifest, an accepted entry
+            lacks ``files.vio_mcap.path``, or a stem appears twice (``bad_manifest``).
+        PairingError: pairing a task folder or loading a manifest failed.
+    """
+    items = list(manifest_or_paths) if isinstance(manifest_or_paths, (list, tuple)) else [manifest_or_paths]
+    if not items:
+        raise ConversionError("no input manifest or task folder given", code="bad_manifest")
+    episodes: list[EpisodeInput] = []
+    rejected: list[dict] = []
+    sources, tasks = [], set()
+    root0 = None
+    seen: dict[str, str] = {}
+    topics = None
+    for item in items:
+        m, source = _load_one(item)
+        if not isinstance(m, dict) or "accepted" not in m:
+            raise ConversionError("manifest has no 'accepted' list", source, code="bad_manifest")
+        sources.append(source)
+        root = m.get("root")
+        root0 = root0 or root
+        topics = topics or (m.get("topics") if isinstance(m.get("topics"), dict) else None)
+        if m.get("task"):
+            tasks.add(m["task"])
+        for entry in m.get("accepted") or []:
+            stem = entry.get("stem") if isinstance(entry, dict) else None
+            vio = ((entry.get("files") or {}).get("vio_mcap") or {}) if isinstance(entry, dict) else {}
+            if not stem or not vio.get("path"):
+                raise ConversionError(f"accepted entry {entry!r} lacks stem or files.vio_mcap.path", source, code="bad_manifest")
+            if stem in seen:
+                raise ConversionError(f"stem {stem!r} appears in {seen[stem]} and {source}", source, code="bad_manifest")
+            seen[stem] = source
+            p = Path(vio["path"])
+            if not p.is_absolute() and root:
+                p = Path(root) / p
+            episodes.append(EpisodeInput(stem, p, vio.get("size_bytes"), vio.get("sha256"), dict(entry.get("files") or {})))
+        for r in m.get("rejected") or []:
+            rejected.append({"stem": r.get("stem"), "stage": "pairing", "path": r.get("path"),
+                             "code": r.get("code"), "reason": r.get("reason")})
+    return ConversionInputs(episodes, rejected, sources, tasks.pop() if len(tasks) == 1 else None, root0, topics)
+
+
+def _topic_map(inputs: ConversionInputs) -> TopicMap:
+    """The manifest's topic map when it records one (as pairing writes it), else the DAS defaults."""
+    if not inputs.topics:
+        return DAS_DEFAULT
+    try:
+        from dpflow_core.pairing import topic_map_from_dict
+    except ImportError:
+        return DAS_DEFAULT
+    try:
+        return topic_map_from_dict(inputs.topics)
+    except DpflowError as exc:
+        raise ConversionError(f"manifest topics are invalid: {exc.reason}", code="bad_manifest") from exc
+
+
+def _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics) -> dict:
+    return {
+        "image_size": list(image_size),
+        "invalid_pose_policy": invalid_pose_policy,
+        "min_overlap_fraction": min_overlap_fraction,
+        "frequency_tolerance": frequency_tolerance,
+        "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
+    }
+
+
+def dataset_key(
+    manifest_or_paths: Any,
+    image_size: tuple[int, int],
+    invalid_pose_policy: str = "trim",
+    min_overlap_fraction: float = 0.5,
+    frequency_tolerance: float = 0.05,
+    topics: TopicMap | None = None,
+) -> str:
+    """Content address of the dataset a conversion would produce (64 hex digits).
+
+    SHA-256 of the accepted inputs' stems and file hashes, the image size, the
+    options that change the output and :data:`CONVERTER_VERSION`: equal keys mean
+    the same conversion of the same bytes.
+    """
+    inputs = manifest_or_paths if isinstance(manifest_or_paths, ConversionInputs) else load_inputs(manifest_or_paths)
+    topics = topics or _topic_map(inputs)
+    return _key(inputs, _conversion_options(_check_image_size(image_size), invalid_pose_policy,
+                                            min_overlap_fraction, frequency_tolerance, topics))
+
+
+def _key(inputs: ConversionInputs, options: dict) -> str:
+    doc = {
+        "converter_version": CONVERTER_VERSION,
+        "options": options,
+        "inputs": sorted(
+            [e.stem, *(f"{role}:{(e.files.get(role) or {}).get('sha256')}" for role in sorted(e.files))]
+            for e in inputs.episodes
+        ),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def sidecar_path_for(out_path: str | Path) -> Path:
+    """The metadata sidecar beside a dataset: ``dataset.npz`` -> ``dataset.json``."""
+    out = Path(out_path)
+    return out.with_suffix(".json")
+
+
+def norm_stats_path_for(out_path: str | Path) -> Path:
+    """The norm stats file beside a dataset: ``norm_stats.json`` for ``dataset.npz``,
+    ``<stem>.norm_stats.json`` for any other name (two datasets may share a folder)."""
+    out = Path(out_path)
+    return out.with_name("norm_stats.json" if out.stem == "dataset" else f"{out.stem}.norm_stats.json")
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_COPY_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _episode_job(job: dict) -> dict:
+    """Worker: align one episode and write its arrays as ``.npy`` files in ``job['dir']``.
+
+    Returns a small summary (paths, lengths, report, value ranges); a rejected
+    episode returns ``{"ok": False, code, reason}``. Arrays never travel through
+    the pipe.
+    """
+    started = time.perf_counter()
+    stem, path, out_dir = job["stem"], Path(job["vio_mcap"]), Path(job["dir"])
+    try:
+        if not path.is_file():
+            raise ConversionError("file not found", path, code="missing_file")
+        if job["size_bytes"] is not None and path.stat().st_size != job["size_bytes"]:
+            raise ConversionError(
+                f"size is {path.stat().st_size} bytes but the manifest records {job['size_bytes']}: "
+                "the file changed since pairing",
+                path,
+                code="input_changed",
+            )
+        if job["verify_sha256"] and job["sha256"]:
+            digest = _sha256_file(path)
+            if digest != job["sha256"]:
+                raise ConversionError(
+                    f"SHA-256 is {digest} but the manifest records {job['sha256']}: the file changed since pairing",
+                    path,
+                    code="input_changed",
+                )
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ep = align_episode(
+            path,
+            tuple(job["image_size"]),
+            topics=job["topics"],
+            invalid_pose_policy=job["invalid_pose_policy"],
+            min_overlap_fraction=job["min_overlap_fraction"],
+            stem=stem,
+            rgb_dir=out_dir,
+        )
+        n = len(ep)
+        arrays = {
+            "timestamp": ep.timestamps_s.astype(np.float64),
+            "robot0_eef_pos": ep.eef_pos,
+            "robot0_eef_rot_axis_angle": ep.eef_rot_axis_angle,
+            "robot0_gripper_width": ep.gripper_width,
+            "robot0_demo_start_pose": np.repeat(ep.start_pose[None], n, axis=0),
+            "robot0_demo_end_pose": np.repeat(ep.end_pose[None], n, axis=0),
+        }
+        files = {}
+        for key, arr in arrays.items():
+            files[key] = str(out_dir / f"{key}.npy")
+            np.save(files[key], np.ascontiguousarray(arr))
+        ranges = {
+            key: {"min": np.min(arr, axis=0).tolist(), "max": np.max(arr, axis=0).tolist()}
+            for key, arr in arrays.items()
+            if key != "timestamp"
+        }
+        ranges["camera0_rgb"] = {"min": int(ep.rgb.min()), "max": int(ep.rgb.max())}
+        ep.rgb.flush() if hasattr(ep.rgb, "flush") else None
+        return {
+            "ok": True,
+            "stem": stem,
+            "n": n,
+            "rgb_path": str(ep.rgb_path),
+            "rgb_rows": list(ep.rgb_rows),
+            "files": files,
+            "report": ep.report,
+            "ranges": ranges,
+            "seconds": time.perf_counter() - started,
+        }
+    except DpflowError as exc:
+        return {"ok": False, "stem": stem, "path": exc.path or str(path), "code": exc.code, "reason": exc.reason}
+
+
+def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list[dict]:
+    """Run episode jobs (in worker processes when ``workers`` > 1); one summary per job, in job order.
+
+    An exception inside a job (or a worker process that dies) becomes a rejection
+    of that episode with the exception's type and message; none is lost.
+    """
+    results: list[dict | None] = [None] * len(jobs)
+    done = 0
+
+    def failed(job: dict, exc: BaseException) -> dict:
+        return {"ok": False, "stem": job["stem"], "path": job["vio_mcap"], "code": "internal_error",
+                "reason": f"{type(exc).__name__}: {exc}"}
+
+    if workers <= 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs):
+            try:
+                results[i] = _episode_job(job)
+            except Exception as exc:  # noqa: BLE001 - reported per episode
+                results[i] = failed(job, exc)
+            done += 1
+            if progress:
+                progress("episodes", done, len(jobs))
+        return results  # type: ignore[return-value]
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["dpflow_core.conversion"])
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        futures = {pool.submit(_episode_job, job): i for i, job in enumerate(jobs)}
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            try:
+                results[i] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - reported per episode
+                results[i] = failed(jobs[i], exc)
+            done += 1
+            if progress:
+                progress("episodes", done, len(jobs))
+    return results  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class _HashingWriter:
+    """Write-only stream that feeds every byte to SHA-256 on its way to the file.
+
+    It cannot seek, so :mod:`zipfile` writes each member's sizes and CRC in a
+    data descriptor after the data instead of seeking back into bytes that were
+    already hashed.
+    """
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.sha256 = hashlib.sha256()
+        self.pos = 0
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self.sha256.update(view)
+        self.raw.write(view)
+        self.pos += view.nbytes
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
+    )
+    return buf.getvalue()
+
+
+@dataclass
+class _Member:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    # (file, byte offset, byte count) pieces in order, or in-memory bytes
+    pieces: list[tuple[str, int, int]] = field(default_factory=list)
+    data: bytes | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) if self.data is not None else sum(p[2] for p in self.pieces)
+
+
+def _write_npz(path: Path, members: list[_Member], progress: Callable | None) -> tuple[str, int]:
+    """Stream members into a new uncompressed zip at ``path``; return (sha256 hex, size in bytes).
+
+    Raises:
+        FileExistsError: ``path`` exists.
+    """
+    total = sum(m.nbytes for m in members)
+    written = 0
+    with open(path, "xb") as f:
+        out = _HashingWriter(f)
+        with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for m in members:
+                info = zipfile.ZipInfo(m.name + ".npy", date_time=time.localtime()[:6])
+                info.compress_type = zipfile.ZIP_STORED
+                info.external_attr = 0o644 << 16
+                with zf.open(info, mode="w", force_zip64=True) as dst:
+                    dst.write(_npy_header(m.shape, m.dtype))
+                    if m.data is not None:
+                        dst.write(m.data)
+                        written += len(m.data)
+                    for src_path, offset, count in m.pieces:
+                        with open(src_path, "rb") as src:
+                            src.seek(offset)
+                            left = count
+                            while left:
+                                chunk = src.read(min(_COPY_CHUNK, left))
+                                if not chunk:
+                                    raise ConversionError(f"temporary file ended {left} bytes early", src_path)
+                                dst.write(chunk)
+                                left -= len(chunk)
+                                written += len(chunk)
+                                if progress:
+                                    progress("write", written, total)
+        f.flush()
+        os.fsync(f.fileno())
+        size = f.tell()
+    if size != out.pos:
+        raise ConversionError(f"wrote {out.pos} bytes but the file holds {size}", path)
+    return out.sha256.hexdigest(), size
+
+
+def _npy_data_offset(path: str) -> int:
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)
+        return f.tell()
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale(folder: Path, names: Iterable[str]) -> list[str]:
+    """Remove ``.<name>.partial-<pid>`` / ``.<name>.work-<pid>`` left by killed conversions."""
+    removed = []
+    names = set(names)
+    for entry in folder.glob(".*"):
+        base, sep, pid = entry.name[1:].rpartition("-")
+        stem, dot, kind = base.rpartition(".")
+        if sep and dot and kind in ("partial", "work") and stem in names and pid.isdigit() and not _pid_alive(int(pid)):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
+
+
+def _install(tmp: Path, final: Path, backup_to: Path | None) -> None:
+    """Put ``tmp`` at ``final`` without ever overwriting: hard link (fails when ``final`` exists)
+    then unlink ``tmp``. With ``backup_to``, an existing ``final`` is first linked there and
+    then atomically replaced, so ``final`` is never missing."""
+    if backup_to is not None and final.exists():
+        os.link(final, backup_to)
+        os.replace(tmp, final)
+        return
+    try:
+        os.link(tmp, final)
+    except FileExistsError as exc:
+        raise ConversionError("output appeared while converting; it was left untouched", final, code="output_exists") from exc
+    except OSError:
+        # File systems without hard links: check, then rename (a narrow race instead of none).
+        if final.exists():
+            raise ConversionError("output exists; it was left untouched", final, code="output_exists")
+        os.replace(tmp, final)
+        return
+    tmp.unlink()
+
+
+def _backup_name(path: Path, stamp: str) -> Path:
+    return path.with_name(f"{path.stem}.bak-{stamp}{path.suffix}")
+
+
+def _write_json_atomic(path: Path, doc: dict) -> Path:
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
+# --------------------------------------------------------------------------- convert
+
+
+@dataclass
+class ConversionResult:
+    """What :func:`convert` produced.
+
+    Attributes:
+        path: the ``dataset.npz``.
+        sha256: SHA-256 (hex) of ``path``, computed while writing.
+        size_bytes: size of ``path``.
+        sidecar_path: the metadata JSON beside it (``dataset.json``).
+        norm_stats_path: the ``norm_stats.json`` beside it.
+        frequency_hz: measured dataset frequency (1 / median frame interval).
+        n_episodes: episodes in the dataset; total_steps: T.
+        image_size: (W, H) pixels.
+        rejected: episodes left out, with stage, code and reason.
+        wall_time_s: seconds the conversion took.
+        metadata: the metadata document (as in the sidecar).
+        reused: True when an identical existing dataset was returned instead.
+    """
+
+    path: Path
+    sha256: str
+    size_bytes: int
+    sidecar_path: Path
+    norm_stats_path: Path
+    frequency_hz: float
+    n_episodes: int
+    total_steps: int
+    image_size: tuple[int, int]
+    rejected: list[dict]
+    wall_time_s: float
+    metadata: dict
+    reused: bool = False
+
+    @property
+    def frames_per_s(self) -> float:
+        """Converted frames per second of wall time."""
+        return self.total_steps / self.wall_time_s if self.wall_time_s > 0 else float("nan")
+
+    def contract(self) -> dict:
+        """The ``dataset_npz`` asset value (plain dict; see the data contract)."""
+        return {
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "size_bytes": self.size_bytes,
+            "sidecar_path": str(self.sidecar_path),
+            "norm_stats_path": str(self.norm_stats_path),
+            "frequency_hz": self.frequency_hz,
+            "n_episodes": self.n_episodes,
+            "total_steps": self.total_steps,
+            "image_size": list(self.image_size),
+        }
+
+
+def _result_from_sidecar(out: Path, sidecar: Path, norm: Path, meta: dict, reused: bool) -> ConversionResult:
+    return ConversionResult(
+        path=out,
+        sha256=meta["sha256"],
+        size_bytes=int(meta["size_bytes"]),
+        sidecar_path=sidecar,
+        norm_stats_path=norm,
+        frequency_hz=float(meta["frequency_hz"]),
+        n_episodes=int(meta["n_episodes"]),
+        total_steps=int(meta["total_steps"]),
+        image_size=tuple(meta["image_size"]),
+        rejected=list(meta.get("rejected", [])),
+        wall_time_s=float(meta.get("wall_time_s", 0.0)),
+        metadata=meta,
+        reused=reused,
+    )
+
+
+def _reject_reasons(rejected: list[dict], limit: int = 20) -> str:
+    parts = [f"{r['stem']}: {r['reason']}" for r in rejected[:limit]]
+    if len(rejected) > limit:
+        parts.append(f"... {len(rejected) - limit} more")
+    return "; ".join(parts)
+
+
+def convert(
+    manifest_or_paths: Any,
+    out_path: str | Path,
+    image_size: tuple[int, int] = (224, 224),
+    workers: int = 0,
+    backup: bool = False,
+    invalid_pose_policy: str = "trim",
+    min_overlap_fraction: float = 0.5,
+    frequency_tolerance: float = 0.05,
+    topics: TopicMap | None = None,
+    verify_sha256: bool = True,
+    reuse_existing: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> ConversionResult:
+    """Convert the accepted episodes of a pairing manifest into one ``dataset.npz``.
+
+    Each episode goes through :func:`align_episode` in a worker process and is
+    written to temporary ``.npy`` files beside the output; the parent then
+    streams them, in manifest order, into an uncompressed zip (formats.md
+    section 2 members, plus ``meta__info_json``: the metadata as 1-D uint8 JSON)
+    while computing its SHA-256. Memory stays bounded by one episode per worker.
+    The dataset frequency is 1 / the median frame interval over all episodes;
+    an episode whose own frequency differs from the median episode frequency by
+    more than ``frequency_tolerance`` (relative) is rejected with the numbers.
+
+    Args:
+        manifest_or_paths: see :func:`load_inputs` (manifest, dict, path, task folder, or a list).
+        out_path: the ``.npz`` to create. ``dataset.json`` (metadata) and
+            ``norm_stats.json`` (:func:`dpflow_core.dataset.compute_norm_stats`)
+            are written beside it (:func:`sidecar_path_for`, :func:`norm_stats_path_for`).
+        image_size: (W, H) pixels of ``data__camera0_rgb``.
+        workers: worker processes; 0 = the number of CPU cores.
+        backup: when the output exists, keep it as ``<stem>.bak-<UTC time><suffix>``
+            (hard link) and replace it atomically; otherwise an existing output is an error.
+        invalid_pose_policy, min_overlap_fraction: see :func:`align_episode`.
+        topics: topic names; default: the manifest's ``topics``, else the DAS defaults.
+        frequency_tolerance: relative tolerance of an episode's frequency.
+        verify_sha256: hash each input and compare with the manifest before converting.
+        reuse_existing: when the output exists and its sidecar records the same
+            :func:`dataset_key` and file size, return it (``reused=True``) instead of failing.
+        progress: called as ``progress(stage, done, total)`` with stage
+            ``"episodes"`` (episodes aligned) or ``"write"`` (bytes written).
+
+    Returns:
+        The output paths, hash and figures.
+
+    Raises:
+        ConversionError: the output (or its sidecar / norm stats) exists
+            (``output_exists``); no episode survived (``no_valid_episodes``: "no
+            valid episodes: N found, N rejected: reasons"); a bad option or manifest.
+        DatasetError: the written dataset fails validation or its norm stats
+            cannot be computed (zero-variance dimension, non-finite values); the
+            output is then not created.
+    """
+    started = time.perf_counter()
+    image_size = _check_image_size(image_size)
+    if invalid_pose_policy not in INVALID_POSE_POLICIES:
+        raise ConversionError(
+            f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
+        )
+    if not 0 < frequency_tolerance < 1:
+        raise ConversionError(f"frequency_tolerance must be in (0, 1), got {frequency_tolerance}", code="bad_option")
+    out = Path(out_path).absolute()
+    if out.suffix != ".npz":
+        raise ConversionError("output must end in .npz", out, code="bad_option")
+    folder = out.parent
+    sidecar, norm_path = sidecar_path_for(out), norm_stats_path_for(out)
+    inputs = load_inputs(manifest_or_paths)
+    topics = topics or _topic_map(inputs)
+    options = _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics)
+    key = _key(inputs, options)
+
+    existing = [p for p in (out, sidecar, norm_path) if p.exists()]
+    if existing and reuse_existing and out.exists() and sidecar.exists() and norm_path.exists():
+        try:
+            meta = json.loads(sidecar.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConversionError(f"existing sidecar is unreadable: {exc}", sidecar, code="output_exists") from exc
+        if meta.get("dataset_key") == key and meta.get("size_bytes") == out.stat().st_size:
+            return _result_from_sidecar(out, sidecar, norm_path, meta, reused=True)
+        raise ConversionError(
+            "output exists and is a different dataset (its sidecar records another input/option key or size)",
+            out,
+            code="output_exists",
+        )
+    if existing and not backup:
+        raise ConversionError(
+            f"refusing to overwrite existing {', '.join(p.name for p in existing)}; choose another path or pass --backup",
+            out,
+            code="output_exists",
+        )
+    n_found = len(inputs.episodes) + len(inputs.rejected)
+    if not inputs.episodes:
+        raise ConversionError(
+            f"no valid episodes: {n_found} found, {len(inputs.rejected)} rejected: {_reject_reasons(inputs.rejected)}",
+            inputs.manifests[0] if inputs.manifests else None,
+            code="no_valid_episodes",
+        )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stale = _remove_stale(folder, (out.name, sidecar.name, norm_path.name))
+    pid = os.getpid()
+    partial = folder / f".{out.name}.partial-{pid}"
+    work = folder / f".{out.name}.work-{pid}"
+    made: list[Path] = []
+    try:
+        work.mkdir()
+        n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
+        jobs = [
+            {
+                "stem": e.stem,
+                "vio_mcap": str(e.vio_mcap),
+                "size_bytes": e.size_bytes,
+                "sha256": e.sha256,
+                "verify_sha256": verify_sha256,
+                "dir": str(work / f"{i:06d}"),
+                "image_size": image_size,
+                "topics": topics,
+                "invalid_pose_policy": invalid_pose_policy,
+                "min_overlap_fraction": min_overlap_fraction,
+            }
+            for i, e in enumerate(inputs.episodes)
+        ]
+        results = _run_jobs(jobs, n_workers, progress)
+        rejected = list(inputs.rejected)
+        ok = []
+        for r in results:
+            if r["ok"]:
+                ok.append(r)
+            else:
+                rejected.append({"stem": r["stem"], "stage": "conversion", "path": r["path"], "code": r["code"],
+                                 "reason": r["reason"]})
+
+        if ok:
+            ref_hz = float(np.median([r["report"]["frequency_hz"] for r in ok]))
+            kept = []
+            for r in ok:
+                f_hz = r["report"]["frequency_hz"]
+                dev = abs(f_hz - ref_hz) / ref_hz
+                if dev > frequency_tolerance:
+                    rejected.append({
+                        "stem": r["stem"], "stage": "conversion", "path": r["report"]["path"], "code": "frequency_mismatch",
+                        "reason": f"measured {f_hz:.3f} Hz differs from the dataset's {ref_hz:.3f} Hz by {dev:.1%} "
+                                  f"(tolerance {frequency_tolerance:.1%})",
+                    })
+                else:
+                    kept.append(r)
+            ok = kept
+        if not ok:
+            raise ConversionError(
+                f"no valid episodes: {n_found} found, {len(rejected)} rejected: {_reject_reasons(rejected)}",
+                inputs.manifests[0] if inputs.manifests else None,
+                code="no_valid_episodes",
+            )
+
+        dts = np.concatenate([np.diff(np.load(r["files"]["timestamp"])) for r in ok])
+        frequency_hz = float(1.0 / np.median(dts))
+        lengths = np.array([r["n"] for r in ok], dtype=np.int64)
+        episode_ends = np.cumsum(lengths).astype(np.int64)
+        total = int(episode_ends[-1])
+        w, h = image_size
+
+        members = [_Member("meta__episode_ends", episode_ends.shape, np.dtype(np.int64), data=episode_ends.tobytes())]
+        for k in ("timestamp", *LOWDIM_KEYS):
+            dtype = np.dtype(np.float64 if k == "timestamp" else np.float32)
+            shape = (total,) if k == "timestamp" else (total, _LOWDIM_WIDTH[k])
+            pieces = []
+            for r in ok:
+                f_ = r["files"][k]
+                pieces.append((f_, _npy_data_offset(f_), r["n"] * dtype.itemsize * (1 if k == "timestamp" else _LOWDIM_WIDTH[k])))
+            members.append(_Member("data__" + k, shape, dtype, pieces))
+        row = h * w * 3
+        rgb_pieces = []
+        for r in ok:
+            a, b = r["rgb_rows"]
+            rgb_pieces.append((r["rgb_path"], _npy_data_offset(r["rgb_path"]) + a * row, (b - a) * row))
+        members.append(_Member("data__camera0_rgb", (total, h, w, 3), np.dtype(np.uint8), rgb_pieces))
+
+        stamp = datetime.now(timezone.utc)
+        meta = _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale)
+        meta["wall_time_s"] = round(time.perf_counter() - started, 3)
+        info = json.dumps(meta).encode()
+        members.append(_Member("meta__info_json", (len(info),), np.dtype(np.uint8), data=info))
+
+        made.append(partial)
+        sha256, size = _write_npz(partial, members, progress)
+        shutil.rmtree(work, ignore_errors=True)
+
+        from dpflow_core.dataset import compute_norm_stats
+
+        stats = compute_norm_stats(partial, sha256=sha256)
+        meta["sha256"], meta["size_bytes"] = sha256, size
+        meta["wall_time_s"] = round(time.perf_counter() - started, 3)
+        norm_tmp = _write_json_atomic(norm_path, stats)
+        made.append(norm_tmp)
+        side_tmp = _write_json_atomic(sidecar, meta)
+        made.append(side_tmp)
+
+        suffix = stamp.strftime("%Y%m%dT%H%M%SZ")
+        # The npz goes last: when it exists, its sidecar and norm stats exist too.
+        for tmp, final in ((norm_tmp, norm_path), (side_tmp, sidecar), (partial, out)):
+            _install(tmp, final, _backup_name(final, suffix) if backup else None)
+            made.remove(tmp)
+            if not backup and final is not out:
+                made.append(final)
+        _fsync_dir(folder)
+        made.clear()
+    finally:
+        for p in made:
+            # Reached only on failure: remove what this call created, never a pre-existing output.
+            p.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return _result_from_sidecar(out, sidecar, norm_path, meta, reused=False)
+
+
+def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale) -> dict:
+    ranges: dict[str, dict] = {}
+    for r in ok:
+        for k, v in r["ranges"].items():
+            if k not in ranges:
+                ranges[k] = {"min": v["min"], "max": v["max"]}
+            else:
+                ranges[k]["min"] = np.minimum(ranges[k]["min"], v["min"]).tolist()
+                ranges[k]["max"] = np.maximum(ranges[k]["max"], v["max"]).tolist()
+    by_stem = {e.stem: e for e in inputs.episodes}
+    episodes, start = [], 0
+    for r in ok:
+        rep = r["report"]
+        episodes.append({
+            "stem": r["stem"],
+            "start": start,
+            "length": r["n"],
+            "frequency_hz": rep["frequency_hz"],
+            "duration_s": rep["duration_s"],
+            "trimmed_s": rep["trimmed_s"],
+            "coverage": rep["coverage"],
+            "gaps": rep["gaps"],
+            "pose_gaps": rep["pose_gaps"],
+            "pose_invalid": rep["pose_invalid"],
+            "leading_undecodable_packets": rep["leading_undecodable_packets"],
+            "undecodable_packets": rep["undecodable_packets"],
+            "convert_seconds": round(r["seconds"], 3),
+        })
+        start += r["n"]
+    return {
+        "metadata_version": METADATA_VERSION,
+        "format": "replay_buffer_npz",
+        "converter": {"name": "dpflow.conversion", "version": CONVERTER_VERSION, "dpflow_version": __version__,
+                      "pyav": av.__version__, "numpy": np.__version__},
+        "created_at": stamp.isoformat(timespec="seconds"),
+        "task": inputs.task,
+        "dataset_key": key,
+        "n_episodes": int(len(lengths)),
+        "total_steps": int(lengths.sum()),
+        "episode_lengths": {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())},
+        "frequency_hz": frequency_hz,
+        "image_size": list(image_size),
+        "pose": "camera0 optical centre from VIO; position in m, rotation vector in rad (norm <= pi)",
+        "timestamp": "seconds from each episode's first frame (camera header.timestamp)",
+        "keys": {m.name: {"shape": list(m.shape), "dtype": str(m.dtype)} for m in members},
+        "value_ranges": ranges,
+        "episodes": episodes,
+        "inputs": {
+            "manifests": inputs.manifests,
+            "root": inputs.root,
+            "episodes": [{"stem": r["stem"], "files": by_stem[r["stem"]].files} for r in ok],
+        },
+        "rejected": rejected,
+        "options": options,
+        "stale_files_removed": stale,
+        "wall_time_s": None,
+        "sha256": None,
+        "size_bytes": None,
+    }

@@ -1,5 +1,107 @@
-"""`dpflow` commands of the dataset stage."""
+"""`dpflow` commands of the dataset stage: conversion to ``dataset.npz`` and norm stats."""
 
 from __future__ import annotations
 
-from dpflow_core.cli import app  # noqa: F401
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dpflow_core.cli import app
+from dpflow_core.errors import ConversionError
+
+_console = Console(stderr=True)
+
+
+def _parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().replace("x", ",").split(","))
+    except ValueError as exc:
+        raise ConversionError(f"--image-size must be W,H (e.g. 224,224), got {text!r}", code="bad_option") from exc
+    return w, h
+
+
+@app.command("convert")
+def convert_cmd(
+    inputs: List[Path] = typer.Argument(..., help="Pairing manifest JSON files or Matrix Studio task folders."),
+    output: Path = typer.Option(..., "--output", "-o", help="The dataset .npz to create (never overwritten)."),
+    image_size: str = typer.Option("224,224", "--image-size", help="Frame size W,H in pixels."),
+    workers: int = typer.Option(0, "--workers", "-j", min=0, help="Worker processes (0 = CPU cores)."),
+    backup: bool = typer.Option(False, "--backup", help="Keep an existing output as <stem>.bak-<time>.npz and replace it."),
+    invalid_pose_policy: str = typer.Option(
+        "trim", "--invalid-pose-policy", help="pose_valid == false stretches: 'trim' (keep the longest valid stretch) or 'reject'."
+    ),
+    min_overlap: float = typer.Option(0.5, "--min-overlap", help="Reject episodes whose aligned frames cover less of the recording."),
+    frequency_tolerance: float = typer.Option(0.05, "--frequency-tolerance", help="Relative tolerance of an episode's rate."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Convert paired episodes into a dataset.npz replay buffer (+ dataset.json, norm_stats.json)."""
+    from dpflow_core.conversion import convert
+
+    size = _parse_size(image_size)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=_console, transient=True,
+    ) as bar:
+        episodes = bar.add_task("aligning episodes", total=None)
+        writing = bar.add_task("writing dataset", total=None, visible=False)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage == "episodes":
+                bar.update(episodes, completed=done, total=total)
+            else:
+                bar.update(writing, completed=done, total=total, visible=True,
+                           description=f"writing dataset ({total / 1e6:.0f} MB)")
+
+        result = convert(
+            [str(p) for p in inputs], output, image_size=size, workers=workers, backup=backup,
+            invalid_pose_policy=invalid_pose_policy, min_overlap_fraction=min_overlap,
+            frequency_tolerance=frequency_tolerance, progress=progress,
+        )
+    if as_json:
+        typer.echo(json.dumps({**result.contract(), "rejected": result.rejected, "wall_time_s": result.wall_time_s}, indent=2))
+        return
+    out = Console()
+    meta = result.metadata
+    lengths = meta["episode_lengths"]
+    out.print(f"[bold]{result.path}[/]")
+    out.print(f"sha256 {result.sha256}  ({result.size_bytes:,} bytes)")
+    out.print(
+        f"{result.n_episodes} episodes, {result.total_steps} steps (lengths min {lengths['min']} / mean "
+        f"{lengths['mean']:.1f} / max {lengths['max']}), {result.frequency_hz:.3f} Hz, image {size[0]}x{size[1]}, "
+        f"{result.wall_time_s:.1f} s ({result.frames_per_s:.0f} frames/s)"
+    )
+    out.print(f"sidecar {result.sidecar_path}\nnorm stats {result.norm_stats_path}")
+    if result.rejected:
+        table = Table(title=f"{len(result.rejected)} rejected")
+        for col in ("stem", "stage", "code", "reason"):
+            table.add_column(col, overflow="fold")
+        for r in result.rejected:
+            table.add_row(str(r.get("stem")), str(r.get("stage")), str(r.get("code")), str(r.get("reason")))
+        out.print(table)
+
+
+@app.command("norm-stats")
+def norm_stats_cmd(
+    dataset: Path = typer.Argument(..., help="A dataset.npz replay buffer."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write (default: beside the dataset)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing norm stats file."),
+) -> None:
+    """Compute per-key mean/std/min/max/q01/q99 of a dataset's low-dimensional members."""
+    from dpflow_core.conversion import norm_stats_path_for
+    from dpflow_core.dataset import compute_norm_stats, write_norm_stats
+
+    stats = compute_norm_stats(dataset)
+    path = write_norm_stats(stats, output or norm_stats_path_for(dataset), overwrite=overwrite)
+    table = Table(title=f"{path} (dataset sha256 {stats['dataset']['sha256'][:12]}...)")
+    for col in ("key", "dim", "mean", "std", "min", "max", "q01", "q99"):
+        table.add_column(col, justify="left" if col == "key" else "right", no_wrap=True)
+    for key, s in stats["norm_stats"].items():
+        for d in range(len(s["mean"])):
+            table.add_row(key if d == 0 else "", str(d), *(f"{s[f][d]:.4g}" for f in ("mean", "std", "min", "max", "q01", "q99")))
+    Console().print(table)
+

@@ -1,0 +1,277 @@
+"""convert(): paired episodes -> dataset.npz + dataset.json + norm_stats.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpflow_core import samples
+from dpflow_core.conversion import CONVERTER_VERSION, align_episode, convert, dataset_key
+from dpflow_core.errors import ConversionError
+from dpflow_core.replay_buffer import ReplayBuffer
+from dpflow_core.topics import DAS_DEFAULT
+
+SPEC = samples.SampleSpec(seconds=2.5, width=160, height=120, gop_size=15)
+SIZE = (64, 48)
+CONTRACT_KEYS = {"path", "sha256", "size_bytes", "sidecar_path", "norm_stats_path", "frequency_hz", "n_episodes",
+                 "total_steps", "image_size"}
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _entry(path: Path) -> dict:
+    return {"path": str(path), "size_bytes": path.stat().st_size, "sha256": _sha(path)}
+
+
+def manifest_for(episodes, root, task="pick", rejected=()) -> dict:
+    """A pairing manifest dict (manifest_version 1 layout) accepting ``episodes``."""
+    return {
+        "manifest_version": 1,
+        "root": str(root),
+        "task": task,
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "topics": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(DAS_DEFAULT).items()},
+        "accepted": [
+            {"stem": e.stem,
+             "files": {"raw_mcap": _entry(e.raw_mcap), "vio_mcap": _entry(e.vio_mcap), "vio_json": _entry(e.vio_json)},
+             "vio_status": {"status": "success"}, "validation": {}}
+            for e in episodes
+        ],
+        "rejected": list(rejected),
+    }
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    root = tmp_path_factory.mktemp("conv")
+    eps = [samples.write_episode(root / "pick", f"pick_{k:04d}", replace(SPEC, seconds=2.2 + 0.3 * k), seed=20 + k)
+           for k in range(3)]
+    return root / "pick", eps
+
+
+@pytest.fixture(scope="module")
+def converted(task, tmp_path_factory):
+    root, eps = task
+    out = tmp_path_factory.mktemp("out") / "dataset.npz"
+    result = convert(manifest_for(eps, root), out, image_size=SIZE, workers=2)
+    return result, eps
+
+
+def test_dataset_holds_the_aligned_episodes(converted):
+    result, eps = converted
+    z = np.load(result.path)
+    aligned = [align_episode(e.vio_mcap, SIZE) for e in eps]
+    lengths = [len(a) for a in aligned]
+    np.testing.assert_array_equal(z["meta__episode_ends"], np.cumsum(lengths))
+    assert z["meta__episode_ends"].dtype == np.int64
+    np.testing.assert_array_equal(z["data__camera0_rgb"], np.concatenate([a.rgb for a in aligned]))
+    np.testing.assert_array_equal(z["data__robot0_eef_pos"], np.concatenate([a.eef_pos for a in aligned]))
+    np.testing.assert_array_equal(z["data__robot0_eef_rot_axis_angle"],
+                                  np.concatenate([a.eef_rot_axis_angle for a in aligned]))
+    np.testing.assert_array_equal(z["data__robot0_gripper_width"], np.concatenate([a.gripper_width for a in aligned]))
+    np.testing.assert_array_equal(z["data__timestamp"], np.concatenate([a.timestamps_s for a in aligned]))
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for a, s, n in zip(aligned, starts, lengths):
+        np.testing.assert_array_equal(z["data__robot0_demo_start_pose"][s : s + n],
+                                      np.tile(np.r_[a.eef_pos[0], a.eef_rot_axis_angle[0]], (n, 1)))
+        np.testing.assert_array_equal(z["data__robot0_demo_end_pose"][s : s + n],
+                                      np.tile(np.r_[a.eef_pos[-1], a.eef_rot_axis_angle[-1]], (n, 1)))
+        assert z["data__timestamp"][s] == 0.0
+    expected = {
+        "data__camera0_rgb": ((sum(lengths), SIZE[1], SIZE[0], 3), np.uint8),
+        "data__robot0_eef_pos": ((sum(lengths), 3), np.float32),
+        "data__robot0_eef_rot_axis_angle": ((sum(lengths), 3), np.float32),
+        "data__robot0_gripper_width": ((sum(lengths), 1), np.float32),
+        "data__robot0_demo_start_pose": ((sum(lengths), 6), np.float32),
+        "data__robot0_demo_end_pose": ((sum(lengths), 6), np.float32),
+        "data__timestamp": ((sum(lengths),), np.float64),
+    }
+    for name, (shape, dtype) in expected.items():
+        assert z[name].shape == shape and z[name].dtype == dtype, name
+    with zipfile.ZipFile(result.path) as zf:
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_STORED}
+    rb = ReplayBuffer(result.path)
+    assert rb.n_episodes == 3 and rb.n_steps == sum(lengths)
+    assert isinstance(rb["camera0_rgb"], np.memmap)
+
+
+def test_hash_size_and_metadata(converted):
+    result, eps = converted
+    out = subprocess.run(["sha256sum", str(result.path)], capture_output=True, text=True, check=True).stdout
+    assert out.split()[0] == result.sha256
+    assert result.size_bytes == result.path.stat().st_size
+    assert result.sidecar_path == result.path.with_name("dataset.json")
+    assert result.norm_stats_path == result.path.with_name("norm_stats.json")
+    side = json.loads(result.sidecar_path.read_text())
+    member = json.loads(np.load(result.path)["meta__info_json"].tobytes())
+    assert side["sha256"] == result.sha256 and side["size_bytes"] == result.size_bytes
+    assert member["sha256"] is None and member["size_bytes"] is None
+    assert set(side) == set(member)
+    for k in set(side) - {"sha256", "size_bytes", "wall_time_s"}:
+        assert side[k] == member[k], k
+    lengths = np.diff(np.r_[0, np.load(result.path)["meta__episode_ends"]])
+    assert side["n_episodes"] == 3 and side["total_steps"] == int(lengths.sum())
+    assert side["episode_lengths"] == {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())}
+    assert side["frequency_hz"] == pytest.approx(30.0, rel=0.01) == result.frequency_hz
+    assert side["image_size"] == list(SIZE)
+    assert side["converter"]["version"] == CONVERTER_VERSION
+    assert side["keys"]["data__camera0_rgb"] == {"shape": [int(lengths.sum()), SIZE[1], SIZE[0], 3], "dtype": "uint8"}
+    assert [(e["stem"], e["files"]["vio_mcap"]["sha256"]) for e in side["inputs"]["episodes"]] == [
+        (e.stem, _sha(e.vio_mcap)) for e in eps]
+    assert [e["frequency_hz"] for e in side["episodes"]] == pytest.approx([30.0] * 3, rel=0.01)
+    rng = side["value_ranges"]["robot0_gripper_width"]
+    w = np.load(result.path)["data__robot0_gripper_width"]
+    assert rng == {"min": [float(w.min())], "max": [float(w.max())]}
+    assert side["wall_time_s"] > 0 and result.wall_time_s == side["wall_time_s"]
+    norm = json.loads(result.norm_stats_path.read_text())
+    assert norm["dataset"]["sha256"] == result.sha256
+    assert set(result.contract()) == CONTRACT_KEYS
+    # nothing left beside the outputs
+    assert sorted(p.name for p in result.path.parent.iterdir()) == ["dataset.json", "dataset.npz", "norm_stats.json"]
+
+
+def test_one_worker_gives_the_same_arrays(converted, task, tmp_path):
+    result, eps = converted
+    root, _ = task
+    one = convert(manifest_for(eps, root), tmp_path / "one.npz", image_size=SIZE, workers=1)
+    assert one.norm_stats_path == tmp_path / "one.norm_stats.json" and one.sidecar_path == tmp_path / "one.json"
+    a, b = np.load(result.path), np.load(one.path)
+    for name in a.files:
+        if name != "meta__info_json":
+            np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_bad_episodes_are_rejected_with_reasons(task, tmp_path):
+    root, eps = task
+    bad_root = tmp_path / "bad"
+    vio40 = samples.write_episode(bad_root, "vio40", replace(SPEC, vio_coverage=(0.3, 0.7)), seed=31)
+    hz20 = samples.write_episode(bad_root, "hz20", replace(SPEC, fps=20.0), seed=32)
+    trunc = samples.write_episode(bad_root, "trunc", SPEC, seed=33)
+    data = trunc.vio_mcap.read_bytes()
+    trunc.vio_mcap.write_bytes(data[: len(data) // 2])
+    changed = samples.write_episode(bad_root, "changed", SPEC, seed=34)
+    m = manifest_for([*eps, vio40, hz20, trunc, changed], root)
+    m["accepted"][-1]["files"]["vio_mcap"]["sha256"] = "0" * 64
+    r = convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=2)
+    assert r.n_episodes == 3
+    assert [e["stem"] for e in r.metadata["episodes"]] == [e.stem for e in eps]
+    by_stem = {x["stem"]: x for x in r.rejected}
+    assert set(by_stem) == {"vio40", "hz20", "trunc", "changed"}
+    assert by_stem["vio40"]["code"] == "low_coverage" and "cover only" in by_stem["vio40"]["reason"]
+    assert by_stem["hz20"]["code"] == "frequency_mismatch"
+    got = re.match(r"measured ([\d.]+) Hz differs from the dataset's ([\d.]+) Hz by ([\d.]+)% \(tolerance 5.0%\)",
+                   by_stem["hz20"]["reason"])
+    assert got, by_stem["hz20"]["reason"]
+    assert float(got[1]) == pytest.approx(20.0, rel=0.01) and float(got[2]) == pytest.approx(30.0, rel=0.01)
+    assert float(got[3]) == pytest.approx(33.3, abs=0.5)
+    assert by_stem["trunc"]["code"] == "corrupt_mcap" and "truncated or corrupt" in by_stem["trunc"]["reason"]
+    assert by_stem["changed"]["code"] == "input_changed" and "SHA-256" in by_stem["changed"]["reason"]
+    assert json.loads(r.sidecar_path.read_text())["rejected"] == r.rejected
+
+
+def test_all_rejected_manifest(tmp_path):
+    rejected = [{"stem": f"s{k}", "path": f"/x/s{k}.mcap", "code": "vio_failed", "reason": "VIO status is 'failed'"}
+                for k in range(3)]
+    m = {"manifest_version": 1, "root": str(tmp_path), "task": "t", "accepted": [], "rejected": rejected}
+    with pytest.raises(ConversionError) as err:
+        convert(m, tmp_path / "dataset.npz", image_size=SIZE)
+    assert err.value.code == "no_valid_episodes"
+    assert err.value.reason.startswith("no valid episodes: 3 found, 3 rejected: s0: VIO status is 'failed'; s1:")
+    assert not (tmp_path / "dataset.npz").exists()
+
+
+def test_all_episodes_failing_conversion(tmp_path):
+    ep = samples.write_episode(tmp_path / "in", "vio40", replace(SPEC, vio_coverage=(0.3, 0.7)), seed=41)
+    m = manifest_for([ep], tmp_path / "in", rejected=[{"stem": "x", "path": "/x", "code": "orphan", "reason": "no _vio.mcap"}])
+    with pytest.raises(ConversionError, match=r"no valid episodes: 2 found, 2 rejected: x: no _vio.mcap; vio40: the aligned"):
+        convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_existing_output_is_refused_or_backed_up(converted, task, tmp_path):
+    result, eps = converted
+    root, _ = task
+    out = tmp_path / "dataset.npz"
+    shutil.copy(result.path, out)
+    before = out.read_bytes()
+    with pytest.raises(ConversionError) as err:
+        convert(manifest_for(eps, root), out, image_size=SIZE, workers=1)
+    assert err.value.code == "output_exists" and "refusing to overwrite existing dataset.npz" in err.value.reason
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset.npz"]
+
+    new = convert(manifest_for(eps, root), out, image_size=(32, 24), workers=1, backup=True)
+    backups = sorted(tmp_path.glob("dataset.bak-*.npz"))
+    assert len(backups) == 1 and backups[0].read_bytes() == before
+    assert new.image_size == (32, 24) and ReplayBuffer(out)["camera0_rgb"].shape[1:3] == (24, 32)
+    assert _sha(out) == new.sha256
+
+
+def test_reuse_existing_identical_dataset(converted, task):
+    result, eps = converted
+    root, _ = task
+    again = convert(manifest_for(eps, root), result.path, image_size=SIZE, reuse_existing=True)
+    assert again.reused and again.sha256 == result.sha256 and again.total_steps == result.total_steps
+    assert again.metadata["dataset_key"] == dataset_key(manifest_for(eps, root), SIZE)
+    with pytest.raises(ConversionError, match="different dataset"):
+        convert(manifest_for(eps, root), result.path, image_size=(32, 24), reuse_existing=True)
+
+
+def test_stale_partial_files_are_removed(converted, task, tmp_path):
+    _, eps = converted
+    root, _ = task
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    stale = tmp_path / f".dataset.npz.partial-{proc.pid}"
+    stale.write_bytes(b"PK\x03\x04 half a zip")
+    (tmp_path / f".dataset.npz.work-{proc.pid}").mkdir()
+    mine = tmp_path / f".dataset.npz.partial-{os.getpid()}x"  # not a pid suffix: left alone
+    mine.write_bytes(b"")
+    r = convert(manifest_for(eps[:2], root), tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+    assert sorted(r.metadata["stale_files_removed"]) == sorted([stale.name, f".dataset.npz.work-{proc.pid}"])
+    assert not stale.exists() and mine.exists()
+
+
+def test_cli_convert_and_norm_stats(task, tmp_path):
+    root, eps = task
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(manifest_for(eps[:2], root)))
+    out = tmp_path / "ds" / "dataset.npz"
+    cmd = ["dpflow", "convert", str(manifest), "-o", str(out), "--image-size", "48,32", "-j", "1", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["image_size"] == [48, 32] and res["n_episodes"] == 2 and res["sha256"] == _sha(out)
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 2 and "refusing to overwrite existing dataset.npz" in again.stderr
+    ns = tmp_path / "ns.json"
+    proc = subprocess.run(["dpflow", "norm-stats", str(out), "-o", str(ns)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(ns.read_text())
+    assert stats["dataset"]["sha256"] == res["sha256"]
+    assert stats["norm_stats"] == json.loads(Path(res["norm_stats_path"]).read_text())["norm_stats"]
+
+
+def test_task_folder_input_is_paired(tmp_path):
+    pytest.importorskip("dpflow_core.pairing")
+    eps = samples.write_task(tmp_path, episodes=3, seconds=2.0, task="wipe",
+                             spec=replace(SPEC, vio_status="success"))
+    failed = samples.write_episode(tmp_path / "wipe", "wipe_0009", replace(SPEC, vio_status="failed"), seed=99)
+    r = convert(tmp_path / "wipe", tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+    assert r.n_episodes == 3 and r.metadata["task"] == "wipe"
+    assert [e["stem"] for e in r.metadata["episodes"]] == [e.stem for e in eps]
+    assert failed.stem in {x["stem"] for x in r.rejected if x["stage"] == "pairing"}
