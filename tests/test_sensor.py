@@ -1,0 +1,173 @@
+"""The recordings sensor, evaluated with build_sensor_context on a real (temporary) Dagster instance."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from dpflow_dagster.assets_recordings import defs
+from dpflow_dagster.sensors import paired_episodes_job, parse_cursor, recordings_sensor
+from recording_fixtures import write_small_episode, write_small_task
+
+T0 = 1_700_000_000.0  # fixed mtimes (s) so the test does not depend on the clock or file system granularity
+
+
+def _touch(paths, mtime: float) -> None:
+    for p in paths:
+        os.utime(p, (mtime, mtime))
+
+
+def _files(d: Path, stem: str) -> list[Path]:
+    return [p for p in (d / f"{stem}.mcap", d / f"{stem}_vio.mcap", d / f"{stem}_vio.json") if p.exists()]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """Two finished episodes and a spare one, written once; each test copies them."""
+    base = tmp_path_factory.mktemp("sensor_src")
+    write_small_task(base, episodes=2, seed=4)
+    write_small_episode(base / "spare", "pick_place_0002", seed=5)
+    write_small_episode(base / "spare2", "pick_place_0000", seed=6)
+    return base
+
+
+@pytest.fixture
+def root(source, tmp_path, monkeypatch):
+    d = tmp_path / "pick_place"
+    shutil.copytree(source / "pick_place", d)
+    for i, stem in enumerate(("pick_place_0000", "pick_place_0001")):
+        _touch(_files(d, stem), T0 + i)
+    monkeypatch.setenv("DPFLOW_RECORDINGS_ROOT", str(d))
+    return d
+
+
+@pytest.fixture(scope="module")
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def tick(instance, cursor):
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+    result = recordings_sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    return result
+
+
+def test_run_only_after_two_identical_ticks(root, instance):
+    first = tick(instance, None)
+    assert not first.run_requests
+    assert first.skip_reason.skip_message == (
+        "waiting for 2 recording(s) to finish and stay unchanged for one tick: pick_place_0000, pick_place_0001"
+    )
+    assert parse_cursor(first.cursor) == (
+        0.0, {"pick_place_0000": [sum(p.stat().st_size for p in _files(root, "pick_place_0000")), T0],
+              "pick_place_0001": [sum(p.stat().st_size for p in _files(root, "pick_place_0001")), T0 + 1]},
+    )
+    second = tick(instance, first.cursor)
+    assert len(second.run_requests) == 1
+    request = second.run_requests[0]
+    assert request.run_key.startswith("recordings-")
+    assert request.run_config == {"ops": {"paired_episodes": {"config": {"root": str(root)}}}}
+    assert request.tags["dpflow/new_stems"] == "pick_place_0000,pick_place_0001"
+    assert parse_cursor(second.cursor) == (T0 + 1, {})
+    job = defs.resolve_job_def("paired_episodes_job")
+    assert dg.validate_run_config(job, request.run_config)["ops"]["paired_episodes"]["config"]["root"] == str(root)
+
+    third = tick(instance, second.cursor)
+    assert not third.run_requests
+    assert third.skip_reason.skip_message == f"no new recordings under {root}"
+    assert parse_cursor(third.cursor) == (T0 + 1, {})
+    # the same tick from the same cursor asks for the same run key: Dagster runs it once
+    assert tick(instance, first.cursor).run_requests[0].run_key == request.run_key
+
+
+def test_half_written_recordings_wait(root, instance, source):
+    cursor = tick(instance, tick(instance, None).cursor).cursor
+    spare = source / "spare"
+    stem = "pick_place_0002"
+    # the recorder has written the raw file and part of the VIO file; no status yet
+    shutil.copyfile(spare / f"{stem}.mcap", root / f"{stem}.mcap")
+    data = (spare / f"{stem}_vio.mcap").read_bytes()
+    (root / f"{stem}_vio.mcap").write_bytes(data[: len(data) // 2])
+    _touch(_files(root, stem), T0 + 10)
+    r = tick(instance, cursor)
+    assert not r.run_requests and parse_cursor(r.cursor)[1] == {stem: [(root / f"{stem}.mcap").stat().st_size + len(data) // 2, T0 + 10]}
+    r = tick(instance, r.cursor)  # unchanged but incomplete: still waiting
+    assert not r.run_requests
+    # the VIO file grows and a status file says it is still running
+    (root / f"{stem}_vio.mcap").write_bytes(data)
+    (root / f"{stem}_vio.json").write_text(json.dumps({"status": "running"}))
+    _touch(_files(root, stem), T0 + 11)
+    r = tick(instance, r.cursor)
+    r = tick(instance, r.cursor)
+    assert not r.run_requests  # status not final, however long it stays
+    # half-written JSON is not final either
+    (root / f"{stem}_vio.json").write_text('{"status": "succ')
+    _touch(_files(root, stem), T0 + 12)
+    r = tick(instance, tick(instance, r.cursor).cursor)
+    assert not r.run_requests
+    shutil.copyfile(spare / f"{stem}_vio.json", root / f"{stem}_vio.json")
+    _touch(_files(root, stem), T0 + 13)
+    r = tick(instance, r.cursor)
+    assert not r.run_requests  # first sight of the finished state
+    # a file that changes between ticks resets the wait
+    with open(root / f"{stem}_vio.mcap", "ab") as f:
+        f.write(b"\0")
+    r = tick(instance, r.cursor)
+    assert not r.run_requests
+    (root / f"{stem}_vio.mcap").write_bytes(data)
+    _touch(_files(root, stem), T0 + 14)
+    r = tick(instance, r.cursor)
+    assert not r.run_requests
+    r = tick(instance, r.cursor)
+    assert [q.tags["dpflow/new_stems"] for q in r.run_requests] == [stem]
+    assert parse_cursor(r.cursor) == (T0 + 14, {})
+
+
+def test_rerecorded_stem_runs_again_unchanged_never(root, instance, source):
+    first = tick(instance, tick(instance, None).cursor)
+    key1 = first.run_requests[0].run_key
+    assert not tick(instance, first.cursor).run_requests
+    # re-recorded: new content and a newer mtime for pick_place_0000
+    for name in ("pick_place_0000.mcap", "pick_place_0000_vio.mcap", "pick_place_0000_vio.json"):
+        shutil.copyfile(source / "spare2" / name, root / name)
+    _touch(_files(root, "pick_place_0000"), T0 + 20)
+    r = tick(instance, first.cursor)
+    assert not r.run_requests
+    r = tick(instance, r.cursor)
+    assert [q.tags["dpflow/new_stems"] for q in r.run_requests] == ["pick_place_0000"]
+    key2 = r.run_requests[0].run_key
+    assert key2 != key1
+    assert not tick(instance, r.cursor).run_requests
+    # only the mtime changes (touched again): content key changes, so it runs again
+    _touch(_files(root, "pick_place_0000"), T0 + 30)
+    r2 = tick(instance, tick(instance, r.cursor).cursor)
+    assert r2.run_requests[0].run_key not in (key1, key2)
+
+
+def test_failed_recordings_are_final_too(root, instance):
+    status = root / "pick_place_0001_vio.json"
+    status.write_text(json.dumps({"status": "failed"}))
+    _touch([status], T0 + 1)
+    r = tick(instance, tick(instance, None).cursor)
+    assert r.run_requests[0].tags["dpflow/new_stems"] == "pick_place_0000,pick_place_0001"
+
+
+def test_missing_root_and_bad_cursor(tmp_path, instance, monkeypatch):
+    monkeypatch.setenv("DPFLOW_RECORDINGS_ROOT", str(tmp_path / "absent"))
+    r = tick(instance, None)
+    assert r.skip_reason.skip_message == f"{tmp_path / 'absent'}: no such folder" and not r.run_requests
+    assert parse_cursor("not json") == (0.0, {})
+    assert parse_cursor('{"max_mtime": "x"}') == (0.0, {})
+
+
+def test_sensor_targets_the_job_and_is_off_by_default():
+    assert recordings_sensor.job_name == "paired_episodes_job" == paired_episodes_job.name
+    assert recordings_sensor.default_status == dg.DefaultSensorStatus.STOPPED
+    assert defs.resolve_sensor_def("recordings_sensor") is not None
