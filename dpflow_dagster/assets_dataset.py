@@ -1,7 +1,191 @@
-"""Assets and checks of the dataset stage."""
+"""Assets and checks of the dataset stage: ``dataset_npz`` and its blocking checks.
 
-from __future__ import annotations
+``dataset_npz`` is a thin wrapper over :func:`dpflow_core.conversion.convert`;
+the checks wrap :func:`dpflow_core.dataset.validate_dataset`. The output folder
+is content-addressed, ``<output_dir>/datasets/<task>/<key12>/dataset.npz`` with
+``key12`` the first 12 hex digits of :func:`dpflow_core.conversion.dataset_key`
+(input hashes, image size, options, converter version): re-materialising the same
+inputs finds the existing dataset and reuses it instead of failing.
+"""
+
+
+import os
+from pathlib import Path
+from typing import Optional
 
 import dagster as dg
+from pydantic import Field
 
-defs = dg.Definitions()
+from dpflow_core.conversion import convert, dataset_key, load_inputs
+from dpflow_core.dataset import CHECKS, MIN_TRAIN_LENGTH, validate_dataset
+from dpflow_core.errors import DpflowError
+from dpflow_core.names import validate_name
+
+
+def _default_workdir() -> Path:
+    env = os.environ.get("DPFLOW_WORKDIR")
+    return Path(env) if env else Path.cwd() / "outputs"
+
+
+class DatasetConfig(dg.Config):
+    """How ``dataset_npz`` converts the paired episodes."""
+
+    image_width: int = Field(default=224, description="Frame width in pixels (W of --image-size).")
+    image_height: int = Field(default=224, description="Frame height in pixels (H of --image-size).")
+    workers: int = Field(default=0, description="Worker processes; 0 = CPU cores.")
+    invalid_pose_policy: str = Field(
+        default="trim", description="pose_valid == false: 'trim' (keep the longest valid stretch) or 'reject'."
+    )
+    min_overlap_fraction: float = Field(
+        default=0.5, description="Reject episodes whose aligned frames cover less of the recording."
+    )
+    frequency_tolerance: float = Field(default=0.05, description="Relative tolerance of an episode's frame rate.")
+    output_dir: Optional[str] = Field(
+        default=None,
+        description="Work folder; datasets go to <output_dir>/datasets/<task>/<key>/. Default $DPFLOW_WORKDIR, else <cwd>/outputs.",
+    )
+
+
+def _md(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _inputs_table(meta: dict) -> str:
+    rows = ["| stem | steps | Hz | trimmed s | vio_mcap sha256 |", "|---|---|---|---|---|"]
+    episodes = {e["stem"]: e for e in meta.get("episodes", [])}
+    for item in meta.get("inputs", {}).get("episodes", []):
+        ep = episodes.get(item["stem"], {})
+        sha = (item.get("files", {}).get("vio_mcap") or {}).get("sha256") or ""
+        rows.append(
+            f"| {_md(item['stem'])} | {ep.get('length', '')} | {ep.get('frequency_hz', 0):.2f} "
+            f"| {ep.get('trimmed_s', {}).get('total', '')} | `{sha}` |"
+        )
+    return "\n".join(rows)
+
+
+def _rejected_table(rejected: list[dict]) -> str:
+    if not rejected:
+        return "No episode rejected."
+    rows = ["| stem | stage | code | reason |", "|---|---|---|---|"]
+    rows += [f"| {_md(r.get('stem'))} | {r.get('stage')} | {r.get('code')} | {_md(r.get('reason'))} |" for r in rejected]
+    return "\n".join(rows)
+
+
+@dg.asset(
+    group_name="dataset",
+    kinds={"numpy"},
+    description=(
+        "The replay buffer dataset.npz (formats.md section 2) converted from the accepted episodes: frames resized "
+        "to the configured size, poses and gripper aligned on the camera timestamps, measured frequency, SHA-256, "
+        "dataset.json sidecar and norm_stats.json."
+    ),
+)
+def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired_episodes: dict) -> dg.Output[dict]:
+    image_size = (config.image_width, config.image_height)
+    output_dir = Path(config.output_dir) if config.output_dir else _default_workdir()
+    manifest_path = paired_episodes["manifest_path"]
+    options = dict(
+        invalid_pose_policy=config.invalid_pose_policy,
+        min_overlap_fraction=config.min_overlap_fraction,
+        frequency_tolerance=config.frequency_tolerance,
+    )
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage == "episodes":
+            context.log.info(f"aligned {done}/{total} episodes")
+
+    try:
+        inputs = load_inputs(manifest_path)
+        task = validate_name(paired_episodes.get("task") or inputs.task or "task", "task")
+        key = dataset_key(inputs, image_size, **options)
+        out = output_dir / "datasets" / task / key[:12] / "dataset.npz"
+        result = convert(
+            manifest_path, out, image_size=image_size, workers=config.workers, reuse_existing=True,
+            progress=progress, **options,
+        )
+    except DpflowError as exc:
+        raise dg.Failure(
+            description=str(exc),
+            metadata={"path": exc.path or "", "code": exc.code, "reason": exc.reason, "manifest_path": manifest_path},
+        ) from exc
+    meta = result.metadata
+    lengths = meta["episode_lengths"]
+    if result.reused:
+        context.log.info(f"reusing the identical dataset already at {result.path} (sha256 {result.sha256})")
+    return dg.Output(
+        result.contract(),
+        metadata={
+            "path": dg.MetadataValue.path(str(result.path)),
+            "sha256": result.sha256,
+            "size_bytes": result.size_bytes,
+            "n_episodes": result.n_episodes,
+            "total_steps": result.total_steps,
+            "episode_length_min": lengths["min"],
+            "episode_length_mean": float(lengths["mean"]),
+            "episode_length_max": lengths["max"],
+            "frequency_hz": result.frequency_hz,
+            "image_size": f"{result.image_size[0]}x{result.image_size[1]}",
+            "keys": dg.MetadataValue.json(meta["keys"]),
+            "value_ranges": dg.MetadataValue.json(meta["value_ranges"]),
+            "converter_version": meta["converter"]["version"],
+            "dataset_key": meta["dataset_key"],
+            "inputs": dg.MetadataValue.md(_inputs_table(meta)),
+            "rejected_count": len(result.rejected),
+            "rejected": dg.MetadataValue.md(_rejected_table(result.rejected)),
+            "wall_time_s": result.wall_time_s,
+            "frames_per_s": result.frames_per_s,
+            "reused": result.reused,
+            "status": (
+                f"reused the existing identical dataset (converted at {meta['created_at']})"
+                if result.reused else "converted"
+            ),
+            "sidecar_path": dg.MetadataValue.path(str(result.sidecar_path)),
+            "norm_stats_path": dg.MetadataValue.path(str(result.norm_stats_path)),
+            "manifest_path": dg.MetadataValue.path(manifest_path),
+        },
+    )
+
+
+_CHECK_DESCRIPTIONS = {
+    "members_length_T": "Every data__ member has the same length T along time.",
+    "episode_ends_valid": "meta__episode_ends is strictly increasing and its last value is T.",
+    "values_finite": "No NaN or inf in the floating-point members.",
+    "rotation_norm_le_pi": "Rotation vectors have norm <= pi.",
+    "image_size": "Frames have the requested image size.",
+    "min_two_episodes": "At least two episodes (the train/val split is by episode).",
+    "short_episodes": "Episodes too short to yield a training sample (warns above the threshold).",
+}
+
+
+@dg.multi_asset_check(
+    specs=[
+        dg.AssetCheckSpec(name, asset="dataset_npz", blocking=True, description=_CHECK_DESCRIPTIONS[name])
+        for name in CHECKS
+    ],
+    ins={"dataset_npz": dg.AssetIn("dataset_npz")},
+    config_schema={
+        "min_train_length": dg.Field(int, default_value=MIN_TRAIN_LENGTH,
+                                     description="Shortest episode that yields a training sample (steps)."),
+        "max_short_episodes": dg.Field(int, default_value=0, description="Warn above this many short episodes."),
+    },
+)
+def dataset_npz_checks(context: dg.AssetCheckExecutionContext, dataset_npz: dict):
+    """Blocking checks of the converted dataset (:func:`dpflow_core.dataset.validate_dataset`)."""
+    results = validate_dataset(
+        dataset_npz["path"],
+        image_size=tuple(dataset_npz["image_size"]),
+        min_train_length=context.op_execution_context.op_config["min_train_length"],
+        max_short_episodes=context.op_execution_context.op_config["max_short_episodes"],
+    )
+    for r in results:
+        yield dg.AssetCheckResult(
+            asset_key="dataset_npz",
+            check_name=r.name,
+            passed=r.passed,
+            severity=dg.AssetCheckSeverity.WARN if r.severity == "warn" else dg.AssetCheckSeverity.ERROR,
+            description=r.description,
+            metadata={k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in r.metadata.items()},
+        )
+
+
+defs = dg.Definitions(assets=[dataset_npz], asset_checks=[dataset_npz_checks])

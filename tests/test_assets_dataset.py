@@ -1,0 +1,142 @@
+"""Dagster: dataset_npz asset (content-addressed, reused when identical) and its blocking checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+from synthetic_dataset import synthetic_arrays, write_npz
+
+from dpflow_core import samples
+from dpflow_core.dataset import CHECKS
+from dpflow_core.topics import DAS_DEFAULT
+from dpflow_dagster.assets_dataset import dataset_npz, dataset_npz_checks
+
+SPEC = samples.SampleSpec(seconds=2.0, width=160, height=120, gop_size=15)
+
+
+def _entry(path: Path) -> dict:
+    return {"path": str(path), "size_bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def _manifest(eps, root, rejected=()) -> dict:
+    return {
+        "manifest_version": 1, "root": str(root), "task": "pick", "created_at": "2026-01-01T00:00:00+00:00",
+        "topics": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(DAS_DEFAULT).items()},
+        "accepted": [{"stem": e.stem, "vio_status": {"status": "success"}, "validation": {},
+                      "files": {"raw_mcap": _entry(e.raw_mcap), "vio_mcap": _entry(e.vio_mcap),
+                                "vio_json": _entry(e.vio_json)}} for e in eps],
+        "rejected": list(rejected),
+    }
+
+
+def _upstream(manifest_path: Path, n_accepted: int):
+    @dg.asset(name="paired_episodes", group_name="dataset")
+    def paired_episodes() -> dict:
+        return {"manifest_path": str(manifest_path), "root": str(manifest_path.parent), "task": "pick",
+                "accepted": n_accepted, "rejected": 0}
+
+    return paired_episodes
+
+
+@pytest.fixture(scope="module")
+def episodes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("assets") / "pick"
+    return root, [samples.write_episode(root, f"pick_{k:04d}", replace(SPEC, seconds=2.0 + 0.2 * k), seed=50 + k)
+                  for k in range(2)]
+
+
+def _run_config(tmp_path: Path) -> dg.RunConfig:
+    return dg.RunConfig(ops={"dataset_npz": {"config": {"image_width": 48, "image_height": 32, "workers": 1,
+                                                        "output_dir": str(tmp_path / "work")}}})
+
+
+def test_dataset_npz_materializes_with_passing_checks_and_is_reused(episodes, tmp_path):
+    root, eps = episodes
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(_manifest(eps, root)))
+    assets = [_upstream(manifest, 2), dataset_npz, dataset_npz_checks]
+    # episodes here are ~60 steps: the UMI default minimum (46) does not flag them
+    res = dg.materialize(assets, run_config=_run_config(tmp_path))
+    assert res.success
+    value = res.output_for_node("dataset_npz")
+    path = Path(value["path"])
+    assert path.parent.parent == tmp_path / "work" / "datasets" / "pick" and len(path.parent.name) == 12
+    assert value["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert value["image_size"] == [48, 32] and value["n_episodes"] == 2
+    assert value["frequency_hz"] == pytest.approx(30.0, rel=0.01)
+    assert set(value) == {"path", "sha256", "size_bytes", "sidecar_path", "norm_stats_path", "frequency_hz",
+                          "n_episodes", "total_steps", "image_size"}
+    evals = {e.check_name: e for e in res.get_asset_check_evaluations()}
+    assert set(evals) == set(CHECKS) and all(e.passed for e in evals.values())
+    mat = res.asset_materializations_for_node("dataset_npz")[0]
+    md = mat.metadata
+    assert md["sha256"].value == value["sha256"] and md["reused"].value is False
+    table = md["inputs"].value
+    for e in eps:
+        assert e.stem in table and _entry(e.vio_mcap)["sha256"] in table
+    assert md["frames_per_s"].value > 0 and md["episode_length_max"].value >= md["episode_length_min"].value
+
+    again = dg.materialize(assets, run_config=_run_config(tmp_path))
+    assert again.success
+    assert again.output_for_node("dataset_npz") == value
+    md2 = again.asset_materializations_for_node("dataset_npz")[0].metadata
+    assert md2["reused"].value is True and "reused the existing identical dataset" in md2["status"].value
+
+
+def test_all_rejected_manifest_fails_with_reasons(tmp_path):
+    manifest = tmp_path / "manifest.json"
+    rejected = [{"stem": "a", "path": "/x/a.mcap", "code": "vio_failed", "reason": "VIO status is 'failed'"}]
+    manifest.write_text(json.dumps(_manifest([], tmp_path, rejected)))
+    res = dg.materialize([_upstream(manifest, 0), dataset_npz], run_config=_run_config(tmp_path), raise_on_error=False)
+    assert not res.success
+    failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
+    text = str(failure.event_specific_data.error)
+    assert "no valid episodes: 1 found, 1 rejected: a: VIO status is 'failed'" in text
+
+
+def test_blocking_check_stops_downstream(tmp_path):
+    arrays = synthetic_arrays(n_episodes=1, episode_length=30, image_size=(32, 32))
+    arrays["data__robot0_eef_rot_axis_angle"][4] = [3.5, 0.0, 0.0]
+    path = write_npz(tmp_path / "dataset.npz", arrays)
+
+    @dg.asset(name="dataset_npz")
+    def stub() -> dict:
+        return {"path": str(path), "image_size": [32, 32]}
+
+    ran = []
+
+    @dg.asset(deps=["dataset_npz"])
+    def downstream() -> None:
+        ran.append(True)
+
+    res = dg.materialize([stub, dataset_npz_checks, downstream], raise_on_error=False)
+    evals = {e.check_name: e for e in res.get_asset_check_evaluations()}
+    assert not evals["rotation_norm_le_pi"].passed
+    assert evals["rotation_norm_le_pi"].metadata["max_norm_rad"].value == pytest.approx(3.5)
+    assert not evals["min_two_episodes"].passed
+    assert not evals["short_episodes"].passed and evals["short_episodes"].severity == dg.AssetCheckSeverity.WARN
+    assert evals["values_finite"].passed and evals["image_size"].passed
+    assert not res.success and ran == []
+
+
+def test_full_graph_with_pairing(tmp_path):
+    assets_recordings = pytest.importorskip("dpflow_dagster.assets_recordings")
+    samples.write_task(tmp_path / "rec", episodes=2, seconds=2.0, task="wipe", spec=SPEC)
+    run_config = dg.RunConfig(ops={
+        "paired_episodes": {"config": {"root": str(tmp_path / "rec" / "wipe"), "output_dir": str(tmp_path / "work")}},
+        "dataset_npz": {"config": {"image_width": 40, "image_height": 30, "workers": 2,
+                                   "output_dir": str(tmp_path / "work")}},
+    })
+    res = dg.materialize([assets_recordings.paired_episodes, dataset_npz, dataset_npz_checks], run_config=run_config)
+    assert res.success
+    value = res.output_for_node("dataset_npz")
+    assert value["n_episodes"] == 2 and Path(value["path"]).parent.parent.name == "wipe"
+    z = np.load(value["path"])
+    assert z["data__camera0_rgb"].shape[1:] == (30, 40, 3)
