@@ -1,0 +1,211 @@
+"""Diffusion Policy over images and low-dimensional state (Chi et al., RSS 2023).
+
+Training (:meth:`DiffusionUnetImagePolicy.forward` = ``compute_loss``): the
+normalised action sequence is noised at a random DDPM step and the
+:class:`~dpflow_core.train.unet.ConditionalUnet1D` predicts the noise (or the
+clean sample), conditioned on the encoded observation history. Inference
+(:meth:`predict_action`): DDIM denoising from Gaussian noise in a few steps.
+Both schedulers come from ``diffusers`` and share one set of betas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from diffusers import DDIMScheduler, DDPMScheduler
+from torch import nn
+
+from dpflow_core.train.data import ObsActionSpec
+from dpflow_core.train.normalizer import LinearNormalizer
+from dpflow_core.train.unet import ConditionalUnet1D
+from dpflow_core.train.vision import ResNet18GN
+
+
+def _crop(images: torch.Tensor, crop_hw: tuple[int, int], random: bool) -> torch.Tensor:
+    """Crop ``(N, C, H, W)`` to ``crop_hw``: a random window per image, or the centre."""
+    n, c, h, w = images.shape
+    ch, cw = crop_hw
+    if (ch, cw) == (h, w):
+        return images
+    if not random:
+        top, left = (h - ch) // 2, (w - cw) // 2
+        return images[:, :, top : top + ch, left : left + cw]
+    top = torch.randint(0, h - ch + 1, (n,), device=images.device)
+    left = torch.randint(0, w - cw + 1, (n,), device=images.device)
+    rows = (top[:, None] + torch.arange(ch, device=images.device))[:, None, :, None].expand(n, c, ch, w)
+    out = images.gather(2, rows)
+    cols = (left[:, None] + torch.arange(cw, device=images.device))[:, None, None, :].expand(n, c, ch, cw)
+    return out.gather(3, cols)
+
+
+class ObsEncoder(nn.Module):
+    """Observation history -> one feature vector per sample.
+
+    Each image key has its own :class:`ResNet18GN`; frames are cropped (randomly
+    while training, centred otherwise) and encoded one by one. Low-dimensional
+    keys are normalised (by the policy's normaliser, passed to ``forward``) and
+    concatenated. Output: ``(B, To * (n_rgb * F + sum D))``.
+    """
+
+    def __init__(
+        self,
+        shape_meta: Mapping[str, Any],
+        n_obs_steps: int,
+        base_width: int = 64,
+        feature_dim: int | None = None,
+        crop_ratio: float = 1.0,
+    ):
+        super().__init__()
+        if not 0 < crop_ratio <= 1:
+            raise ValueError(f"crop_ratio must be in (0, 1], got {crop_ratio}")
+        self.rgb_keys = tuple(shape_meta["rgb"])
+        self.lowdim_keys = tuple(shape_meta["lowdim"])
+        self.n_obs_steps = n_obs_steps
+        self.encoders = nn.ModuleDict({k: ResNet18GN(base_width, feature_dim) for k in self.rgb_keys})
+        self.crop_hw = {
+            k: (max(1, int(round(h * crop_ratio))), max(1, int(round(w * crop_ratio))))
+            for k, (h, w, _) in shape_meta["rgb"].items()
+        }
+        per_step = sum(e.feature_dim for e in self.encoders.values()) + sum(shape_meta["lowdim"].values())
+        self.output_dim = per_step * n_obs_steps
+
+    def forward(self, obs: Mapping[str, torch.Tensor], normalizer: LinearNormalizer) -> torch.Tensor:
+        feats = []
+        batch = None
+        for key in self.rgb_keys:
+            x = obs[key]  # (B, To, H, W, 3) uint8
+            b, to = x.shape[:2]
+            batch = b
+            x = x.reshape(b * to, *x.shape[2:]).permute(0, 3, 1, 2).float() * (2.0 / 255.0) - 1.0
+            x = _crop(x, self.crop_hw[key], random=self.training)
+            feats.append(self.encoders[key](x).reshape(b, to, -1))
+        for key in self.lowdim_keys:
+            x = obs[key].float()
+            batch = x.shape[0]
+            feats.append(normalizer.normalize(key, x))
+        out = torch.cat(feats, dim=-1)
+        if out.shape[1] != self.n_obs_steps:
+            raise ValueError(f"observations hold {out.shape[1]} steps, the policy expects n_obs_steps={self.n_obs_steps}")
+        return out.reshape(batch, -1)
+
+
+class DiffusionUnetImagePolicy(nn.Module):
+    """Diffusion Policy with a ResNet-18-GN image encoder and a FiLM 1-D U-Net.
+
+    Args:
+        shape_meta: ``{"rgb": {key: [H, W, 3]}, "lowdim": {key: D}, "action_dim": Da}``
+            (see :func:`dpflow_core.train.data.shape_meta`).
+        normalizer_stats: statistics per low-dimensional field and ``"action"``.
+        horizon: H, actions predicted per call.
+        n_obs_steps: To, observation frames per call.
+        n_action_steps: how many of the H actions ``predict_action`` returns as ``"action"``.
+        obs_encoder: kwargs of :class:`ObsEncoder` (``base_width``, ``feature_dim``, ``crop_ratio``).
+        unet: kwargs of :class:`ConditionalUnet1D` (``down_dims``, ``kernel_size``, ``n_groups``,
+            ``diffusion_step_embed_dim``).
+        noise_scheduler: kwargs of ``diffusers.DDPMScheduler`` (``num_train_timesteps``,
+            ``beta_start``, ``beta_end``, ``beta_schedule``, ``clip_sample``, ``prediction_type``).
+        num_inference_steps: DDIM steps in ``predict_action``.
+    """
+
+    def __init__(
+        self,
+        shape_meta: Mapping[str, Any],
+        normalizer_stats: Mapping[str, Mapping[str, Any]],
+        horizon: int,
+        n_obs_steps: int,
+        n_action_steps: int,
+        obs_encoder: Mapping[str, Any],
+        unet: Mapping[str, Any],
+        noise_scheduler: Mapping[str, Any],
+        num_inference_steps: int = 16,
+    ):
+        super().__init__()
+        if not 1 <= n_action_steps <= horizon:
+            raise ValueError(f"n_action_steps must be in [1, horizon={horizon}], got {n_action_steps}")
+        self.horizon = int(horizon)
+        self.n_obs_steps = int(n_obs_steps)
+        self.n_action_steps = int(n_action_steps)
+        self.action_dim = int(shape_meta["action_dim"])
+        self.num_inference_steps = int(num_inference_steps)
+        self.normalizer = LinearNormalizer(normalizer_stats)
+        self.obs_encoder = ObsEncoder(shape_meta, n_obs_steps, **dict(obs_encoder))
+        self.model = ConditionalUnet1D(self.action_dim, self.obs_encoder.output_dim, **dict(unet))
+        sched = dict(noise_scheduler)
+        self.noise_scheduler = DDPMScheduler(**sched)
+        self.prediction_type = self.noise_scheduler.config.prediction_type
+        if self.prediction_type not in ("epsilon", "sample"):
+            raise ValueError(f"prediction_type must be 'epsilon' or 'sample', got {self.prediction_type!r}")
+        sched.pop("variance_type", None)
+        self.inference_scheduler = DDIMScheduler(**sched)
+
+    def forward(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The training loss (scalar): MSE of the predicted noise (or sample).
+
+        ``batch``: ``{"obs": {...}, "action": (B, H, Da)}`` as produced by
+        :class:`~dpflow_core.train.data.SequenceDataset`.
+        """
+        return self.compute_loss(batch)
+
+    def compute_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        cond = self.obs_encoder(batch["obs"], self.normalizer)
+        action = self.normalizer.normalize("action", batch["action"].float())
+        noise = torch.randn(action.shape, device=action.device)
+        steps = torch.randint(
+            0, self.noise_scheduler.config.num_train_timesteps, (action.shape[0],), device=action.device
+        ).long()
+        noisy = self.noise_scheduler.add_noise(action, noise, steps)
+        pred = self.model(noisy, steps, cond)
+        target = noise if self.prediction_type == "epsilon" else action
+        return F.mse_loss(pred.float(), target)
+
+    @torch.no_grad()
+    def predict_action(
+        self, obs: Mapping[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Sample actions for a batch of observation histories.
+
+        Args:
+            obs: ``{rgb_key: (B, To, H, W, 3) uint8, lowdim_key: (B, To, D) float}`` in
+                dataset units, the layout of ``SequenceDataset`` samples.
+            generator: optional generator for the initial noise.
+
+        Returns:
+            ``{"action_pred": (B, H, Da), "action": (B, n_action_steps, Da)}`` float32 in
+            dataset units (m, rad); ``action_pred[:, 0]`` is the action at the
+            latest observation's step, later entries follow every
+            ``action_down_sample_steps`` steps.
+        """
+        cond = self.obs_encoder(obs, self.normalizer)
+        b = cond.shape[0]
+        sched = self.inference_scheduler
+        sched.set_timesteps(self.num_inference_steps)
+        x = torch.randn((b, self.horizon, self.action_dim), device=cond.device, generator=generator)
+        for t in sched.timesteps:
+            out = self.model(x, t.to(cond.device), cond)
+            x = sched.step(out, t, x).prev_sample
+        action_pred = self.normalizer.unnormalize("action", x.float())
+        return {"action_pred": action_pred, "action": action_pred[:, : self.n_action_steps]}
+
+
+def build_policy(
+    policy_cfg: Mapping[str, Any],
+    spec: ObsActionSpec,
+    n_action_steps: int,
+    shape_meta: Mapping[str, Any],
+    normalizer_stats: Mapping[str, Mapping[str, Any]],
+) -> DiffusionUnetImagePolicy:
+    """Build the policy from the ``policy`` section of the trainer config."""
+    return DiffusionUnetImagePolicy(
+        shape_meta=shape_meta,
+        normalizer_stats=normalizer_stats,
+        horizon=spec.horizon,
+        n_obs_steps=spec.n_obs_steps,
+        n_action_steps=n_action_steps,
+        obs_encoder=policy_cfg["obs_encoder"],
+        unet=policy_cfg["unet"],
+        noise_scheduler=policy_cfg["noise_scheduler"],
+        num_inference_steps=policy_cfg["num_inference_steps"],
+    )

@@ -1,0 +1,228 @@
+"""Trainer building blocks: sample cutting, batch order, normaliser, networks, checkpoint files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dpflow_core.errors import RunError
+from dpflow_core.replay_buffer import ReplayBuffer
+from dpflow_core.train import checkpoint as ckpt
+from dpflow_core.train.data import (
+    ObsActionSpec,
+    SequenceDataset,
+    latency_steps,
+    normalizer_stats,
+    sequence_index,
+    shape_meta,
+    split_episodes,
+)
+from dpflow_core.train.normalizer import LinearNormalizer
+from dpflow_core.train.policy import build_policy
+from dpflow_core.train.sampler import EpochBatchSampler
+from dpflow_core.train.unet import ConditionalUnet1D
+from tests.synthetic_dataset import write_synthetic_dataset
+
+TINY_POLICY = {
+    "obs_encoder": {"base_width": 8, "feature_dim": 16, "crop_ratio": 0.875},
+    "unet": {"down_dims": [16, 32], "kernel_size": 3, "n_groups": 8, "diffusion_step_embed_dim": 16},
+    "noise_scheduler": {
+        "num_train_timesteps": 10,
+        "beta_start": 1e-4,
+        "beta_end": 0.02,
+        "beta_schedule": "squaredcos_cap_v2",
+        "clip_sample": True,
+        "prediction_type": "epsilon",
+    },
+    "num_inference_steps": 3,
+}
+
+
+@pytest.fixture(scope="module")
+def buffer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ds") / "dataset.npz"
+    return ReplayBuffer(write_synthetic_dataset(path, n_episodes=3, episode_length=[12, 6, 10], image_size=(32, 32)))
+
+
+def test_sequence_index_respects_episode_bounds_and_horizon(buffer):
+    spec = ObsActionSpec(horizon=4, action_down_sample_steps=2)
+    # (4 - 1) * 2 + 1 = 7 frames needed: episode 1 (6 frames) gives nothing.
+    assert spec.min_episode_length == 7
+    idx = sequence_index(buffer.episode_ends, np.ones(3, bool), spec)
+    assert idx[:, 0].tolist() == list(range(0, 6)) + list(range(18, 22))
+    assert set(map(tuple, idx[:, 1:].tolist())) == {(0, 12), (18, 28)}
+    padded = sequence_index(buffer.episode_ends, np.array([False, True, False]), ObsActionSpec(horizon=4, action_padding=True))
+    assert padded[:, 0].tolist() == list(range(12, 18))
+
+
+def test_samples_pad_at_edges_and_shift_by_latency(buffer):
+    spec = ObsActionSpec(
+        n_obs_steps=3, horizon=4, obs_down_sample_steps=2, action_down_sample_steps=1,
+        obs_latency_steps={"camera0_rgb": 1}, action_padding=True,
+    )
+    ds = SequenceDataset(buffer, spec, np.array([True, False, False]))
+    pos = np.asarray(buffer["robot0_eef_pos"])
+    rgb = np.asarray(buffer["camera0_rgb"])
+    first = ds[0]  # anchor 0: history is the first frame repeated
+    np.testing.assert_array_equal(first["obs"]["robot0_eef_pos"].numpy(), pos[[0, 0, 0]])
+    np.testing.assert_array_equal(first["action"][:, :3].numpy(), pos[[0, 1, 2, 3]])
+    s = ds[5]  # anchor 5: low-dim at 1, 3, 5; camera one step earlier: 0, 2, 4
+    np.testing.assert_array_equal(s["obs"]["robot0_eef_pos"].numpy(), pos[[1, 3, 5]])
+    np.testing.assert_array_equal(s["obs"]["camera0_rgb"].numpy(), rgb[[0, 2, 4]])
+    assert s["obs"]["camera0_rgb"].dtype == torch.uint8
+    last = ds[11]  # anchor 11, the episode's last frame: actions repeat it
+    np.testing.assert_array_equal(last["action"][:, :3].numpy(), pos[[11, 11, 11, 11]])
+    grip = np.asarray(buffer["robot0_gripper_width"])
+    np.testing.assert_array_equal(last["action"][:, 6].numpy(), grip[[11, 11, 11, 11], 0])
+    assert last["action"].shape == (4, 7)
+
+
+def test_latency_steps_and_split():
+    assert latency_steps({"a": 0.125, "b": 0.02}, 30.0) == {"a": 4, "b": 1}
+    assert latency_steps({"a": 0.125}, 0.0) == {"a": 0}
+    train, val = split_episodes(20, 0.1, seed=3)
+    assert val.sum() == 2 and not (train & val).any() and (train | val).all()
+    assert (split_episodes(20, 0.1, seed=3)[1] == val).all()
+    assert split_episodes(5, 0.0, 0)[1].sum() == 0
+    assert split_episodes(2, 0.9, 0)[1].sum() == 1
+    with pytest.raises(ValueError, match="at least 2 episodes"):
+        split_episodes(1, 0.1, 0)
+
+
+def test_batch_order_depends_on_seed_and_epoch_only_and_resumes_mid_epoch():
+    s = EpochBatchSampler(50, 8, shuffle=True, seed=7)
+    s.set_epoch(2)
+    full = list(s)
+    assert len(full) == 7 and sorted(sum(full, [])) == list(range(50))
+    again = EpochBatchSampler(50, 8, shuffle=True, seed=7)
+    again.set_epoch(2, start_batch=3)
+    assert list(again) == full[3:] and len(again) == 4
+    other = EpochBatchSampler(50, 8, shuffle=True, seed=7)
+    other.set_epoch(3)
+    assert list(other) != full
+    capped = EpochBatchSampler(50, 8, shuffle=True, seed=7, max_batches=2)
+    capped.set_epoch(2)
+    assert list(capped) == full[:2]
+    assert s.batch(2, 4) == full[4]
+
+
+def test_shards_are_equal_sized_and_cover_the_epoch():
+    shards = [EpochBatchSampler(11, 2, shuffle=True, seed=1, num_replicas=2, rank=r) for r in range(2)]
+    for sh in shards:
+        sh.set_epoch(0)
+    a, b = (sum(list(sh), []) for sh in shards)
+    assert len(a) == len(b) == 6
+    assert set(a) | set(b) == set(range(11))
+    assert shards[0].batches_per_epoch() == shards[1].batches_per_epoch() == 3
+    assert shards[0].order_differences(shards[1].state_dict()) == []
+    st = shards[0].state_dict() | {"num_replicas": 4}
+    assert any("num_replicas" in d for d in shards[0].order_differences(st))
+
+
+def test_normalizer_maps_limits_to_unit_range_and_inverts(buffer):
+    spec = ObsActionSpec()
+    stats = normalizer_stats(buffer, spec)
+    assert set(stats) == {"robot0_eef_pos", "robot0_eef_rot_axis_angle", "robot0_gripper_width", "action"}
+    norm = LinearNormalizer(stats)
+    act = torch.from_numpy(np.concatenate([np.asarray(buffer[k]) for k in spec.action_keys], axis=1))
+    y = norm.normalize("action", act)
+    varying = act.max(0).values - act.min(0).values > 1e-4
+    assert torch.allclose(y.min(0).values[varying], torch.tensor(-1.0), atol=1e-5)
+    assert torch.allclose(y.max(0).values[varying], torch.tensor(1.0), atol=1e-5)
+    # the constant rotation component maps to 0
+    assert torch.allclose(y[:, 5], torch.zeros(len(y)), atol=1e-6)
+    assert torch.allclose(norm.unnormalize("action", y), act, atol=1e-6)
+    rebuilt = LinearNormalizer(norm.stats())
+    rebuilt.load_state_dict(norm.state_dict())
+    assert torch.equal(rebuilt.normalize("action", act), y)
+
+
+def test_unet_shapes_and_horizon_check():
+    net = ConditionalUnet1D(7, 10, diffusion_step_embed_dim=16, down_dims=[16, 32, 64], kernel_size=3, n_groups=8)
+    out = net(torch.randn(2, 8, 7), torch.tensor([0, 5]), torch.randn(2, 10))
+    assert out.shape == (2, 8, 7)
+    assert net(torch.randn(2, 8, 7), 3, torch.randn(2, 10)).shape == (2, 8, 7)
+    with pytest.raises(ValueError, match="divisible by 4"):
+        net(torch.randn(2, 6, 7), 3, torch.randn(2, 10))
+
+
+def test_policy_learns_and_predicts_in_dataset_units(buffer):
+    torch.manual_seed(0)
+    spec = ObsActionSpec(n_obs_steps=2, horizon=4)
+    ds = SequenceDataset(buffer, spec, np.array([True, False, True]))
+    policy = build_policy(TINY_POLICY, spec, 2, shape_meta(buffer, spec), normalizer_stats(buffer, spec))
+    batch = ds.collate(range(len(ds)))
+    opt = torch.optim.AdamW(policy.parameters(), lr=3e-3)
+    first = float(policy(batch).detach())
+    for _ in range(30):
+        loss = policy(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(policy(batch).detach()) < first
+    policy.eval()
+    out = policy.predict_action(batch["obs"])
+    assert out["action_pred"].shape == (len(ds), 4, 7) and out["action"].shape == (len(ds), 2, 7)
+    # clipped samples unnormalise inside the dataset's range
+    lo = policy.normalizer.stats()["action"]["min"] - 1e-4
+    hi = policy.normalizer.stats()["action"]["max"] + 1e-4
+    assert ((out["action_pred"] >= lo) & (out["action_pred"] <= hi)).all()
+
+
+def test_atomic_save_replaces_and_cleans_up(tmp_path):
+    path = tmp_path / "latest.ckpt"
+    ckpt.atomic_save({"a": torch.arange(3)}, path)
+    ckpt.atomic_save({"a": torch.arange(4)}, path)
+    assert torch.equal(torch.load(path, weights_only=True)["a"], torch.arange(4))
+    assert [p.name for p in tmp_path.iterdir()] == ["latest.ckpt"]
+    copy = ckpt.atomic_copy(path, tmp_path / "epoch=0001-train_loss=0.100.ckpt")
+    ckpt.atomic_save({"a": torch.arange(5)}, path)  # a new inode: the top-k file keeps its content
+    assert torch.equal(torch.load(copy, weights_only=True)["a"], torch.arange(4))
+    stale = tmp_path / ".latest.ckpt.tmp-999999"
+    stale.write_bytes(b"partial")
+    assert ckpt.remove_stale_temp_files(tmp_path) == [stale] and not stale.exists()
+
+
+def test_topk_keeps_best_and_evicts_worst(tmp_path):
+    tk = ckpt.TopKCheckpoints(tmp_path, "train_loss", "min", 2, "epoch={epoch:04d}-train_loss={train_loss:.3f}.ckpt")
+    assert tk.propose({"epoch": 0, "train_loss": 0.5}) == ("epoch=0000-train_loss=0.500.ckpt", [])
+    assert tk.propose({"epoch": 1, "train_loss": 0.3}) == ("epoch=0001-train_loss=0.300.ckpt", [])
+    assert tk.propose({"epoch": 2, "train_loss": 0.9}) == (None, [])
+    assert tk.propose({"epoch": 3, "train_loss": 0.1}) == ("epoch=0003-train_loss=0.100.ckpt", ["epoch=0000-train_loss=0.500.ckpt"])
+    assert tk.propose({"epoch": 4, "val_loss": 0.0}) == (None, [])
+    assert set(tk.index) == {"epoch=0001-train_loss=0.300.ckpt", "epoch=0003-train_loss=0.100.ckpt"}
+    (tmp_path / "epoch=0003-train_loss=0.100.ckpt").write_bytes(b"x")
+    assert tk.reconcile() == ["epoch=0001-train_loss=0.300.ckpt"]
+    zero = ckpt.TopKCheckpoints(tmp_path, "train_loss", "min", 0, "x.ckpt")
+    assert zero.propose({"epoch": 0, "train_loss": 0.1}) == (None, [])
+
+
+def test_missing_entries_and_foreign_files(tmp_path):
+    assert "rank_states" in ckpt.required_checkpoint_entries()
+    payload = {name: 0 for name in ckpt.REQUIRED_ENTRIES} | {"format": ckpt.FORMAT, "format_version": 1}
+    payload |= {"cfg": "training:\n  mixed_precision: fp16\n  use_ema: true\n", "num_processes": 1}
+    payload |= {"ema": None, "grad_scaler": None, "rank_states": [{"rng": {"python": 0, "numpy": 0, "torch": 0}, "epoch_losses": []}]}
+    missing = ckpt.missing_checkpoint_entries(payload)
+    assert {"ema", "grad_scaler", "rank_states[0].rng.cuda"} <= set(missing)
+    del payload["optimizer"]
+    assert ckpt.missing_checkpoint_entries(payload) == ["optimizer"]
+    ckpt.atomic_save(payload, tmp_path / "incomplete.ckpt")
+    with pytest.raises(RunError, match="missing: optimizer"):
+        ckpt.load_checkpoint(tmp_path / "incomplete.ckpt")
+    torch.save({"state_dict": {}}, tmp_path / "foreign.ckpt")
+    with pytest.raises(RunError, match="not a dpflow trainer checkpoint"):
+        ckpt.load_checkpoint(tmp_path / "foreign.ckpt")
+    (tmp_path / "trunc.ckpt").write_bytes((tmp_path / "incomplete.ckpt").read_bytes()[:100])
+    with pytest.raises(RunError, match="unreadable"):
+        ckpt.load_checkpoint(tmp_path / "trunc.ckpt")
+
+
+def test_rng_state_round_trip():
+    import random
+
+    state = ckpt.capture_rng_state()
+    a = (random.random(), np.random.rand(), torch.rand(2))
+    ckpt.restore_rng_state(state)
+    b = (random.random(), np.random.rand(), torch.rand(2))
+    assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
