@@ -38,15 +38,19 @@ gripper width (m, 1)]`` (7 float32); the action follows :data:`ACTION_RULES`.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
+import hashlib
 import json
 import math
+import multiprocessing
 import os
 import shutil
+from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import av
 import numpy as np
@@ -56,9 +60,10 @@ import pyarrow.parquet as pq
 from scipy.spatial.transform import Rotation
 
 from dpflow_core import __version__
-from dpflow_core.conversion import CONVERTER_VERSION, align_episode
-from dpflow_core.errors import ConversionError, DatasetError, RecordingError
-from dpflow_core.topics import TopicMap
+from dpflow_core.conversion import CONVERTER_VERSION, INVALID_POSE_POLICIES, align_episode, load_inputs
+from dpflow_core.errors import ConversionError, DatasetError, DpflowError
+from dpflow_core.pairing import sha256_file
+from dpflow_core.topics import DAS_DEFAULT, TopicMap
 
 #: The LeRobot dataset format version written and expected by default.
 CODEBASE_VERSION = "v2.1"
@@ -133,7 +138,9 @@ class LeRobotExport:
         action_rule: one of :data:`ACTION_RULES`.
         task: the task text of every episode.
         stems: the recording stem of each episode, by episode index.
-        skipped: stem -> reason, for manifest episodes that could not be aligned.
+        skipped: stem -> reason, for episodes left out (not aligned, or off the dataset's frequency).
+        export_key: content address of the export (:func:`export_key`), when made from a manifest.
+        reused: True when :func:`export_lerobot` found this export already in place.
     """
 
     path: Path
@@ -146,6 +153,23 @@ class LeRobotExport:
     task: str
     stems: list[str]
     skipped: dict[str, str] = field(default_factory=dict)
+    export_key: str | None = None
+    reused: bool = False
+
+    def contract(self) -> dict:
+        """The ``lerobot_dataset`` asset value (plain dict)."""
+        return {
+            "path": str(self.path),
+            "codebase_version": CODEBASE_VERSION,
+            "fps": self.fps,
+            "n_episodes": self.n_episodes,
+            "total_frames": self.total_frames,
+            "video_keys": list(self.video_keys),
+            "image_size": list(self.image_size),
+            "action_rule": self.action_rule,
+            "task": self.task,
+            "export_key": self.export_key,
+        }
 
 
 @dataclass(frozen=True)
@@ -280,22 +304,26 @@ def _jsonable(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
     return {key: {k: np.asarray(v).tolist() for k, v in s.items()} for key, s in stats.items()}
 
 
-def dataset_fps(frequencies_hz: Iterable[float], lengths: Iterable[int]) -> float:
-    """One frame rate for a dataset from the measured frequency of each episode.
+def measured_fps(timestamps_s: Iterable[np.ndarray]) -> float:
+    """The measured frame rate of a dataset: 1 / the median frame interval over all episodes.
 
-    Each episode of N frames at f Hz spans (N - 1) / f seconds; the dataset rate
-    is total intervals over total duration (the pooled estimate).
+    The same rule as the ``dataset.npz`` conversion (``frequency_hz``), so both
+    exports of one manifest state the same frequency.
+
+    Args:
+        timestamps_s: per episode, (N,) float64 frame times in seconds.
 
     Raises:
-        ConversionError: when no episode has two frames or a frequency is not positive.
+        ConversionError: when there is no interval or the median is not positive.
     """
-    f = np.asarray(list(frequencies_hz), dtype=np.float64)
-    n = np.asarray(list(lengths), dtype=np.float64) - 1
-    if len(f) == 0 or np.any(~np.isfinite(f)) or np.any(f <= 0):
-        raise ConversionError(f"cannot derive fps from episode frequencies {f.tolist()}")
-    if n.sum() <= 0:
-        raise ConversionError("cannot derive fps: no episode has two frames")
-    return float(n.sum() / (n / f).sum())
+    dts = [np.diff(np.asarray(t, dtype=np.float64)) for t in timestamps_s]
+    all_dts = np.concatenate(dts) if dts else np.empty(0)
+    if len(all_dts) == 0:
+        raise ConversionError("cannot measure the frame rate: no episode has two frames")
+    median = float(np.median(all_dts))
+    if not median > 0:
+        raise ConversionError(f"cannot measure the frame rate: median frame interval {median} s")
+    return 1.0 / median
 
 
 # --------------------------------------------------------------------------- video
@@ -411,9 +439,14 @@ class _Episode:
     stem: str
     state: np.ndarray
     action: np.ndarray
-    frequency_hz: float
+    timestamps_s: np.ndarray
     image_stats: dict[str, dict[str, np.ndarray]]
     staged_videos: dict[str, Path]
+    record: dict
+
+    @property
+    def frequency_hz(self) -> float:
+        return 1.0 / float(np.median(np.diff(self.timestamps_s)))
 
 
 class LeRobotWriter:
@@ -422,9 +455,10 @@ class LeRobotWriter:
     Everything is written into a temporary folder beside ``out_dir`` and renamed
     to ``out_dir`` by :meth:`finish`; :meth:`abort` (or leaving a ``with`` block
     on an exception) removes it. Videos are encoded as episodes arrive; the
-    low-dimensional data (state, action: 56 bytes a frame) stays in memory until
-    :meth:`finish`, because ``fps`` (the measured frequency over all episodes)
-    defines the timestamps; the videos are then re-timed without re-encoding.
+    low-dimensional data (state, action, frame times: about 64 bytes a frame)
+    stays in memory until :meth:`finish`, because ``fps`` (measured over all
+    episodes, :func:`measured_fps`) defines the timestamps; the videos are then
+    re-timed without re-encoding.
 
     Args:
         out_dir: the dataset folder to create; must not exist.
@@ -447,11 +481,13 @@ class LeRobotWriter:
     ):
         self.out_dir = Path(out_dir).absolute()
         if self.out_dir.exists():
-            raise ConversionError("output folder already exists; choose a new one (nothing is overwritten)", self.out_dir)
+            raise ConversionError(
+                "output folder already exists; choose a new one (nothing is overwritten)", self.out_dir, code="output_exists"
+            )
         if not task or not task.strip():
-            raise ConversionError("task text is empty")
+            raise ConversionError("task text is empty", code="bad_option")
         if action_rule not in ACTION_RULES:
-            raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}")
+            raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
         self.task = task
         self.action_rule = action_rule
         self.robot_type = robot_type
@@ -460,8 +496,8 @@ class LeRobotWriter:
         self.tmp_dir = self.out_dir.with_name(f".{self.out_dir.name}.tmp-{os.getpid()}")
         if self.tmp_dir.exists():
             shutil.rmtree(self.tmp_dir)
-        self._staging = self.tmp_dir / ".staging"
-        self._staging.mkdir(parents=True)
+        self.staging_dir = self.tmp_dir / ".staging"
+        self.staging_dir.mkdir(parents=True)
         self._episodes: list[_Episode] = []
         self._camera_shapes: dict[str, tuple[int, int]] = {}
 
@@ -472,58 +508,59 @@ class LeRobotWriter:
         if exc_type is not None:
             self.abort()
 
+    def __len__(self) -> int:
+        return len(self._episodes)
+
     def add_episode(
         self,
         state: np.ndarray,
         cameras: Mapping[str, np.ndarray],
-        frequency_hz: float,
+        timestamps_s: np.ndarray,
         stem: str = "",
-    ) -> int:
-        """Add one episode; its video is encoded now.
+        record: dict | None = None,
+    ) -> None:
+        """Add one episode; its videos are encoded now.
 
         Args:
-            state: (N, 7) state of each frame (:func:`episode_state`), N >= 1.
+            state: (N, 7) state of each frame (:func:`episode_state`), N >= 2.
             cameras: video key -> (N, H, W, 3) uint8 RGB frames; every episode
                 must have the same keys and frame sizes.
-            frequency_hz: the measured frame rate of this episode, Hz.
+            timestamps_s: (N,) float64 capture times of the frames, seconds,
+                strictly increasing (only their intervals are used: the frame rate).
             stem: the recording stem (kept in the export summary).
-
-        Returns:
-            The episode index.
+            record: JSON-ready facts about the episode for ``meta/dpflow.json``.
 
         Raises:
-            ConversionError: on empty or mismatched arrays, a changed camera set
-                or frame size, or a non-positive frequency.
+            ConversionError: on too few frames, mismatched arrays, times not
+                increasing, a changed camera set or frame size.
         """
-        index = len(self._episodes)
+        where = f"episode {len(self._episodes)} ({stem or 'no stem'})"
         state = np.asarray(state, dtype=np.float32)
-        if state.ndim != 2 or state.shape[1] != len(STATE_NAMES) or len(state) == 0:
-            raise ConversionError(f"episode {index} ({stem}): state must be (N>=1, {len(STATE_NAMES)}), got {state.shape}")
-        if not np.isfinite(frequency_hz) or frequency_hz <= 0:
-            raise ConversionError(f"episode {index} ({stem}): frequency {frequency_hz} Hz is not positive")
+        t = np.asarray(timestamps_s, dtype=np.float64)
+        if state.ndim != 2 or state.shape[1] != len(STATE_NAMES) or len(state) < 2:
+            raise ConversionError(f"{where}: state must be (N>=2, {len(STATE_NAMES)}), got {state.shape}", code="too_short")
+        if t.shape != (len(state),) or not np.all(np.diff(t) > 0):
+            raise ConversionError(f"{where}: timestamps must be ({len(state)},) and strictly increasing, got {t.shape}")
         if not cameras:
-            raise ConversionError(f"episode {index} ({stem}): no camera frames")
+            raise ConversionError(f"{where}: no camera frames")
         if self._camera_shapes and set(cameras) != set(self._camera_shapes):
-            raise ConversionError(f"episode {index} ({stem}): cameras {sorted(cameras)} differ from {sorted(self._camera_shapes)}")
+            raise ConversionError(f"{where}: cameras {sorted(cameras)} differ from {sorted(self._camera_shapes)}")
         for key, frames in cameras.items():
-            if frames.ndim != 4 or len(frames) != len(state) or frames.dtype != np.uint8:
-                raise ConversionError(
-                    f"episode {index} ({stem}): camera {key} has {frames.shape} {frames.dtype}, expected ({len(state)}, H, W, 3) uint8"
-                )
+            if frames.ndim != 4 or len(frames) != len(state) or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+                raise ConversionError(f"{where}: camera {key} has {frames.shape} {frames.dtype}, expected ({len(state)}, H, W, 3) uint8")
             hw = (int(frames.shape[1]), int(frames.shape[2]))
             if self._camera_shapes.get(key, hw) != hw:
-                raise ConversionError(f"episode {index} ({stem}): camera {key} frame size {hw} differs from {self._camera_shapes[key]}")
+                raise ConversionError(f"{where}: camera {key} frame size {hw} differs from {self._camera_shapes[key]}")
         staged: dict[str, Path] = {}
         stats: dict[str, dict[str, np.ndarray]] = {}
+        provisional_fps = 1.0 / float(np.median(np.diff(t)))
         for key, frames in cameras.items():
-            staged[key] = self._staging / f"{key}-{index:06d}.mp4"
-            encode_video(staged[key], frames, frequency_hz, self.video)
+            staged[key] = self.staging_dir / f"{key}-{len(self._episodes):06d}.mp4"
+            encode_video(staged[key], frames, provisional_fps, self.video)
             stats[key] = image_stats(frames)
             self._camera_shapes[key] = (int(frames.shape[1]), int(frames.shape[2]))
-        self._episodes.append(
-            _Episode(stem, state, episode_actions(state, self.action_rule), float(frequency_hz), stats, staged)
-        )
-        return index
+        action = episode_actions(state, self.action_rule)
+        self._episodes.append(_Episode(stem, state, action, t, stats, staged, dict(record or {})))
 
     def abort(self) -> None:
         """Remove the temporary folder; nothing is left behind."""
@@ -546,29 +583,53 @@ class LeRobotWriter:
             features[key] = {"dtype": dtype, "shape": [1], "names": None}
         return features
 
-    def finish(self, fps: float | None = None, provenance: dict | None = None) -> LeRobotExport:
+    def _drop_off_rate(self, tolerance: float) -> dict[str, str]:
+        """Drop episodes whose frequency is off the median episode frequency (the npz conversion's rule)."""
+        ref = float(np.median([e.frequency_hz for e in self._episodes]))
+        kept, dropped = [], {}
+        for e in self._episodes:
+            dev = abs(e.frequency_hz - ref) / ref
+            if dev > tolerance:
+                dropped[e.stem] = (
+                    f"frequency_mismatch: measured {e.frequency_hz:.3f} Hz differs from the dataset's {ref:.3f} Hz "
+                    f"by {dev:.1%} (tolerance {tolerance:.1%})"
+                )
+                for p in e.staged_videos.values():
+                    p.unlink(missing_ok=True)
+            else:
+                kept.append(e)
+        self._episodes = kept
+        return dropped
+
+    def finish(self, frequency_tolerance: float = 0.05, provenance: dict | None = None) -> LeRobotExport:
         """Write parquet files, videos and metadata, then rename into place.
 
+        Episodes whose frequency differs from the median episode frequency by
+        more than ``frequency_tolerance`` (relative) are left out (one ``fps``
+        cannot describe them) and listed in ``skipped``. ``fps`` is
+        :func:`measured_fps` of the episodes kept.
+
         Args:
-            fps: the dataset frame rate, Hz; default: :func:`dataset_fps` of the
-                episodes' measured frequencies.
-            provenance: written to ``meta/dpflow.json`` (input files and hashes,
-                alignment reports); LeRobot's loaders ignore that file.
+            frequency_tolerance: relative tolerance, in (0, 1).
+            provenance: written to ``meta/dpflow.json`` with each episode's
+                ``record`` and the skipped episodes; LeRobot's loaders ignore that file.
 
         Returns:
             The export summary.
 
         Raises:
-            ConversionError: when no episode was added or ``out_dir`` appeared meanwhile.
+            ConversionError: when no episode is left, or ``out_dir`` appeared meanwhile.
         """
+        if not 0 < frequency_tolerance < 1:
+            raise ConversionError(f"frequency_tolerance must be in (0, 1), got {frequency_tolerance}", code="bad_option")
         if not self._episodes:
             self.abort()
-            raise ConversionError("no episode to write: the dataset would be empty", self.out_dir)
-        if fps is None:
-            fps = dataset_fps([e.frequency_hz for e in self._episodes], [len(e.state) for e in self._episodes])
+            raise ConversionError("no episode to write: the dataset would be empty", self.out_dir, code="no_valid_episodes")
+        skipped = self._drop_off_rate(frequency_tolerance)
+        fps = measured_fps([e.timestamps_s for e in self._episodes])
         root = self.tmp_dir
         (root / "meta").mkdir(exist_ok=True)
-        episodes_lines, stats_lines = [], []
+        episodes_lines, stats_lines, records = [], [], []
         first_video: dict[str, Path] = {}
         start = 0
         for ep_index, ep in enumerate(self._episodes):
@@ -583,7 +644,11 @@ class LeRobotWriter:
                 "task_index": np.zeros(n, dtype=np.int64),
             }
             table = pa.table(
-                {STATE_KEY: _list_column(ep.state), ACTION_KEY: _list_column(ep.action), **{k: pa.array(v) for k, v in columns.items()}}
+                {
+                    STATE_KEY: _list_column(ep.state),
+                    ACTION_KEY: _list_column(ep.action),
+                    **{k: pa.array(v) for k, v in columns.items()},
+                }
             )
             data_path = root / DATA_PATH.format(episode_chunk=chunk, episode_index=ep_index)
             data_path.parent.mkdir(parents=True, exist_ok=True)
@@ -600,6 +665,8 @@ class LeRobotWriter:
             stats.update({k: feature_stats(v) for k, v in columns.items()})
             episodes_lines.append(json.dumps({"episode_index": ep_index, "tasks": [self.task], "length": n}))
             stats_lines.append(json.dumps({"episode_index": ep_index, "stats": _jsonable(stats)}))
+            records.append({"episode_index": ep_index, "stem": ep.stem, "frames": n,
+                            "frequency_hz": ep.frequency_hz, **ep.record})
             start += n
         n_episodes = len(self._episodes)
         features = self._features({k: video_info(p, fps) for k, p in first_video.items()})
@@ -622,14 +689,21 @@ class LeRobotWriter:
         _atomic_write_text(root / EPISODES_STATS_PATH, "\n".join(stats_lines) + "\n")
         _atomic_write_text(root / TASKS_PATH, json.dumps({"task_index": 0, "task": self.task}) + "\n")
         _atomic_write_text(root / INFO_PATH, json.dumps(info, indent=4) + "\n")
-        if provenance is not None:
-            _atomic_write_text(root / PROVENANCE_PATH, json.dumps(provenance, indent=2, default=str) + "\n")
-        shutil.rmtree(self._staging)
+        record = {
+            **(provenance or {}),
+            "fps": fps,
+            "action_rule": self.action_rule,
+            "frequency_tolerance": frequency_tolerance,
+            "episodes": records,
+            "skipped": {**(provenance or {}).get("skipped", {}), **skipped},
+        }
+        _atomic_write_text(root / PROVENANCE_PATH, json.dumps(record, indent=2, default=str) + "\n")
+        shutil.rmtree(self.staging_dir)
         try:
             os.rename(root, self.out_dir)
         except OSError as exc:
             self.abort()
-            raise ConversionError(f"cannot move the dataset into place: {exc}", self.out_dir) from exc
+            raise ConversionError(f"cannot move the dataset into place: {exc}", self.out_dir, code="output_exists") from exc
         h, w = next(iter(self._camera_shapes.values()))
         return LeRobotExport(
             path=self.out_dir,
@@ -641,39 +715,218 @@ class LeRobotWriter:
             action_rule=self.action_rule,
             task=self.task,
             stems=[e.stem for e in self._episodes],
+            skipped=record["skipped"],
+            export_key=record.get("export_key"),
         )
 
 
+def _align_job(job: dict) -> dict:
+    """Worker: align one episode with ``align_episode``; frames go to a ``.npy`` memory map.
+
+    Returns the arrays except the frames (``rgb_path``/``rgb_rows`` locate them),
+    or ``{"ok": False, "code", "reason"}``; frames never travel through the pipe.
+    """
+    stem, path = job["stem"], Path(job["vio_mcap"])
+    try:
+        if not path.is_file():
+            raise ConversionError("file not found", path, code="missing_file")
+        if job["size_bytes"] is not None and path.stat().st_size != job["size_bytes"]:
+            raise ConversionError(
+                f"size is {path.stat().st_size} bytes but the manifest records {job['size_bytes']}: the file changed since pairing",
+                path,
+                code="input_changed",
+            )
+        if job["verify_sha256"] and job["sha256"]:
+            digest = sha256_file(path)
+            if digest != job["sha256"]:
+                raise ConversionError(
+                    f"SHA-256 is {digest} but the manifest records {job['sha256']}: the file changed since pairing",
+                    path,
+                    code="input_changed",
+                )
+        ep = align_episode(
+            path,
+            job["image_size"],
+            topics=job["topics"],
+            invalid_pose_policy=job["invalid_pose_policy"],
+            min_overlap_fraction=job["min_overlap_fraction"],
+            stem=stem,
+            rgb_dir=job["rgb_dir"],
+        )
+        if hasattr(ep.rgb, "flush"):
+            ep.rgb.flush()
+        return {
+            "ok": True,
+            "stem": stem,
+            "timestamps_s": ep.timestamps_s,
+            "state": episode_state(ep.eef_pos, ep.eef_rot_axis_angle, ep.gripper_width),
+            "rgb_path": str(ep.rgb_path),
+            "rgb_rows": ep.rgb_rows,
+            "report": ep.report,
+        }
+    except DpflowError as exc:
+        return {"ok": False, "stem": stem, "code": exc.code, "reason": str(exc)}
+
+
+def _aligned_in_order(jobs: list[dict], workers: int) -> Iterator[dict]:
+    """Results of :func:`_align_job` in job order; at most ``2 * workers`` jobs in flight
+    (bounding the decoded frames waiting on disk)."""
+    if workers <= 1 or len(jobs) <= 1:
+        yield from map(_align_job, jobs)
+        return
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["dpflow_core.lerobot"])
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        pending: deque = deque()
+        it = iter(jobs)
+        for job in it:
+            pending.append((job, pool.submit(_align_job, job)))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            job, fut = pending.popleft()
+            try:
+                yield fut.result()
+            except Exception as exc:  # noqa: BLE001 - a dead worker rejects its episode, not the export
+                yield {"ok": False, "stem": job["stem"], "code": "internal_error", "reason": f"{type(exc).__name__}: {exc}"}
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append((nxt, pool.submit(_align_job, nxt)))
+
+
+def parse_image_size(value: str) -> tuple[int, int] | None:
+    """``"W,H"`` (or ``"WxH"``) -> (W, H); ``"native"`` -> None (the camera's resolution).
+
+    Raises:
+        ConversionError: for anything else (``bad_option``).
+    """
+    if value.strip().lower() == "native":
+        return None
+    try:
+        w, h = (int(v) for v in value.lower().replace("x", ",").split(","))
+    except ValueError as exc:
+        raise ConversionError(f"image size must be 'W,H' or 'native', got {value!r}", code="bad_option") from exc
+    return w, h
+
+
+def _export_key(inputs: Any, options: dict) -> str:
+    doc = {
+        "codebase_version": CODEBASE_VERSION,
+        "converter_version": CONVERTER_VERSION,
+        "options": options,
+        "inputs": sorted([e.stem, e.sha256] for e in inputs.episodes),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> str:
+    """Content address of the export :func:`export_lerobot` would make (64 hex digits).
+
+    SHA-256 of the accepted inputs' stems and ``_vio.mcap`` hashes, the options
+    that change the output (same keywords and defaults as :func:`export_lerobot`),
+    the converter version and the LeRobot format version. Use it to name an
+    output folder: equal keys mean the same export of the same bytes.
+    """
+    inputs = load_inputs(manifest)
+    defaults = {
+        "action_rule": "next_state", "image_size": None, "invalid_pose_policy": "trim",
+        "min_overlap_fraction": 0.5, "frequency_tolerance": 0.05, "topics": DAS_DEFAULT, "video": VideoSpec(),
+    }
+    unknown = set(options) - set(defaults)
+    if unknown:
+        raise ConversionError(f"unknown export options {sorted(unknown)}", code="bad_option")
+    o = {**defaults, **options}
+    size = o["image_size"]
+    return _export_key(
+        inputs,
+        {
+            "task": task_text if task_text is not None else inputs.task or Path(inputs.root or "dataset").name,
+            "action_rule": o["action_rule"],
+            "image_size": None if size is None else [int(size[0]), int(size[1])],
+            "invalid_pose_policy": o["invalid_pose_policy"],
+            "min_overlap_fraction": o["min_overlap_fraction"],
+            "frequency_tolerance": o["frequency_tolerance"],
+            "topics": {"camera": o["topics"].camera, "pose": o["topics"].pose, "gripper": o["topics"].gripper},
+            "video": dataclasses.asdict(o["video"]),
+        },
+    )
+
+
+def load_export(dataset_dir: str | Path) -> LeRobotExport:
+    """The summary of a dataset written by :class:`LeRobotWriter`, read back from its metadata.
+
+    Raises:
+        DatasetError: ``meta/info.json`` or ``meta/dpflow.json`` is missing or
+            malformed, or the version is not :data:`CODEBASE_VERSION`.
+    """
+    layout = validate_lerobot_dataset(dataset_dir)
+    path = layout.root / PROVENANCE_PATH
+    if not path.is_file():
+        raise DatasetError(f"{PROVENANCE_PATH} not found: not written by dpflow", path, code="missing_metadata")
+    record = _read_json(path, PROVENANCE_PATH)
+    info = layout.info
+    try:
+        videos = [k for k, ft in info["features"].items() if ft.get("dtype") == "video"]
+        h, w = info["features"][videos[0]]["shape"][:2]
+        return LeRobotExport(
+            path=layout.root.absolute(),
+            fps=float(info["fps"]),
+            n_episodes=int(info["total_episodes"]),
+            total_frames=int(info["total_frames"]),
+            video_keys=videos,
+            image_size=[int(w), int(h)],
+            action_rule=record["action_rule"],
+            task=record["options"]["task"] if "options" in record else record.get("task", ""),
+            stems=[e["stem"] for e in record["episodes"]],
+            skipped=dict(record.get("skipped", {})),
+            export_key=record.get("export_key"),
+        )
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise DatasetError(f"metadata lacks a field: {exc!r}", path, code="bad_metadata") from exc
+
+
 def export_lerobot(
-    manifest_path: str | Path,
+    manifest: Any,
     out_dir: str | Path,
     task_text: str | None = None,
     action_rule: str = "next_state",
     image_size: tuple[int, int] | None = None,
     invalid_pose_policy: str = "trim",
-    topics: TopicMap | None = None,
+    min_overlap_fraction: float = 0.5,
+    frequency_tolerance: float = 0.05,
+    topics: TopicMap = DAS_DEFAULT,
+    verify_sha256: bool = True,
+    workers: int = 0,
     video: VideoSpec = VideoSpec(),
+    reuse_existing: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> LeRobotExport:
     """Export the accepted episodes of a pairing manifest as a LeRobot v2.1 dataset.
 
-    Each episode is decoded and aligned by :func:`dpflow_core.conversion.align_episode`
-    (the ``dataset.npz`` conversion's own code); its state is :func:`episode_state`,
-    its actions :func:`episode_actions`, its camera0 frames the video
-    :data:`CAMERA_KEY`. Episodes that cannot be aligned are skipped and reported
-    (``skipped``), as the npz conversion rejects them. ``fps`` is the measured
-    frequency (:func:`dataset_fps`). ``meta/dpflow.json`` records the manifest,
-    each input's SHA-256 and each episode's alignment report.
+    The manifest is read by :func:`dpflow_core.conversion.load_inputs` and each
+    episode decoded and aligned by :func:`dpflow_core.conversion.align_episode`,
+    exactly as for ``dataset.npz``, in worker processes: inputs are checked
+    against the manifest's size and SHA-256 first. Its state is
+    :func:`episode_state`, its actions :func:`episode_actions`, its camera0
+    frames the video :data:`CAMERA_KEY`. Episodes that cannot be aligned, or
+    whose frequency is off (see :meth:`LeRobotWriter.finish`), are skipped with
+    their reason; ``fps`` is :func:`measured_fps`. ``meta/dpflow.json`` records
+    the manifest, every input's SHA-256 and every alignment report.
 
     Args:
-        manifest_path: manifest written by :func:`dpflow_core.pairing.write_manifest`.
+        manifest: a pairing manifest (path, ``Manifest``, dict; see ``load_inputs``).
         out_dir: dataset folder to create; must not exist.
         task_text: the task text; default the manifest's task (the task folder name).
         action_rule: one of :data:`ACTION_RULES`.
         image_size: (W, H) of the videos, even numbers; None keeps the camera's size.
-        invalid_pose_policy: ``"trim"`` or ``"reject"`` (see ``align_episode``).
-        topics: topic map; default the manifest's.
+        invalid_pose_policy, min_overlap_fraction, topics: see ``align_episode``.
+        frequency_tolerance: see :meth:`LeRobotWriter.finish`.
+        verify_sha256: hash each input and compare with the manifest.
+        workers: alignment worker processes; 0 = the number of CPU cores.
         video: encoder settings.
+        reuse_existing: when ``out_dir`` holds an export with the same
+            :func:`export_key` (same input hashes and options), return it
+            (``reused=True``) instead of failing.
         progress: called as ``progress(stem, done, total)`` after each episode.
 
     Returns:
@@ -681,67 +934,99 @@ def export_lerobot(
 
     Raises:
         PairingError: the manifest is missing or malformed.
-        ConversionError: ``out_dir`` exists, an option is invalid, the manifest
-            has no accepted episode or none could be aligned.
+        ConversionError: ``out_dir`` exists (``output_exists``; with
+            ``reuse_existing``: holds another export), an option is
+            invalid (``bad_option``), or no episode survived (``no_valid_episodes``).
     """
-    from dpflow_core.pairing import load_manifest
-
-    manifest = load_manifest(manifest_path)
     if action_rule not in ACTION_RULES:
         raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
-    if image_size is not None and (int(image_size[0]) % 2 or int(image_size[1]) % 2):
-        raise ConversionError(f"image size {image_size[0]}x{image_size[1]} must be even (H.264 yuv420p)", code="bad_option")
+    if invalid_pose_policy not in INVALID_POSE_POLICIES:
+        raise ConversionError(
+            f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
+        )
+    if image_size is not None:
+        w, h = (int(v) for v in image_size)
+        if w % 2 or h % 2:
+            raise ConversionError(f"image size {w}x{h} must be even (H.264 yuv420p)", code="bad_option")
+        image_size = (w, h)
+    inputs = load_inputs(manifest)
+    task = task_text if task_text is not None else inputs.task or Path(inputs.root or "dataset").name
+    options = {
+        "task": task,
+        "action_rule": action_rule,
+        "image_size": None if image_size is None else list(image_size),
+        "invalid_pose_policy": invalid_pose_policy,
+        "min_overlap_fraction": min_overlap_fraction,
+        "frequency_tolerance": frequency_tolerance,
+        "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
+        "video": dataclasses.asdict(video),
+    }
+    key = _export_key(inputs, options)
     if Path(out_dir).exists():
+        if reuse_existing:
+            existing = load_export(out_dir)
+            if existing.export_key == key:
+                return dataclasses.replace(existing, reused=True)
+            raise ConversionError(
+                f"output folder holds another export (export_key {existing.export_key}, this one {key})",
+                out_dir,
+                code="output_exists",
+            )
         raise ConversionError("output folder already exists; choose a new one (nothing is overwritten)", out_dir, code="output_exists")
-    if not manifest.accepted:
-        raise ConversionError("the manifest has no accepted episode", manifest_path, code="no_episodes")
-    topic_map = topics if topics is not None else manifest.topic_map()
-    task = manifest.task if task_text is None else task_text
+    source = inputs.manifests[0] if inputs.manifests else None
+    if not inputs.episodes:
+        raise ConversionError(f"no valid episodes: the manifest accepts none ({len(inputs.rejected)} rejected)",
+                              source, code="no_valid_episodes")
     skipped: dict[str, str] = {}
-    episodes: list[dict] = []
+    n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
     with LeRobotWriter(out_dir, task, action_rule, video=video) as writer:
-        for done, entry in enumerate(manifest.accepted, 1):
-            try:
-                aligned = align_episode(
-                    entry.vio_mcap,
-                    image_size=image_size,
-                    topics=topic_map,
-                    invalid_pose_policy=invalid_pose_policy,
-                    stem=entry.stem,
+        rgb_dir = writer.staging_dir / "frames"
+        rgb_dir.mkdir()
+        jobs = [
+            {
+                "stem": e.stem,
+                "vio_mcap": str(e.vio_mcap),
+                "size_bytes": e.size_bytes,
+                "sha256": e.sha256,
+                "verify_sha256": verify_sha256,
+                "image_size": image_size,
+                "topics": topics,
+                "invalid_pose_policy": invalid_pose_policy,
+                "min_overlap_fraction": min_overlap_fraction,
+                "rgb_dir": str(rgb_dir),
+            }
+            for e in inputs.episodes
+        ]
+        files = {e.stem: e.files for e in inputs.episodes}
+        for done, result in enumerate(_aligned_in_order(jobs, n_workers), 1):
+            stem = result["stem"]
+            if result["ok"]:
+                a, b = result["rgb_rows"]
+                rgb_path = Path(result["rgb_path"])
+                frames = np.load(rgb_path, mmap_mode="r")[a:b]
+                writer.add_episode(
+                    result["state"], {CAMERA_KEY: frames}, result["timestamps_s"], stem,
+                    record={"files": files[stem], "alignment": result["report"]},
                 )
-            except (ConversionError, RecordingError) as exc:
-                skipped[entry.stem] = f"{exc.code}: {exc}"
+                del frames
+                rgb_path.unlink()
             else:
-                state = episode_state(aligned.eef_pos, aligned.eef_rot_axis_angle, aligned.gripper_width)
-                index = writer.add_episode(state, {CAMERA_KEY: aligned.rgb}, aligned.report["frequency_hz"], entry.stem)
-                episodes.append(
-                    {
-                        "episode_index": index,
-                        "stem": entry.stem,
-                        "files": {role: f.to_dict() for role, f in entry.files.items()},
-                        "alignment": aligned.report,
-                    }
-                )
-                del aligned
+                skipped[stem] = f"{result['code']}: {result['reason']}"
             if progress is not None:
-                progress(entry.stem, done, len(manifest.accepted))
-        if not episodes:
-            raise ConversionError(f"no episode could be aligned: {skipped}", manifest_path, code="no_episodes")
+                progress(stem, done, len(jobs))
+        if not len(writer):
+            raise ConversionError(f"no valid episodes: {len(jobs)} found, all rejected: {skipped}", source, code="no_valid_episodes")
         provenance = {
-            "manifest": str(Path(manifest_path).absolute()),
-            "manifest_sha256": manifest.content_hash(),
-            "root": str(manifest.root),
-            "task": manifest.task,
-            "action_rule": action_rule,
-            "image_size": None if image_size is None else [int(image_size[0]), int(image_size[1])],
-            "invalid_pose_policy": invalid_pose_policy,
+            "export_key": key,
+            "manifests": inputs.manifests,
+            "root": inputs.root,
+            "options": options,
             "converter_version": CONVERTER_VERSION,
             "dpflow_version": __version__,
-            "episodes": episodes,
+            "rejected_by_pairing": inputs.rejected,
             "skipped": skipped,
         }
-        result = writer.finish(provenance=provenance)
-    return dataclasses.replace(result, skipped=skipped)
+        return writer.finish(frequency_tolerance, provenance)
 
 
 # --------------------------------------------------------------------------- norm stats
@@ -973,7 +1258,8 @@ def write_openpi_norm_stats(
         output: the ``.json`` file to write, or a folder (an existing one, or any
             path not ending in ``.json``) to write ``norm_stats.json`` into, as in
             openpi's ``assets/<config>/<repo_id>/``; default ``<dataset_dir>/norm_stats.json``.
-        overwrite: replace an existing file.
+        overwrite: replace an existing file (an existing file with exactly the
+            computed content is kept either way).
         expected_version: required ``codebase_version``.
 
     Returns:
@@ -981,15 +1267,19 @@ def write_openpi_norm_stats(
 
     Raises:
         DatasetError: invalid dataset (see :func:`compute_openpi_norm_stats`) or
-            an existing output without ``overwrite``.
+            an existing, different output without ``overwrite`` (``output_exists``).
     """
     out = Path(dataset_dir) / "norm_stats.json" if output is None else Path(output)
     if out.is_dir() or out.suffix.lower() != ".json":
         out = out / "norm_stats.json"
     layout = validate_lerobot_dataset(dataset_dir, expected_version)
+    text = json.dumps({"norm_stats": {k: s.to_json() for k, s in _norm_stats_of_layout(layout).items()}}, indent=2) + "\n"
     if out.exists() and not overwrite:
-        raise DatasetError("norm stats file already exists (pass overwrite to replace it)", out, code="output_exists")
-    stats = _norm_stats_of_layout(layout)
+        if out.is_file() and out.read_text() == text:
+            return out
+        raise DatasetError(
+            "a different norm stats file already exists (pass overwrite to replace it)", out, code="output_exists"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(out, json.dumps({"norm_stats": {k: s.to_json() for k, s in stats.items()}}, indent=2) + "\n")
+    _atomic_write_text(out, text)
     return out

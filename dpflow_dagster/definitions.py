@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dpflow_dagster import assets_dataset, assets_recordings, assets_remote, assets_training, resources
+from dpflow_dagster import assets_dataset, assets_lerobot, assets_recordings, assets_remote, assets_training, resources
 
 defs = dg.Definitions.merge(
     assets_recordings.defs,
     assets_dataset.defs,
+    assets_lerobot.defs,
     assets_remote.defs,
     assets_training.defs,
     dg.Definitions(resources=resources.default_resources()),

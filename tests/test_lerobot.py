@@ -48,23 +48,31 @@ def synthetic_episode(n: int, seed: int, hw: tuple[int, int] = (48, 64)) -> tupl
     return state, frames
 
 
+def frame_times(n: int, hz: float, seed: int) -> np.ndarray:
+    """(n,) float64 capture times at ``hz`` with 0.3 ms jitter, seconds."""
+    jitter = np.random.default_rng(seed).normal(0, 3e-4, n)
+    return np.arange(n) / hz + jitter - jitter[0]
+
+
 def write_dataset(out: Path, lengths=(40, 33, 51), freqs=(29.97, 30.02, 29.99), rule="next_state", task="pick the cup"):
-    """Write a dataset; return (export result, states, frames)."""
-    states, frames = [], []
+    """Write a dataset; return (export result, states, frames, frame times)."""
+    states, frames, times = [], [], []
     with lr.LeRobotWriter(out, task, rule) as writer:
         for k, (n, f) in enumerate(zip(lengths, freqs)):
             s, fr = synthetic_episode(n, k)
-            writer.add_episode(s, {lr.CAMERA_KEY: fr}, f, stem=f"ep{k}")
+            t = frame_times(n, f, k)
+            writer.add_episode(s, {lr.CAMERA_KEY: fr}, t, stem=f"ep{k}", record={"seed": k})
             states.append(s)
             frames.append(fr)
+            times.append(t)
         result = writer.finish()
-    return result, states, frames
+    return result, states, frames, times
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     out = tmp_path_factory.mktemp("lerobot") / "ds"
-    return (out, *write_dataset(out))
+    return (out, *write_dataset(out)[:3])
 
 
 # --------------------------------------------------------------------------- actions and stats
@@ -102,11 +110,27 @@ def test_image_stats_are_exact_per_channel():
     assert stats["count"].tolist() == [7]
 
 
-def test_dataset_fps_is_the_pooled_measured_frequency():
-    # 31 frames at 30 Hz (1 s) + 61 frames at 20 Hz (3 s): 90 intervals in 4 s
-    assert lr.dataset_fps([30.0, 20.0], [31, 61]) == pytest.approx(22.5)
-    with pytest.raises(ConversionError):
-        lr.dataset_fps([30.0, -1.0], [10, 10])
+def test_measured_fps_is_one_over_the_median_interval():
+    times = [np.array([0.0, 0.1, 0.2, 0.35]), np.array([1.0, 1.1, 1.3])]  # intervals .1 .1 .15 .1 .2
+    assert lr.measured_fps(times) == pytest.approx(10.0)
+    with pytest.raises(ConversionError, match="no episode has two frames"):
+        lr.measured_fps([np.array([0.0])])
+
+
+def test_episodes_off_the_dataset_rate_are_left_out(tmp_path):
+    out = tmp_path / "ds"
+    with lr.LeRobotWriter(out, "task") as writer:
+        for k, hz in enumerate((30.0, 30.1, 15.0)):
+            s, fr = synthetic_episode(20, k)
+            writer.add_episode(s, {lr.CAMERA_KEY: fr}, frame_times(20, hz, k), stem=f"ep{k}")
+        result = writer.finish()
+    assert result.stems == ["ep0", "ep1"] and result.n_episodes == 2
+    assert set(result.skipped) == {"ep2"} and result.skipped["ep2"].startswith("frequency_mismatch: measured 15.0")
+    record = json.loads((out / "meta/dpflow.json").read_text())
+    assert record["skipped"] == result.skipped
+    assert [e["stem"] for e in record["episodes"]] == ["ep0", "ep1"]
+    assert sorted(p.name for p in (out / "videos/chunk-000/observation.images.camera0").iterdir()) == [
+        "episode_000000.mp4", "episode_000001.mp4"]
 
 
 # --------------------------------------------------------------------------- layout (schema test)
@@ -123,8 +147,10 @@ def test_info_json_follows_the_v21_layout(dataset):
     assert info["splits"] == {"train": "0:3"}
     assert info["data_path"] == "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
     assert info["video_path"] == "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
-    expected_fps = sum(n - 1 for n in (40, 33, 51)) / sum((n - 1) / f for n, f in zip((40, 33, 51), (29.97, 30.02, 29.99)))
+    times = [frame_times(n, f, k) for k, (n, f) in enumerate(zip((40, 33, 51), (29.97, 30.02, 29.99)))]
+    expected_fps = 1 / np.median(np.concatenate([np.diff(t) for t in times]))
     assert info["fps"] == pytest.approx(expected_fps, rel=1e-12) and result.fps == info["fps"]
+    assert 29.9 < info["fps"] < 30.1
     feats = info["features"]
     assert set(feats) == {"observation.state", "action", "observation.images.camera0",
                           "timestamp", "frame_index", "episode_index", "index", "task_index"}
@@ -224,10 +250,11 @@ def test_writer_refuses_an_existing_folder_and_cleans_up_on_error(tmp_path):
         lr.LeRobotWriter(out, "task")
     out2 = tmp_path / "ds2"
     state, frames = synthetic_episode(5, 0)
+    t = frame_times(5, 30, 0)
     with pytest.raises(ConversionError, match="camera"):
         with lr.LeRobotWriter(out2, "task") as writer:
-            writer.add_episode(state, {lr.CAMERA_KEY: frames}, 30.0)
-            writer.add_episode(state, {lr.CAMERA_KEY: frames[:, :32]}, 30.0)
+            writer.add_episode(state, {lr.CAMERA_KEY: frames}, t)
+            writer.add_episode(state, {lr.CAMERA_KEY: frames[:, :32]}, t)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
     with pytest.raises(ConversionError, match="empty"):
         lr.LeRobotWriter(tmp_path / "ds3", "task").finish()
@@ -268,9 +295,13 @@ def test_openpi_norm_stats_equal_the_numpy_reference(dataset, tmp_path):
     actions = np.concatenate([lr.episode_actions(s, "next_state") for s in states])
     assert data["norm_stats"]["state"] == numpy_reference(state)
     assert data["norm_stats"]["actions"] == numpy_reference(actions)
-    with pytest.raises(DatasetError, match="already exists"):
+    mtime = path.stat().st_mtime_ns
+    assert lr.write_openpi_norm_stats(out, path) == path and path.stat().st_mtime_ns == mtime  # same content kept
+    path.write_text(path.read_text().replace("1", "2"))
+    with pytest.raises(DatasetError, match="different norm stats file already exists"):
         lr.write_openpi_norm_stats(out, path)
     lr.write_openpi_norm_stats(out, path, overwrite=True)
+    assert json.loads(path.read_text())["norm_stats"]["state"] == numpy_reference(state)
 
 
 def test_norm_stats_never_open_a_video(dataset, tmp_path):
@@ -285,7 +316,7 @@ def test_norm_stats_never_open_a_video(dataset, tmp_path):
 
 def test_delta_rule_dataset_stats(tmp_path):
     out = tmp_path / "ds"
-    _, states, _ = write_dataset(out, lengths=(20, 25), freqs=(30, 30), rule="delta")
+    _, states, _, _ = write_dataset(out, lengths=(20, 25), freqs=(30, 30), rule="delta")
     stats = lr.compute_openpi_norm_stats(out)
     actions = np.concatenate([lr.episode_actions(s, "delta") for s in states]).astype(np.float64)
     assert stats["actions"].mean.tolist() == actions.mean(0).tolist()

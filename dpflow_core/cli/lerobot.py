@@ -8,22 +8,6 @@ import typer
 
 from dpflow_core import lerobot
 from dpflow_core.cli import app
-from dpflow_core.errors import ConversionError
-
-
-def parse_image_size(value: str) -> tuple[int, int] | None:
-    """``"W,H"`` -> (W, H); ``"native"`` -> None (the camera's resolution).
-
-    Raises:
-        ConversionError: for anything else.
-    """
-    if value.strip().lower() == "native":
-        return None
-    try:
-        w, h = (int(v) for v in value.replace("x", ",").split(","))
-    except ValueError as exc:
-        raise ConversionError(f"image size must be 'W,H' or 'native', got {value!r}", code="bad_option") from exc
-    return w, h
 
 
 @app.command("export-lerobot")
@@ -34,6 +18,8 @@ def export_lerobot_cmd(
     action_rule: str = typer.Option("next_state", "--action-rule", help="next_state | delta"),
     image_size: str = typer.Option("native", "--image-size", help="W,H (even numbers) or native."),
     invalid_pose_policy: str = typer.Option("trim", "--invalid-pose-policy", help="trim | reject"),
+    frequency_tolerance: float = typer.Option(0.05, "--frequency-tolerance", help="Relative; episodes off the median rate are left out."),
+    workers: int = typer.Option(0, "--workers", help="Alignment worker processes [default: 0 = CPU cores]."),
 ) -> None:
     """Write a LeRobot v2.1 dataset (parquet + H.264 MP4 + meta/) from paired recordings."""
     result = lerobot.export_lerobot(
@@ -41,8 +27,10 @@ def export_lerobot_cmd(
         output,
         task_text=task_text,
         action_rule=action_rule,
-        image_size=parse_image_size(image_size),
+        image_size=lerobot.parse_image_size(image_size),
         invalid_pose_policy=invalid_pose_policy,
+        frequency_tolerance=frequency_tolerance,
+        workers=workers,
     )
     typer.echo(
         f"{result.path}: {result.n_episodes} episodes, {result.total_frames} frames, "

@@ -1,0 +1,157 @@
+"""Assets of the LeRobot export: ``lerobot_dataset`` (LeRobot v2.1) and ``norm_stats`` (openpi).
+
+Thin wrappers over :func:`dpflow_core.lerobot.export_lerobot` and
+:func:`dpflow_core.lerobot.write_openpi_norm_stats`. The dataset folder is
+content-addressed (``<work folder>/lerobot/<task>/<export key>``, see
+:func:`dpflow_core.lerobot.export_key`), so a
+re-materialization of the same inputs and options finds its export and reuses
+it, and different options never overwrite an earlier export.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field
+
+from dpflow_core import lerobot
+from dpflow_core.errors import DpflowError
+from dpflow_core.topics import DAS_DEFAULT, TopicMap
+
+
+def _workdir() -> Path:
+    env = os.environ.get("DPFLOW_WORKDIR")
+    return Path(env) if env else Path.cwd() / "outputs"
+
+
+class LeRobotDatasetConfig(dg.Config):
+    """How the LeRobot dataset is written."""
+
+    output_dir: Optional[str] = Field(
+        default=None,
+        description="Work folder; exports go to <output_dir>/lerobot/<task>/<export key>/. Default $DPFLOW_WORKDIR, else <cwd>/outputs.",
+    )
+    task_text: Optional[str] = Field(default=None, description="Task text of every episode; default the task folder name.")
+    action_rule: str = Field(default="next_state", description="next_state | delta")
+    image_size: str = Field(default="native", description="Video frame size 'W,H' (even numbers) or 'native'.")
+    invalid_pose_policy: str = Field(default="trim", description="trim | reject (pose_valid == false stretches).")
+    frequency_tolerance: float = Field(default=0.05, description="Relative; episodes off the median rate are left out.")
+    workers: int = Field(default=0, description="Alignment worker processes; 0 = CPU cores.")
+
+
+class NormStatsConfig(dg.Config):
+    """Where openpi's norm_stats.json goes."""
+
+    output: Optional[str] = Field(
+        default=None, description="File or folder (e.g. openpi assets/<config>/<repo_id>); default <dataset>/norm_stats.json."
+    )
+    overwrite: bool = Field(default=False, description="Replace a different existing norm_stats.json.")
+
+
+def _failure(exc: DpflowError) -> dg.Failure:
+    return dg.Failure(description=str(exc), metadata={"path": exc.path or "", "code": exc.code, "reason": exc.reason})
+
+
+def _skipped_table(skipped: dict[str, str]) -> str:
+    if not skipped:
+        return "None."
+    rows = ["| stem | reason |", "|---|---|"]
+    rows += [f"| {stem} | {reason.replace('|', '/').replace(chr(10), ' ')} |" for stem, reason in skipped.items()]
+    return "\n".join(rows)
+
+
+@dg.asset(
+    group_name="dataset",
+    kinds={"parquet"},
+    description=(
+        "LeRobot v2.1 dataset (meta/info.json, episodes, tasks, episode stats, parquet per episode, H.264 MP4 "
+        "per camera) of the paired episodes, aligned by the same code as dataset.npz; fps = measured frequency."
+    ),
+)
+def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetConfig, paired_episodes: dict) -> dg.Output[dict]:
+    base = (Path(config.output_dir) if config.output_dir else _workdir()) / "lerobot"
+    topics: TopicMap = DAS_DEFAULT
+    try:
+        size = lerobot.parse_image_size(config.image_size)
+        options = dict(
+            action_rule=config.action_rule,
+            image_size=size,
+            invalid_pose_policy=config.invalid_pose_policy,
+            frequency_tolerance=config.frequency_tolerance,
+            topics=topics,
+        )
+        key = lerobot.export_key(paired_episodes["manifest_path"], config.task_text, **options)
+        out = base / paired_episodes["task"] / key[:16]
+        result = lerobot.export_lerobot(
+            paired_episodes["manifest_path"],
+            out,
+            task_text=config.task_text,
+            workers=config.workers,
+            reuse_existing=True,
+            progress=lambda stem, done, total: context.log.debug(f"{done}/{total} {stem}"),
+            **options,
+        )
+    except DpflowError as exc:
+        raise _failure(exc) from exc
+    context.log.info(
+        f"{result.path}: {result.n_episodes} episodes, {result.total_frames} frames at {result.fps:.3f} Hz"
+        + (" (reused)" if result.reused else "")
+    )
+    return dg.Output(
+        result.contract(),
+        metadata={
+            "path": dg.MetadataValue.path(str(result.path)),
+            "codebase_version": lerobot.CODEBASE_VERSION,
+            "fps": result.fps,
+            "n_episodes": result.n_episodes,
+            "total_frames": result.total_frames,
+            "image_size": f"{result.image_size[0]}x{result.image_size[1]}",
+            "action_rule": result.action_rule,
+            "task": result.task,
+            "export_key": result.export_key or "",
+            "reused": result.reused,
+            "skipped": dg.MetadataValue.md(_skipped_table(result.skipped)),
+        },
+    )
+
+
+@dg.asset(
+    group_name="dataset",
+    kinds={"parquet"},
+    description=(
+        "openpi norm_stats.json (mean, std, q01, q99 of state and actions) of the LeRobot dataset, from its parquet "
+        "columns only; fails at once when meta/info.json is missing, of another codebase_version or inconsistent."
+    ),
+)
+def norm_stats(context: dg.AssetExecutionContext, config: NormStatsConfig, lerobot_dataset: dict) -> dg.Output[dict]:
+    try:
+        path = lerobot.write_openpi_norm_stats(lerobot_dataset["path"], config.output, overwrite=config.overwrite)
+    except DpflowError as exc:
+        raise _failure(exc) from exc
+    stats = json.loads(path.read_text())["norm_stats"]
+    rows = ["| key | dim | mean | std | q01 | q99 |", "|---|---|---|---|---|---|"]
+    for key, s in stats.items():
+        for d in range(len(s["mean"])):
+            rows.append(
+                f"| {key if d == 0 else ''} | {d} | {s['mean'][d]:.4g} | {s['std'][d]:.4g} | {s['q01'][d]:.4g} | {s['q99'][d]:.4g} |"
+            )
+    context.log.info(f"norm stats -> {path}")
+    value = {
+        "path": str(path),
+        "dataset_path": lerobot_dataset["path"],
+        "state_dim": len(stats["state"]["mean"]),
+        "action_dim": len(stats["actions"]["mean"]),
+    }
+    return dg.Output(
+        value,
+        metadata={
+            "path": dg.MetadataValue.path(str(path)),
+            "dataset_path": dg.MetadataValue.path(lerobot_dataset["path"]),
+            "norm_stats": dg.MetadataValue.md("\n".join(rows)),
+        },
+    )
+
+
+defs = dg.Definitions(assets=[lerobot_dataset, norm_stats])
