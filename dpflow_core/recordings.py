@@ -548,6 +548,8 @@ def inspect_recording(
         for cid, n in statistics.channel_message_counts.items():
             topic = topic_of.get(cid, f"<channel {cid}>")
             summary_counts[topic] = summary_counts.get(topic, 0) + n
+        for channel in channels.values():  # channels without messages are left out of the record
+            summary_counts.setdefault(channel.topic, 0)
         report.summary_counts = summary_counts
         if read_ok:
             for topic in sorted(set(summary_counts) | set(report.message_counts)):

@@ -63,6 +63,9 @@ def rewrite_mcap(
     *,
     chunk_index_only: bool = False,
     encodings: dict[str, str] | None = None,
+    duplicate_first: dict[str, int] | None = None,
+    overstate_counts: dict[str, int] | None = None,
+    drop_messages: tuple[str, ...] = (),
 ) -> Path:
     """Copy an MCAP's schemas, channels and messages with a plain ``mcap`` Writer.
 
@@ -71,9 +74,16 @@ def rewrite_mcap(
             index and no statistics (``index_types=CHUNK``, ``use_statistics=False``).
         encodings: per topic, a message encoding to declare instead of the real one
             (e.g. ``{"/robot0/vio/eef_pose": "cbor"}``).
+        duplicate_first: per topic, write its first N messages twice (repeated capture times).
+        overstate_counts: per topic, add N to the Statistics record's message count
+            (a summary that promises messages the data section does not hold).
+        drop_messages: topics whose channel is kept but whose messages are left out.
     """
     src, dst = Path(src), Path(dst)
     encodings = encodings or {}
+    duplicate_first = dict(duplicate_first or {})
+    overstate_counts = overstate_counts or {}
+    topic_of: dict[int, str] = {}
     tmp = dst.with_name(f".{dst.name}.rewrite")
     kwargs = dict(index_types=IndexType.CHUNK, use_statistics=False) if chunk_index_only else {}
     schema_ids: dict[int, int] = {}
@@ -91,10 +101,21 @@ def rewrite_mcap(
                     schema_ids.get(record.schema_id, 0),
                     dict(record.metadata),
                 )
+                topic_of[channel_ids[record.id]] = record.topic
             elif isinstance(record, Message):
-                writer.add_message(
-                    channel_ids[record.channel_id], record.log_time, record.data, record.publish_time, record.sequence
-                )
+                cid = channel_ids[record.channel_id]
+                if topic_of[cid] in drop_messages:
+                    continue
+                repeats = 2 if duplicate_first.get(topic_of[cid], 0) > 0 else 1
+                if repeats == 2:
+                    duplicate_first[topic_of[cid]] -= 1
+                for _ in range(repeats):
+                    writer.add_message(cid, record.log_time, record.data, record.publish_time, record.sequence)
+        if overstate_counts:
+            stats = writer._Writer__statistics  # the Writer offers no public way to misstate its statistics
+            for cid, topic in topic_of.items():
+                stats.channel_message_counts[cid] = stats.channel_message_counts.get(cid, 0) + overstate_counts.get(topic, 0)
+            stats.message_count += sum(overstate_counts.values())
         writer.finish()
     os.replace(tmp, dst)
     return dst

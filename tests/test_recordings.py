@@ -30,13 +30,16 @@ def eps(tmp_path_factory):
         "ooo": write_small_episode(d, "ooo", seed=4, pose_out_of_order=3),
         "invalid": write_small_episode(d, "invalid", seed=5, pose_invalid=((0.5, 1.0),)),
     }
-    for name in ("trunc", "nomagic", "chunkonly", "cbor", "cbor_imu", "corrupt"):
+    for name in ("trunc", "nomagic", "chunkonly", "cbor", "cbor_imu", "corrupt", "dup", "overstated", "noposes"):
         out[name] = write_small_episode(d, name, seed=1)
     cut_at_fraction(out["trunc"].vio_mcap, 0.6)
     cut_closing_magic(out["nomagic"].vio_mcap)
     rewrite_mcap(out["chunkonly"].vio_mcap, out["chunkonly"].vio_mcap, chunk_index_only=True)
     rewrite_mcap(out["cbor"].vio_mcap, out["cbor"].vio_mcap, encodings={POSE: "cbor"})
     rewrite_mcap(out["cbor_imu"].vio_mcap, out["cbor_imu"].vio_mcap, encodings={IMU: "cbor"})
+    rewrite_mcap(out["dup"].vio_mcap, out["dup"].vio_mcap, duplicate_first={POSE: 4})
+    rewrite_mcap(out["overstated"].vio_mcap, out["overstated"].vio_mcap, overstate_counts={CAM: 5})
+    rewrite_mcap(out["noposes"].vio_mcap, out["noposes"].vio_mcap, drop_messages=(POSE,))
     data = bytearray(out["corrupt"].vio_mcap.read_bytes())
     mid = len(data) // 2
     data[mid : mid + 64] = bytes(b ^ 0xFF for b in data[mid : mid + 64])
@@ -224,3 +227,37 @@ def test_empty_and_non_mcap_files(tmp_path):
     with pytest.raises(RecordingError) as exc:
         inspect_recording(tmp_path / "missing_vio.mcap")
     assert exc.value.code == "missing_file"
+
+
+def test_duplicate_timestamps_are_counted_and_dropped(eps):
+    ep = eps["dup"]
+    r = inspect_recording(ep.vio_mcap)
+    assert r.ok and r.indexed
+    assert r.message_counts[POSE] == len(ep.pose_ts_ns) + 4 == r.summary_counts[POSE]
+    assert r.duplicate_timestamps == {CAM: 0, POSE: 4, GRIP: 0, IMU: 0, TOPICS.camera_info: 0}
+    assert [p.to_dict() for p in r.warnings] == [{
+        "code": "duplicate_timestamps",
+        "reason": f"dup_vio.mcap: 4 {POSE} messages repeat a capture time; later duplicates dropped",
+    }]
+    streams = read_streams(ep.vio_mcap)
+    assert streams.duplicate_timestamps[POSE] == 4
+    np.testing.assert_array_equal(streams.pose_ts_ns, ep.pose_ts_ns.astype(np.int64))
+
+
+def test_counts_that_disagree_with_the_statistics_are_an_error(eps):
+    ep = eps["overstated"]
+    r = inspect_recording(ep.vio_mcap)
+    n = len(ep.camera_ts_ns)
+    assert r.summary_counts[CAM] == n + 5 and r.message_counts[CAM] == n
+    assert [p.to_dict() for p in r.errors] == [{
+        "code": "count_mismatch",
+        "reason": f"overstated_vio.mcap: topic {CAM}: read {n} messages, summary statistics say {n + 5}",
+    }]
+
+
+def test_a_required_topic_without_messages_is_an_error_not_an_empty_episode(eps):
+    r = inspect_recording(eps["noposes"].vio_mcap)
+    assert r.message_counts[POSE] == 0 == r.summary_counts[POSE]
+    assert [p.to_dict() for p in r.errors] == [
+        {"code": "no_messages", "reason": f"noposes_vio.mcap: required topic {POSE} has no messages"}
+    ]
