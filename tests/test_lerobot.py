@@ -456,13 +456,14 @@ def test_norm_stats_finish_without_network(dataset):
     assert result["actions_q99"] == np.quantile(actions, 0.99, axis=0).tolist()
 
 
-def test_cli_lerobot_norm_stats(dataset, tmp_path):
+@pytest.mark.parametrize("command", [["norm-stats", "--format", "openpi"], ["lerobot-norm-stats"]])
+def test_cli_norm_stats_openpi(dataset, tmp_path, command):
     out, *_ = dataset
     dest = tmp_path / "norm_stats.json"
-    proc = subprocess.run(["dpflow", "lerobot-norm-stats", str(out), "-o", str(dest)], capture_output=True, text=True)
+    proc = subprocess.run(["dpflow", *command, str(out), "-o", str(dest)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(dest)
     assert json.loads(dest.read_text()) == {"norm_stats": {k: v.to_json() for k, v in lr.compute_openpi_norm_stats(out).items()}}
-    proc = subprocess.run(["dpflow", "lerobot-norm-stats", str(tmp_path)], capture_output=True, text=True)
+    proc = subprocess.run(["dpflow", *command, str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "meta/info.json not found" in proc.stderr

@@ -90,8 +90,18 @@ def norm_stats_cmd(
     dataset: Path = typer.Argument(..., help="A dataset.npz replay buffer."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write (default: beside the dataset)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing norm stats file."),
+    fmt: str = typer.Option(
+        "npz", "--format", help="npz: DATASET is a dataset.npz; openpi: DATASET is a LeRobot v2.1 folder (openpi norm_stats.json)."
+    ),
 ) -> None:
     """Compute per-key mean/std/min/max/q01/q99 of a dataset's low-dimensional members."""
+    if fmt == "openpi":
+        from dpflow_core.lerobot import write_openpi_norm_stats
+
+        typer.echo(str(write_openpi_norm_stats(dataset, output, overwrite=overwrite)))
+        return
+    if fmt != "npz":
+        raise ConversionError(f"--format must be npz or openpi, got {fmt!r}", code="bad_option")
     from dpflow_core.conversion import norm_stats_path_for
     from dpflow_core.dataset import compute_norm_stats, write_norm_stats
 
