@@ -593,15 +593,17 @@ def pair_recordings(
 
     Raises:
         PairingError: ``root`` holds no ``<STEM>.mcap`` file (code ``no_recordings``,
-            reason "no <STEM>.mcap files under <root>"), or the explicit manifest is
-            missing or malformed.
+            reason "no <STEM>.mcap files under <root>"; with an explicit manifest: ``root``
+            is not a folder), or the explicit manifest is missing or malformed.
         InvalidNameError: the task name is not a safe name.
     """
     root = Path(root).absolute()
-    if not root.is_dir() or not any(
+    if explicit_manifest is None and (not root.is_dir() or not any(
         p.is_file() and split_name(p.name) and p.name.endswith(".mcap") for p in root.iterdir()
-    ):
+    )):
         raise _no_recordings(root)
+    if not root.is_dir():
+        raise PairingError(f"{root} is not a folder", root, code="no_recordings")
     summary = _read_task_summary(root)
     if task is None:
         task = (summary.task_name if summary is not None else None) or root.name

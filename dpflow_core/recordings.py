@@ -9,16 +9,24 @@ log-time inversions are counted and reported, not fatal.
 The file is read in one streaming pass (``NonSeekingReader``), which works with
 or without a summary section and message index (a seeking read of an
 index-less file would silently return zero messages).
+
+:func:`read_streams` gives the streams for conversion; :func:`inspect_recording`
+validates a file and reports its figures and faults as data
+(:class:`RecordingReport`), which pairing puts in the manifest.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from mcap.exceptions import DecoderNotFoundError, McapError
+from google.protobuf.message import DecodeError
+from mcap.exceptions import DecoderNotFoundError, EndOfFile, InvalidMagic, McapError
 from mcap.reader import NonSeekingReader
+from mcap.records import Channel, ChunkIndex, Footer, Message, MessageIndex, Schema, Statistics
+from mcap.stream_reader import StreamReader
 from mcap_protobuf.decoder import DecoderFactory
 
 from dpflow_core.errors import RecordingError
@@ -188,6 +196,8 @@ LATE_START_WARN_S = 0.1
 RATE_TOLERANCE = 0.1
 #: At most this many leading camera packets are kept to find the first decodable frame.
 H264_PROBE_PACKETS = 300
+#: Error codes after which the rest of the file could not be read.
+_STRUCTURAL = frozenset({"empty_file", "not_mcap", "truncated_mcap", "missing_closing_magic", "corrupt_mcap"})
 
 
 @dataclass(frozen=True)
@@ -395,13 +405,6 @@ def inspect_recording(
     Raises:
         RecordingError: ``path`` is not a file (code ``missing_file``).
     """
-    import heapq
-
-    from mcap.exceptions import EndOfFile, InvalidMagic
-    from mcap.records import Channel, ChunkIndex, Footer, Message, MessageIndex, Schema, Statistics
-    from mcap.stream_reader import StreamReader
-    from google.protobuf.message import DecodeError
-
     path = Path(path)
     if not path.is_file():
         raise RecordingError("file not found", path, code="missing_file")
@@ -522,12 +525,7 @@ def inspect_recording(
                     f"{path.name}: truncated MCAP: the file ends at byte {size} in the middle of a record, "
                     f"before the footer ({n_read} messages readable before the cut)",
                 ))
-        except (McapError, ValueError, KeyError, EOFError) as exc:
-            report.errors.append(Problem(
-                "corrupt_mcap",
-                f"{path.name}: corrupt MCAP near byte {f.tell()} of {size}: {type(exc).__name__}: {exc}",
-            ))
-        except Exception as exc:  # decompressors raise their own types (zstd.ZstdError, lz4 RuntimeError)
+        except Exception as exc:  # McapError, CRC ValueError, and the decompressors' own types (zstd, lz4)
             report.errors.append(Problem(
                 "corrupt_mcap",
                 f"{path.name}: corrupt MCAP near byte {f.tell()} of {size}: {type(exc).__name__}: {exc}",
@@ -688,6 +686,3 @@ def inspect_recording(
             ))
     return report
 
-
-#: Error codes after which the rest of the file could not be read.
-_STRUCTURAL = frozenset({"empty_file", "not_mcap", "truncated_mcap", "missing_closing_magic", "corrupt_mcap"})

@@ -304,7 +304,6 @@ def test_explicit_manifest_for_other_naming_schemes(task, tmp_path):
     shutil.copyfile(src.raw_mcap, root / "raw" / "take1.mcap")
     shutil.copyfile(src.vio_mcap, root / "vio" / "take1.vio.mcap")
     shutil.copyfile(src.vio_json, root / "status" / "take1.json")
-    (root / "seed.mcap").write_bytes(src.raw_mcap.read_bytes())  # any <STEM>.mcap makes it a task folder
     outside = tmp_path / "outside.mcap"
     shutil.copyfile(src.raw_mcap, outside)
     entries = [
