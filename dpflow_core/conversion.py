@@ -26,23 +26,23 @@ import dataclasses
 import hashlib
 import io
 import json
-import math
 import multiprocessing
 import os
+import resource
 import shutil
 import time
 import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import av
 import numpy as np
 from scipy.spatial.transform import Rotation, Slerp
 
 from dpflow_core import __version__
-from dpflow_core.errors import ConversionError, DpflowError, PairingError
+from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.recordings import read_streams
 from dpflow_core.topics import DAS_DEFAULT, TopicMap
 
@@ -705,6 +705,7 @@ def _episode_job(job: dict) -> dict:
             "report": ep.report,
             "ranges": ranges,
             "seconds": time.perf_counter() - started,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
     except DpflowError as exc:
         return {"ok": False, "stem": stem, "path": exc.path or str(path), "code": exc.code, "reason": exc.reason}
@@ -1030,6 +1031,15 @@ def convert(
     an episode whose own frequency differs from the median episode frequency by
     more than ``frequency_tolerance`` (relative) is rejected with the numbers.
 
+    Metadata (the same document in ``meta__info_json`` and in the sidecar):
+    episode count, total steps, episode lengths (min/mean/max) and per-episode
+    reports (length, frequency, trimmed seconds, gaps, pose-invalid handling),
+    measured frequency, image size, member shapes and dtypes, value ranges, the
+    input manifest (stems and file SHA-256), rejected episodes with reasons,
+    options, converter version and ``dataset_key``. Values known only once the
+    file is complete (``sha256``, ``size_bytes``, the final ``wall_time_s`` and
+    ``timings_s``) are null or partial in the member and filled in the sidecar.
+
     Args:
         manifest_or_paths: see :func:`load_inputs` (manifest, dict, path, task folder, or a list).
         out_path: the ``.npz`` to create. ``dataset.json`` (metadata) and
@@ -1128,7 +1138,9 @@ def convert(
             }
             for i, e in enumerate(inputs.episodes)
         ]
+        t_jobs = time.perf_counter()
         results = _run_jobs(jobs, n_workers, progress)
+        timings = {"episodes": round(time.perf_counter() - t_jobs, 3)}
         rejected = list(inputs.rejected)
         ok = []
         for r in results:
@@ -1185,17 +1197,24 @@ def convert(
 
         stamp = datetime.now(timezone.utc)
         meta = _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale)
+        meta["workers"] = n_workers
+        meta["timings_s"] = dict(timings)
         meta["wall_time_s"] = round(time.perf_counter() - started, 3)
         info = json.dumps(meta).encode()
         members.append(_Member("meta__info_json", (len(info),), np.dtype(np.uint8), data=info))
 
         made.append(partial)
+        t_write = time.perf_counter()
         sha256, size = _write_npz(partial, members, progress)
         shutil.rmtree(work, ignore_errors=True)
+        timings["write"] = round(time.perf_counter() - t_write, 3)
 
         from dpflow_core.dataset import compute_norm_stats
 
+        t_stats = time.perf_counter()
         stats = compute_norm_stats(partial, sha256=sha256)
+        timings["norm_stats"] = round(time.perf_counter() - t_stats, 3)
+        meta["timings_s"] = {**timings, "total": round(time.perf_counter() - started, 3)}
         meta["sha256"], meta["size_bytes"] = sha256, size
         meta["wall_time_s"] = round(time.perf_counter() - started, 3)
         norm_tmp = _write_json_atomic(norm_path, stats)
@@ -1247,6 +1266,7 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
             "leading_undecodable_packets": rep["leading_undecodable_packets"],
             "undecodable_packets": rep["undecodable_packets"],
             "convert_seconds": round(r["seconds"], 3),
+            "worker_peak_rss_mb": round(r["peak_rss_mb"], 1),
         })
         start += r["n"]
     return {
@@ -1275,6 +1295,8 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
         "rejected": rejected,
         "options": options,
         "stale_files_removed": stale,
+        "workers": None,
+        "timings_s": None,
         "wall_time_s": None,
         "sha256": None,
         "size_bytes": None,

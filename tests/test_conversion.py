@@ -121,8 +121,11 @@ def test_hash_size_and_metadata(converted):
     assert side["sha256"] == result.sha256 and side["size_bytes"] == result.size_bytes
     assert member["sha256"] is None and member["size_bytes"] is None
     assert set(side) == set(member)
-    for k in set(side) - {"sha256", "size_bytes", "wall_time_s"}:
+    # only what is known after writing differs: hash, size, total and per-phase wall time
+    for k in set(side) - {"sha256", "size_bytes", "wall_time_s", "timings_s"}:
         assert side[k] == member[k], k
+    assert member["timings_s"]["episodes"] == side["timings_s"]["episodes"]
+    assert set(side["timings_s"]) == {"episodes", "write", "norm_stats", "total"}
     lengths = np.diff(np.r_[0, np.load(result.path)["meta__episode_ends"]])
     assert side["n_episodes"] == 3 and side["total_steps"] == int(lengths.sum())
     assert side["episode_lengths"] == {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())}
