@@ -278,7 +278,8 @@ def align_episode(
             (``undecodable``), the streams do not overlap (``no_overlap``), the
             kept frames cover too little of the recording (``low_coverage``), a
             pose is invalid under the ``reject`` policy (``pose_invalid``), too
-            few frames remain (``too_short``), or an argument is invalid.
+            few frames remain (``too_short``), a position or gripper width is
+            NaN/inf (``not_finite``), or an argument is invalid.
     """
     path = Path(vio_mcap_path)
     if invalid_pose_policy not in INVALID_POSE_POLICIES:
@@ -367,6 +368,15 @@ def align_episode(
     pos = np.stack([np.interp(t_s, pose_s, streams.position_m[:, k]) for k in range(3)], axis=1)
     rot = Slerp(pose_s, Rotation.from_quat(streams.quat_xyzw))(t_s)
     grip = np.interp(t_s, (streams.gripper_ts_ns - t0) / 1e9, streams.gripper_width_m)
+
+    for name, values in (("pose position", pos), ("gripper width", grip)):
+        bad = ~np.isfinite(values)
+        if bad.any():
+            raise ConversionError(
+                f"{name} is NaN/inf at {int(bad.reshape(len(t_s), -1).any(axis=1).sum())} aligned frames",
+                path,
+                code="not_finite",
+            )
 
     period = float(np.median(np.diff(t_s)))
     used_pose = (pose_t >= kept_ns[0]) & (pose_t <= kept_ns[-1])
@@ -693,8 +703,8 @@ def _episode_job(job: dict) -> dict:
             for key, arr in arrays.items()
             if key != "timestamp"
         }
+        # The parent reads the frames back with read(): the page cache makes them visible without msync.
         ranges["camera0_rgb"] = {"min": int(ep.rgb.min()), "max": int(ep.rgb.max())}
-        ep.rgb.flush() if hasattr(ep.rgb, "flush") else None
         return {
             "ok": True,
             "stem": stem,
@@ -1065,6 +1075,7 @@ def convert(
         ConversionError: the output (or its sidecar / norm stats) exists
             (``output_exists``); no episode survived (``no_valid_episodes``: "no
             valid episodes: N found, N rejected: reasons"); a bad option or manifest.
+        PairingError: a manifest file is missing or malformed, or a task folder cannot be paired.
         DatasetError: the written dataset fails validation or its norm stats
             cannot be computed (zero-variance dimension, non-finite values); the
             output is then not created.

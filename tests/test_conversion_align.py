@@ -237,3 +237,18 @@ def test_native_resolution_and_rgb_dir(episodes, tmp_path):
     assert a.rgb_path == tmp_path / "plain.rgb.npy" and a.rgb_path.exists()
     stored = np.load(a.rgb_path, mmap_mode="r")
     np.testing.assert_array_equal(stored[a.rgb_rows[0] : a.rgb_rows[1]], a.rgb)
+
+
+def test_nan_gripper_width_is_rejected(tmp_path):
+    n = 30
+    t0 = 1_767_000_000_000_000_000
+    ts = t0 + np.arange(n, dtype=np.int64) * 33_333_333
+    grip = np.full(n, 0.05)
+    grip[10] = np.nan
+    path = _write_vio(tmp_path / "nan_vio.mcap", [np.full((120, 160, 3), 90, np.uint8)] * n, ts, ts,
+                      np.zeros((n, 3)), np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)), np.ones(n, bool), ts, grip)
+    with pytest.raises(ConversionError) as err:
+        align_episode(path, SIZE)
+    assert err.value.code == "not_finite"
+    # linear interpolation spreads the NaN sample to the frames on both sides of it
+    assert "gripper width is NaN/inf at" in err.value.reason and str(path) in str(err.value)
