@@ -249,6 +249,7 @@ def test_stale_partial_files_are_removed(converted, task, tmp_path):
     assert not stale.exists() and mine.exists()
 
 
+@pytest.mark.slow
 def test_cli_convert_and_norm_stats(task, tmp_path):
     root, eps = task
     manifest = tmp_path / "manifest.json"
