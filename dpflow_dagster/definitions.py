@@ -12,5 +12,9 @@ defs = dg.Definitions.merge(
     assets_lerobot.defs,
     assets_remote.defs,
     assets_training.defs,
-    dg.Definitions(resources=resources.default_resources()),
+    dg.Definitions(
+        resources=resources.default_resources(),
+        # The whole graph; the README's main job (dpflow demo) runs it.
+        jobs=[dg.define_asset_job("dpflow_pipeline", selection="*", description="Recordings to an evaluated checkpoint.")],
+    ),
 )

@@ -1,0 +1,204 @@
+"""The main job: recordings to an evaluated checkpoint, materialised through Dagster.
+
+``dpflow demo`` (and ``scripts/demo.sh``) runs the ``dpflow_pipeline`` job of
+:mod:`dpflow_dagster.definitions` on the instance in ``$DAGSTER_HOME`` (the
+project's ``dagster_home/`` by default, SQLite), so ``dagster dev -w
+workspace.yaml`` shows the same runs, materialisations and lineage afterwards.
+
+Without options it writes sample Matrix Studio recordings and trains on the CPU
+of this machine (the local GPU-server transport). A YAML file given with
+``--config`` points it at a real task folder and a real server::
+
+    recordings: /data/matrix_studio/output/pick_cup   # a Matrix Studio task folder
+    out: /data/dpflow                                 # datasets, manifests, runs
+    server:                                           # omit for the local machine
+      host: gpu01.lab.example
+      port: 22
+      user: alice
+      key_file: ~/.ssh/id_ed25519
+      known_hosts: ~/.ssh/known_hosts
+      repo_path: ~/dpflow
+      python: ~/miniconda3/envs/dpflow/bin/python
+      data_root: /data/dpflow
+    assets:                                           # per-asset launchpad config
+      dataset_npz: {image_width: 224, image_height: 224}
+      train_run: {num_processes: 4, num_epochs: 100}
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+import yaml
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parents[1]
+console = Console(highlight=False)
+
+#: Settings of the demo on the embedded default: small images and a short CPU training.
+DEMO_ASSET_CONFIG: dict[str, dict[str, Any]] = {
+    "dataset_npz": {"image_width": 96, "image_height": 96},
+}
+
+_SERVER_ENV = {
+    "host": "DPFLOW_SERVER_HOST",
+    "port": "DPFLOW_SERVER_PORT",
+    "user": "DPFLOW_SERVER_USER",
+    "key_file": "DPFLOW_SERVER_KEY",
+    "known_hosts": "DPFLOW_KNOWN_HOSTS",
+    "data_root": "DPFLOW_SERVER_ROOT",
+    "repo_path": "DPFLOW_SERVER_REPO",
+    "python": "DPFLOW_SERVER_PYTHON",
+    "activate": "DPFLOW_SERVER_ACTIVATE",
+}
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = {k: dict(v) for k, v in base.items()}
+    for key, values in (extra or {}).items():
+        out.setdefault(key, {}).update(values or {})
+    return out
+
+
+def _follow(instance, run_id: str, stop: threading.Event) -> None:
+    """Print the run's step starts, materialisations, check results and log lines as they happen."""
+    from dagster import DagsterEventType
+
+    cursor = 0
+    t0 = time.monotonic()
+    while True:
+        done = stop.is_set()
+        for record in instance.all_logs(run_id)[cursor:]:
+            cursor += 1
+            event = record.dagster_event
+            stamp = f"[{time.monotonic() - t0:6.1f}s]"
+            step = record.step_key or ""
+            if event is None:
+                if step and record.user_message:
+                    console.print(f"{stamp} [dim]{step}[/dim] {record.user_message}")
+                continue
+            kind = event.event_type
+            if kind == DagsterEventType.STEP_START:
+                console.print(f"{stamp} [bold cyan]{step}[/bold cyan] started")
+            elif kind == DagsterEventType.ASSET_MATERIALIZATION:
+                console.print(f"{stamp} [green]materialized[/green] {event.asset_key.to_user_string()}")
+            elif kind == DagsterEventType.ASSET_CHECK_EVALUATION:
+                ev = event.event_specific_data
+                verdict = "[green]passed[/green]" if ev.passed else "[red]FAILED[/red]"
+                console.print(f"{stamp} check {ev.asset_key.to_user_string()}:{ev.check_name} {verdict}")
+            elif kind == DagsterEventType.STEP_FAILURE:
+                console.print(f"{stamp} [red]{step} failed[/red]: {record.message}")
+        if done:
+            return
+        stop.wait(0.5)
+
+
+def run_demo(
+    recordings: Optional[Path],
+    out: Path,
+    episodes: int,
+    seconds: float,
+    seed: int,
+    config: Optional[Path],
+) -> int:
+    """Run the ``dpflow_pipeline`` job; return 0 when every step and blocking check passed."""
+    settings = yaml.safe_load(config.read_text()) if config else {}
+    if settings and not isinstance(settings, dict):
+        raise typer.BadParameter(f"{config}: expected a mapping at the top level")
+    settings = settings or {}
+    out = Path(settings.get("out", out)).expanduser().resolve()
+    recordings = recordings or (Path(settings["recordings"]).expanduser() if settings.get("recordings") else None)
+    for key, value in (settings.get("server") or {}).items():
+        if key not in _SERVER_ENV:
+            raise typer.BadParameter(f"{config}: unknown server setting {key!r}; known: {sorted(_SERVER_ENV)}")
+        os.environ[_SERVER_ENV[key]] = str(Path(value).expanduser()) if key in ("key_file", "known_hosts") else str(value)
+
+    out.mkdir(parents=True, exist_ok=True)
+    if recordings is None:
+        from dpflow_core.samples import write_task
+
+        recordings = out / "recordings" / "pick_place"
+        if not any(recordings.glob("*_vio.mcap")):
+            console.print(f"writing {episodes} sample recordings to {recordings}")
+            write_task(recordings.parent, episodes=episodes, seconds=seconds, seed=seed, task=recordings.name)
+        else:
+            console.print(f"using the sample recordings already in {recordings}")
+    recordings = Path(recordings).expanduser().resolve()
+    os.environ["DPFLOW_RECORDINGS_ROOT"] = str(recordings)
+    os.environ["DPFLOW_WORKDIR"] = str(out)
+    os.environ.setdefault("DPFLOW_SERVER_ROOT", str(out / "server"))
+    os.environ.setdefault("DAGSTER_HOME", str(REPO / "dagster_home"))
+    os.environ.setdefault("WANDB_MODE", "offline")
+    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+
+    import dagster as dg
+
+    from dpflow_dagster.definitions import defs
+
+    asset_config = _merge(DEMO_ASSET_CONFIG, settings.get("assets") or {})
+    job = defs.get_job_def("dpflow_pipeline")
+    ops = {node.name for node in job.graph.node_defs} | set(job.graph.node_dict)
+    run_config = {
+        "ops": {name: {"config": values} for name, values in asset_config.items() if name in ops},
+        "loggers": {"console": {"config": {"log_level": "WARNING"}}},
+    }
+    instance = dg.DagsterInstance.get()
+    run_id = str(uuid.uuid4())
+    console.print(f"Dagster instance: {os.environ['DAGSTER_HOME']} (run {run_id})")
+    stop = threading.Event()
+    follower = threading.Thread(target=_follow, args=(instance, run_id, stop), daemon=True)
+    follower.start()
+    try:
+        result = job.execute_in_process(run_config=run_config, instance=instance, run_id=run_id, raise_on_error=False)
+    finally:
+        stop.set()
+        follower.join(timeout=10)
+
+    failed_checks = [
+        e.asset_check_evaluation_data
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
+    ]
+    console.print()
+    for key in ("paired_episodes", "dataset_npz", "remote_dataset", "smoke_run", "train_run", "checkpoint", "evaluation"):
+        mats = result.asset_materializations_for_node(key) if key in ops else []
+        for mat in mats:
+            paths = {k: v.value for k, v in mat.metadata.items() if k in ("path", "manifest_path", "remote_path", "run_dir", "checkpoint_path", "local_path", "plots_dir", "report_path")}
+            if paths:
+                console.print(f"[bold]{key}[/bold]: " + ", ".join(f"{k}={v}" for k, v in paths.items()))
+    console.print(f"Dagster instance: {os.environ['DAGSTER_HOME']}")
+    console.print(
+        f"Open the UI:  DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/dagster dev -w workspace.yaml  "
+        "(then http://127.0.0.1:3000)"
+    )
+    if not result.success or failed_checks:
+        console.print(f"[red]dpflow demo failed[/red]: {len(failed_checks)} failed check(s)")
+        return 1
+    console.print("[green]dpflow demo: every step and check passed[/green]")
+    return 0
+
+
+cli = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@cli.command()
+def main(
+    recordings: Optional[Path] = typer.Option(None, help="A Matrix Studio task folder; default: sample recordings are written."),
+    out: Path = typer.Option(Path("demo_output"), help="Folder for recordings, manifests, datasets and runs."),
+    episodes: int = typer.Option(6, help="Sample episodes to write when --recordings is not given."),
+    seconds: float = typer.Option(8.0, help="Length of each sample episode in seconds."),
+    seed: int = typer.Option(0, help="Seed of the sample recordings."),
+    config: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help="YAML: recordings, out, server, assets."),
+) -> None:
+    """Recordings -> dataset -> GPU server -> smoke run -> training -> checkpoint -> evaluation, through Dagster."""
+    raise typer.Exit(run_demo(recordings, out, episodes, seconds, seed, config))
+
+
+if __name__ == "__main__":
+    cli()
