@@ -6,7 +6,7 @@ Converts the same sample episodes three ways and prints a markdown table:
   so peak RSS is that run's own: the parent, and the largest worker);
 * the decode+resize floor: PyAV decode + ``cv2.resize(INTER_AREA)`` + BGR->RGB of
   the same access units, in one process, no alignment and no writing (and, for
-  reference, PyAV decode with its own area scaler to RGB).
+  reference, PyAV decode with the swscale area scaler dpflow uses).
 
 Run for 4 and 16 episodes: the parent's peak RSS must not grow with the episode count.
 
@@ -81,6 +81,7 @@ def _floor(manifest: Path, size: tuple[int, int]) -> dict:
     import av
     import cv2
 
+    from dpflow_core.conversion import _SWS_FLAGS
     from dpflow_core.recordings import read_streams
 
     cv2.setNumThreads(1)
@@ -99,7 +100,7 @@ def _floor(manifest: Path, size: tuple[int, int]) -> dict:
                         rgb = cv2.cvtColor(cv2.resize(f.to_ndarray(format="bgr24"), size, interpolation=cv2.INTER_AREA),
                                            cv2.COLOR_BGR2RGB)
                     else:
-                        rgb = f.reformat(width=size[0], height=size[1], format="rgb24", interpolation="AREA").to_ndarray()
+                        rgb = f.reformat(width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
                     frames += rgb.shape[0] > 0
         out[name] = {"wall_s": time.perf_counter() - started, "frames": frames}
     return out
@@ -144,7 +145,7 @@ def main() -> None:
             rows.append((n, name, r["frames"], r["wall_s"], fps, fps / floor_fps, r["rss_parent_mb"], r["rss_worker_mb"]))
         rows.append((n, "floor: PyAV decode + cv2.resize INTER_AREA", floor["cv2_area"]["frames"],
                      floor["cv2_area"]["wall_s"], floor_fps, 1.0, None, None))
-        rows.append((n, "ref: PyAV decode + reformat(AREA, rgb24)", floor["pyav_area"]["frames"],
+        rows.append((n, "ref: PyAV decode + swscale area to RGB (dpflow's scaler)", floor["pyav_area"]["frames"],
                      floor["pyav_area"]["wall_s"], pyav_fps, pyav_fps / floor_fps, None, None))
 
     print(f"camera {args.width}x{args.height} H.264, {args.seconds:g} s episodes at 30 Hz -> {size[0]}x{size[1]}; "
