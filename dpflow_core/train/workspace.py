@@ -25,6 +25,7 @@ import os
 import random
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -135,7 +136,7 @@ class _WandbRun:
         import wandb
 
         self._wandb = wandb
-        self.id = run_id or wandb.util.generate_id()
+        self.id = run_id or uuid.uuid4().hex[:8]
         wandb_dir = os.environ.get("WANDB_DIR") or str(run_dir)
         Path(wandb_dir).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
