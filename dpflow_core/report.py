@@ -469,6 +469,7 @@ def draw_preview(quality: EpisodeQuality, data: PreviewData, out_png: str | Path
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     out_png = Path(out_png)
     frames, t0_ns = data.frames, data.t0_ns
@@ -494,6 +495,8 @@ def draw_preview(quality: EpisodeQuality, data: PreviewData, out_png: str | Path
         setter(c - half, c + half)
     for setter, name in zip((ax3.set_xlabel, ax3.set_ylabel, ax3.set_zlabel), "xyz"):
         setter(f"{name} (m)", fontsize=6, labelpad=-6)
+    for axis in (ax3.xaxis, ax3.yaxis, ax3.zaxis):
+        axis.set_major_locator(MaxNLocator(3))  # fewer ticks: a 3-D axis draws each one in Python
     ax3.tick_params(labelsize=5, pad=-2)
     axg = fig.add_subplot(grid[1, cols:])
     axg.plot((data.gripper_ts_ns - t0_ns) / 1e9, data.gripper_width_m * 1e3, lw=1.0, color="tab:purple")

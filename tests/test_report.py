@@ -148,7 +148,11 @@ def test_write_report_html_json_and_previews(task, tmp_path):
     with pytest.raises(DpflowError) as err:
         write_report(task["path"], out)
     assert err.value.code == "output_exists"
-    assert write_report(task["path"], out, overwrite=True).html_path == result.html_path
+    one = dict(task["manifest"], accepted=task["manifest"]["accepted"][:1])
+    again = write_report(one, out, overwrite=True)
+    assert again.html_path == result.html_path
+    assert [e["stem"] for e in json.loads(again.json_path.read_text())["episodes"]] == ["pick_place_0000"]
+    assert 'class="outlier"' not in again.html_path.read_text()
 
 
 def test_markdown_table(qualities):
@@ -173,3 +177,18 @@ def test_bad_manifest_and_missing_recording(tmp_path, task):
         episode_quality(m)
     assert err.value.path.endswith("gone_vio.mcap")
 
+
+
+def test_cli_report(task, tmp_path):
+    from typer.testing import CliRunner
+
+    from dpflow_core.cli import app
+
+    out = tmp_path / "cli_report"
+    res = CliRunner().invoke(app, ["report", str(task["path"]), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "5 episodes, 2 outliers" in res.output
+    assert (out / "report.html").is_file()
+    n_png = len(list((out / "previews").glob("*.png")))
+    assert n_png == 5
+    assert np.isfinite(json.loads((out / "quality.json").read_text())["episodes"][0]["duration_s"])
