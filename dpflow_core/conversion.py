@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import resource
 import shutil
+import threading
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -777,20 +778,35 @@ class _HashingWriter:
 
     It cannot seek, so :mod:`zipfile` writes each member's sizes and CRC in a
     data descriptor after the data instead of seeking back into bytes that were
-    already hashed.
+    already hashed. Every ``sync_every`` bytes a background thread runs
+    ``fdatasync`` so that the disk writes overlap hashing instead of all waiting
+    for the final ``fsync``.
     """
 
-    def __init__(self, raw):
+    def __init__(self, raw, sync_every: int = 64 << 20):
         self.raw = raw
         self.sha256 = hashlib.sha256()
         self.pos = 0
+        self._sync_every = sync_every
+        self._synced_at = 0
+        self._sync_thread: threading.Thread | None = None
 
     def write(self, data) -> int:
         view = memoryview(data)
         self.sha256.update(view)
         self.raw.write(view)
         self.pos += view.nbytes
+        if self.pos - self._synced_at >= self._sync_every and not (self._sync_thread and self._sync_thread.is_alive()):
+            self._synced_at = self.pos
+            self.raw.flush()
+            self._sync_thread = threading.Thread(target=os.fdatasync, args=(self.raw.fileno(),), daemon=True)
+            self._sync_thread.start()
         return view.nbytes
+
+    def join(self) -> None:
+        """Wait for a background ``fdatasync`` still running."""
+        if self._sync_thread is not None:
+            self._sync_thread.join()
 
     def tell(self) -> int:
         return self.pos
@@ -812,8 +828,8 @@ class _Member:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
-    # (file, byte offset, byte count) pieces in order, or in-memory bytes
-    pieces: list[tuple[str, int, int]] = field(default_factory=list)
+    # (file, byte offset, byte count, delete the file once copied) pieces in order, or in-memory bytes
+    pieces: list[tuple[str, int, int, bool]] = field(default_factory=list)
     data: bytes | None = None
 
     @property
@@ -841,7 +857,7 @@ def _write_npz(path: Path, members: list[_Member], progress: Callable | None) ->
                     if m.data is not None:
                         dst.write(m.data)
                         written += len(m.data)
-                    for src_path, offset, count in m.pieces:
+                    for src_path, offset, count, drop in m.pieces:
                         with open(src_path, "rb") as src:
                             src.seek(offset)
                             left = count
@@ -854,7 +870,11 @@ def _write_npz(path: Path, members: list[_Member], progress: Callable | None) ->
                                 written += len(chunk)
                                 if progress:
                                     progress("write", written, total)
+                        if drop:
+                            # Deleting a copied scratch file drops its dirty pages before they reach the disk.
+                            os.unlink(src_path)
         f.flush()
+        out.join()
         os.fsync(f.fileno())
         size = f.tell()
     if size != out.pos:
@@ -1205,13 +1225,13 @@ def convert(
             pieces = []
             for r in ok:
                 f_ = r["files"][k]
-                pieces.append((f_, _npy_data_offset(f_), r["n"] * dtype.itemsize * (1 if k == "timestamp" else _LOWDIM_WIDTH[k])))
+                pieces.append((f_, _npy_data_offset(f_), r["n"] * dtype.itemsize * (1 if k == "timestamp" else _LOWDIM_WIDTH[k]), False))
             members.append(_Member("data__" + k, shape, dtype, pieces))
         row = h * w * 3
         rgb_pieces = []
         for r in ok:
             a, b = r["rgb_rows"]
-            rgb_pieces.append((r["rgb_path"], _npy_data_offset(r["rgb_path"]) + a * row, (b - a) * row))
+            rgb_pieces.append((r["rgb_path"], _npy_data_offset(r["rgb_path"]) + a * row, (b - a) * row, True))
         members.append(_Member("data__camera0_rgb", (total, h, w, 3), np.dtype(np.uint8), rgb_pieces))
 
         stamp = datetime.now(timezone.utc)
