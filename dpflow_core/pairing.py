@@ -25,6 +25,10 @@ Naming rules (file names directly in the task folder; hidden files ignored):
 - ``.mcap`` files in subfolders of the task folder belong to another task or
   run: ``other_task``; so do stems whose ``_vio.json`` (keys ``task_name`` or
   ``task``) or ``vio_result.json`` (``task_name``) name a different task.
+- A lone ``<NAME>.mcap`` (no ``_vio`` partners) whose summary section lacks
+  the camera or gripper topic is another kind of MCAP (e.g. a ROS 2 bag):
+  ``missing_topics``, "not a Matrix Studio recording: missing topics ...";
+  otherwise it is a raw recording waiting for VIO: ``missing_partner``.
 - A file that is a symbolic link resolving outside the task folder, or an
   explicit-manifest path with ``..`` leading outside it: ``path_escapes_root``.
 
@@ -52,10 +56,14 @@ import hashlib
 import json
 import os
 import re
+import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
+
+from mcap.exceptions import McapError
+from mcap.reader import SeekingReader
 
 from dpflow_core.errors import PairingError, RecordingError
 from dpflow_core.names import validate_name
@@ -298,6 +306,24 @@ def split_name(name: str) -> tuple[str, str] | None:
     return None
 
 
+def _summary_missing_topics(path: Path, wanted: tuple[str, ...]) -> list[str] | None:
+    """Topics of ``wanted`` absent from the channels listed in an MCAP file's summary section.
+
+    Only the footer and summary are read (cheap even for a large file). Returns
+    None when the file has no summary or it cannot be read; the full check is
+    :func:`~dpflow_core.recordings.inspect_recording`'s.
+    """
+    try:
+        with open(path, "rb") as f:
+            summary = SeekingReader(f).get_summary()
+    except (OSError, McapError, ValueError, struct.error):
+        return None
+    if summary is None:
+        return None
+    present = {channel.topic for channel in summary.channels.values()}
+    return [t for t in wanted if t not in present]
+
+
 def _inside(path: Path, root_resolved: Path) -> bool:
     try:
         path.resolve().relative_to(root_resolved)
@@ -481,6 +507,14 @@ def _check_candidate(
                 "(list this stem in an explicit manifest to use it instead)",
             )
         missing = [r for r in ROLES if r not in cand.files]
+        if missing == ["vio_mcap", "vio_json"]:
+            raw = cand.files["raw_mcap"]
+            absent = _summary_missing_topics(raw, (topics.camera, topics.gripper))
+            if absent:
+                return PairingReject(
+                    stem, str(raw), "missing_topics",
+                    f"{raw.name}: not a Matrix Studio recording: missing topics {', '.join(absent)}",
+                )
         if missing:
             names = [f"{stem}{_SUFFIX[r]}" for r in missing]
             have = ", ".join(sorted(p.name for p in cand.files.values()))

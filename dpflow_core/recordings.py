@@ -400,7 +400,8 @@ def inspect_recording(
         offset, topic or count; tolerated faults are in ``warnings``
         (``no_index``, ``log_time_inversions``, ``duplicate_timestamps``,
         ``late_start``, ``early_end``, ``leading_undecodable``, ``pose_invalid``,
-        ``rate_mismatch``, ``unknown_encoding`` on an optional topic).
+        ``rate_mismatch``, ``unknown_encoding`` and ``unexpected_schema`` on an
+        optional topic).
 
     Raises:
         RecordingError: ``path`` is not a file (code ``missing_file``).
@@ -577,7 +578,9 @@ def inspect_recording(
     for topic, names in accepted_schemas.items():
         name = report.schemas.get(topic)
         if name is not None and name not in names and report.encodings.get(topic) == "protobuf":
-            report.errors.append(Problem(
+            # Optional topics (e.g. the IMU, whose schema name formats.md does not know) only warn.
+            target = report.errors if topic in required else report.warnings
+            target.append(Problem(
                 "unexpected_schema",
                 f"{path.name}: topic {topic} has schema {name!r}, expected one of {list(names)}",
             ))
