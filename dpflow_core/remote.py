@@ -506,6 +506,19 @@ class _LocalTransport:
     def rename(self, src: str, dst: str) -> None:
         os.replace(src, dst)
 
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def makedirs(self, path: str, mode: int) -> None:
+        os.makedirs(path, mode=mode, exist_ok=True)
+
+    def chmod(self, path: str, mode: int) -> None:
+        os.chmod(path, mode)
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
     def home(self) -> str:
         return os.path.expanduser("~")
 
@@ -630,6 +643,32 @@ class _SshTransport:
     def rename(self, src: str, dst: str) -> None:
         self.sftp.posix_rename(src, dst)
 
+    def exists(self, path: str) -> bool:
+        try:
+            self.sftp.lstat(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def makedirs(self, path: str, mode: int) -> None:
+        missing = []
+        while path not in ("/", "") and not self.exists(path):
+            missing.append(path)
+            path = posixpath.dirname(path)
+        for folder in reversed(missing):
+            try:
+                self.sftp.mkdir(folder, mode)
+            except OSError:
+                if not self.exists(folder):  # not a concurrent creation: a real error
+                    raise
+
+    def chmod(self, path: str, mode: int) -> None:
+        self.sftp.chmod(path, mode)
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.sftp.remove(path)
+
     def home(self) -> str:
         if self._home is None:
             self._home = self.sftp.normalize(".")
@@ -661,6 +700,7 @@ class GpuServer:
     def __init__(self, config: ServerConfig):
         self.config = config
         self._transport = _LocalTransport(config) if config.host is None else _SshTransport(config)
+        self._commands: dict[str, bool] = {}
 
     # -- lifecycle
     def __enter__(self) -> "GpuServer":
@@ -748,8 +788,10 @@ class GpuServer:
         return f"{self.config.activate} && {line}" if self.config.activate else line
 
     def has_command(self, name: str) -> bool:
-        """True when ``name`` resolves on the server (``command -v``)."""
-        return self.run(f"command -v {shlex.quote(name)} >/dev/null 2>&1").ok
+        """True when ``name`` resolves on the server (``command -v``; remembered per connection)."""
+        if name not in self._commands:
+            self._commands[name] = self.run(f"command -v {shlex.quote(name)} >/dev/null 2>&1").ok
+        return self._commands[name]
 
     # -- files
     @contextlib.contextmanager
@@ -770,13 +812,20 @@ class GpuServer:
         return self._transport.stat_size(self.abspath(path))
 
     def exists(self, path: str) -> bool:
-        """True when ``path`` exists on the server (file, folder or other)."""
-        return self.run(f"test -e {shlex.quote(self.abspath(path))}").ok
+        """True when ``path`` exists on the server (file, folder, link or other)."""
+        return self._transport.exists(self.abspath(path))
 
     def mkdir(self, path: str, mode: int = 0o755) -> str:
-        """Create a folder and its parents (no error when it exists); return its absolute path."""
+        """Create a folder and its parents (no error when it exists); return its absolute path.
+
+        Raises:
+            RemoteError: ``mkdir_failed`` when it cannot be created (permissions, a file in the way).
+        """
         full = self.abspath(path)
-        self.run(["mkdir", "-p", "-m", f"{mode:o}", "--", full], check=True)
+        try:
+            self._transport.makedirs(full, mode)
+        except OSError as exc:
+            raise RemoteError(f"cannot create folder: {exc}", path=full, code="mkdir_failed") from exc
         return full
 
     def rename(self, src: str, dst: str) -> None:
@@ -785,7 +834,7 @@ class GpuServer:
 
     def remove(self, path: str) -> None:
         """Delete one file (not a folder); no error when it is already gone."""
-        self.run(["rm", "-f", "--", self.abspath(path)], check=True)
+        self._transport.remove(self.abspath(path))
 
     def listdir(self, path: str) -> list[str]:
         """Names in a server folder, sorted (empty when the folder does not exist)."""
@@ -844,7 +893,7 @@ class GpuServer:
         tmp = self._temp_name(full)
         with self.open(tmp, "wb") as fh:
             fh.write(text.encode("utf-8"))
-        self.run(["chmod", f"{mode:o}", "--", tmp], check=True)
+        self._transport.chmod(tmp, mode)
         self._transport.rename(tmp, full)
         return full
 

@@ -10,6 +10,7 @@ downstream assets (the smoke run, training) from running on a bad file.
 
 import dagster as dg
 
+from dpflow_core.errors import DpflowError
 from dpflow_core.upload import upload_dataset, verify_remote_file
 from dpflow_dagster.resources import GpuServerResource
 
@@ -32,15 +33,20 @@ def _verification_metadata(v) -> dict:
 )
 def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_server: GpuServerResource) -> dg.Output:
     """Upload ``dataset_npz["path"]`` (resumable), verify its SHA-256 on the server, record preflight."""
-    with gpu_server.connect() as server:
-        result = upload_dataset(
-            server,
-            dataset_npz["path"],
-            expected_sha256=dataset_npz.get("sha256"),
-            sidecar_path=dataset_npz.get("sidecar_path"),
-            method=gpu_server.upload_method,
-            with_preflight=True,
-        )
+    try:
+        with gpu_server.connect() as server:
+            result = upload_dataset(
+                server,
+                dataset_npz["path"],
+                expected_sha256=dataset_npz.get("sha256"),
+                sidecar_path=dataset_npz.get("sidecar_path") or None,
+                method=gpu_server.upload_method,
+                with_preflight=True,
+            )
+    except DpflowError as exc:
+        raise dg.Failure(
+            description=str(exc), metadata={"path": exc.path or "", "code": exc.code, "reason": exc.reason}
+        ) from exc
     report = result.preflight
     if not result.verified:
         raise dg.Failure(

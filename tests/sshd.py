@@ -8,6 +8,10 @@ Usage in a test module (``tests/`` is on ``sys.path`` under pytest's default
     def test_something(sshd_server):
         cfg = sshd_server.server_config(data_root=...)
 
+pytest registers an imported fixture once per importing module, so each test
+module that imports it gets its own server (starting one takes well under a
+second), shared by all its tests.
+
 The server is Debian's ``/usr/sbin/sshd`` started in the foreground (``-D``)
 with its own host key, an authorized user key generated with ``ssh-keygen``
 in a temporary folder, ``ListenAddress 127.0.0.1`` and a free port; it is

@@ -170,3 +170,18 @@ def test_ssh_resource_from_environment_keeps_the_key_out_of_records(sshd_server,
     records = [str(entry) for entry in instance.all_logs(result.run_id)]
     records.append(json.dumps(result.dagster_run.run_config, default=str))
     assert records and not [r for r in records if str(sshd_server.key_path) in r]
+
+
+def test_unknown_host_key_fails_with_code_and_reason(sshd_server, tmp_path, dataset):
+    known_hosts = tmp_path / "empty_known_hosts"
+    known_hosts.write_text("")
+    gpu_server = GpuServerResource(
+        host=sshd_server.host, port=sshd_server.port, user=sshd_server.user, key_file=str(sshd_server.key_path),
+        known_hosts=str(known_hosts), data_root=str(tmp_path / "never"),
+    )
+    result = dg.materialize(_assets(dataset), resources=_resources(tmp_path, gpu_server), raise_on_error=False)
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    meta = {k: v.value for k, v in failure.step_failure_data.user_failure_data.metadata.items()}
+    assert failure.step_key == "remote_dataset" and meta["code"] == "unknown_host_key"
+    assert not (tmp_path / "never").exists()
