@@ -56,6 +56,7 @@ import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from scipy.spatial.transform import Rotation
 
@@ -1164,8 +1165,52 @@ def validate_lerobot_dataset(dataset_dir: str | Path, expected_version: str = CO
     return LeRobotLayout(root=root, info=info, lengths=dict(sorted(lengths.items())), keys=keys, dims=dims)
 
 
+def _vectors(arr: pa.Array, col: str, d: int, rows: int, where: Path) -> np.ndarray:
+    """(rows, d) float64 from a list column, or DatasetError naming ``where``."""
+    if not (pa.types.is_list(arr.type) or pa.types.is_fixed_size_list(arr.type) or pa.types.is_large_list(arr.type)):
+        raise DatasetError(f"column {col!r} has type {arr.type}, expected a list of floats", where, code="inconsistent_data")
+    if arr.null_count:
+        raise DatasetError(f"column {col!r} has {arr.null_count} null rows", where, code="inconsistent_data")
+    sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+    if rows and np.any(sizes != d):
+        raise DatasetError(
+            f"column {col!r} holds vectors of length {sorted(set(sizes.tolist()))}, feature shape is [{d}]",
+            where,
+            code="inconsistent_data",
+        )
+    return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(rows, d)
+
+
+def _read_lowdim_per_file(layout: LeRobotLayout) -> dict[str, np.ndarray]:
+    """The careful path: one file at a time, so an error names the file."""
+    columns = list(layout.keys.values())
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in layout.keys}
+    for ep, length in layout.lengths.items():
+        path = layout.data_file(ep)
+        try:
+            names = pq.read_schema(path).names
+            table = pq.read_table(path, columns=columns + (["episode_index"] if "episode_index" in names else []))
+        except (pa.ArrowInvalid, OSError, KeyError) as exc:
+            raise DatasetError(f"cannot read columns {columns}: {exc}", path, code="bad_data") from exc
+        if table.num_rows != length:
+            raise DatasetError(f"{table.num_rows} rows, but {EPISODES_PATH} says length {length}", path, code="inconsistent_data")
+        if "episode_index" in table.column_names:
+            found = set(table.column("episode_index").to_pylist())
+            if found - {ep}:
+                raise DatasetError(f"episode_index column holds {sorted(found)}, expected {ep}", path, code="inconsistent_data")
+        for norm_key, col in layout.keys.items():
+            parts[norm_key].append(_vectors(table.column(col).combine_chunks(), col, layout.dims[norm_key], length, path))
+    return {k: np.concatenate(v, axis=0) for k, v in parts.items()}
+
+
 def read_lowdim(layout: LeRobotLayout) -> dict[str, np.ndarray]:
     """The state and action columns of every frame, from the parquet files only.
+
+    All files are read in one multi-threaded pyarrow dataset scan; the
+    ``episode_index`` column must then equal each episode's index repeated
+    ``length`` times (order, row counts and identity in one check). When
+    anything does not match, the files are read again one by one so that the
+    error names the file at fault.
 
     Args:
         layout: a validated dataset (:func:`validate_lerobot_dataset`).
@@ -1175,34 +1220,29 @@ def read_lowdim(layout: LeRobotLayout) -> dict[str, np.ndarray]:
 
     Raises:
         DatasetError: when a parquet file is missing or unreadable, lacks a
-            column, has a row count other than its episode's length, or holds
-            vectors of another length than the feature's shape.
+            column, has a row count other than its episode's length or another
+            episode's rows, or holds vectors of another length than the feature's shape.
     """
-    columns = list(layout.keys.values())
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in layout.keys}
-    for ep, length in layout.lengths.items():
-        path = layout.data_file(ep)
+    paths = [layout.data_file(ep) for ep in layout.lengths]
+    for ep, path in zip(layout.lengths, paths):
         if not path.is_file():
             raise DatasetError(f"parquet file of episode {ep} not found", path, code="missing_data")
-        try:
-            table = pq.read_table(path, columns=columns)
-        except (pa.ArrowInvalid, OSError, KeyError) as exc:
-            raise DatasetError(f"cannot read columns {columns}: {exc}", path, code="bad_data") from exc
-        if table.num_rows != length:
-            raise DatasetError(f"{table.num_rows} rows, but {EPISODES_PATH} says length {length}", path, code="inconsistent_data")
-        for norm_key, col in layout.keys.items():
-            arr = table.column(col).combine_chunks()
-            d = layout.dims[norm_key]
-            if not pa.types.is_list(arr.type) and not pa.types.is_fixed_size_list(arr.type) and not pa.types.is_large_list(arr.type):
-                raise DatasetError(f"column {col!r} has type {arr.type}, expected a list of floats", path, code="inconsistent_data")
-            if arr.null_count:
-                raise DatasetError(f"column {col!r} has {arr.null_count} null rows", path, code="inconsistent_data")
-            sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
-            if length and np.any(sizes != d):
-                raise DatasetError(f"column {col!r} holds vectors of length {sorted(set(sizes.tolist()))}, feature shape is [{d}]",
-                                   path, code="inconsistent_data")
-            parts[norm_key].append(arr.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(length, d))
-    return {k: np.concatenate(v, axis=0) for k, v in parts.items()}
+    columns = list(layout.keys.values())
+    expected = np.repeat(np.fromiter(layout.lengths.keys(), dtype=np.int64), np.fromiter(layout.lengths.values(), dtype=np.int64))
+    try:
+        table = pads.dataset([str(p) for p in paths], format="parquet").to_table(columns=[*columns, "episode_index"])
+        episode_index = table.column("episode_index").to_numpy()
+        if not np.array_equal(episode_index, expected):
+            raise ValueError("episode_index does not match meta/episodes.jsonl")
+        return {
+            k: _vectors(table.column(col).combine_chunks(), col, layout.dims[k], len(expected), layout.root)
+            for k, col in layout.keys.items()
+        }
+    except (pa.ArrowException, OSError, KeyError, ValueError, DatasetError):
+        result = _read_lowdim_per_file(layout)
+        if sum(len(v) for v in result.values()) != len(expected) * len(result):
+            raise DatasetError("parquet rows do not match meta/episodes.jsonl", layout.root, code="inconsistent_data")
+        return result
 
 
 def norm_stats_of(values: np.ndarray) -> NormStats:

@@ -405,6 +405,32 @@ def test_missing_parquet_and_wrong_row_count(dataset, tmp_path):
     assert exc.value.path == str(p)
 
 
+def test_rows_of_another_episode_are_found_and_the_file_named(dataset, tmp_path):
+    out, *_ = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    p = copy / "data/chunk-000/episode_000002.parquet"
+    t = pq.read_table(p)
+    t = t.set_column(t.column_names.index("episode_index"), "episode_index", pa.array([1] * t.num_rows, pa.int64()))
+    pq.write_table(t, p)
+    with pytest.raises(DatasetError, match=r"episode_index column holds \[1\], expected 2") as exc:
+        lr.compute_openpi_norm_stats(copy)
+    assert exc.value.path == str(p)
+
+
+def test_vectors_of_the_wrong_length_name_the_file(dataset, tmp_path):
+    out, *_ = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    p = copy / "data/chunk-000/episode_000001.parquet"
+    t = pq.read_table(p)
+    short = pa.array([row[:6] for row in t.column("action").to_pylist()], pa.list_(pa.float32()))
+    pq.write_table(t.set_column(t.column_names.index("action"), "action", short), p)
+    with pytest.raises(DatasetError, match=r"column 'action' holds vectors of length \[6\], feature shape is \[7\]") as exc:
+        lr.compute_openpi_norm_stats(copy)
+    assert exc.value.path == str(p)
+
+
 def test_empty_dataset_fails(dataset, tmp_path):
     out, *_ = dataset
     copy = _copy_with_info(out, tmp_path / "ds", lambda i: i.update(total_episodes=0, total_frames=0))
