@@ -1003,12 +1003,14 @@ class GpuServer:
         if result.exit_code == 3:
             return None
         result.check()
-        stat_line, btime, clk_tck, *rest = result.stdout.split("\n", 3) + [""]
+        # Four parts: the stat line, btime, CLK_TCK, then the command line (args
+        # separated by \x1f, which keeps newlines inside arguments intact).
+        stat_line, btime, clk_tck, args = (result.stdout.split("\n", 3) + ["", "", ""])[:4]
         parsed = _parse_stat_line(stat_line)
         if parsed is None:
             return None
         _, comm, fields = parsed
-        cmdline = tuple(a for a in (rest[0] if rest else "").split("\x1f") if a) if rest else ()
+        cmdline = tuple(a for a in args.split("\x1f") if a)
         return self._process_from_fields(pid, comm, fields, int(btime), int(clk_tck), cmdline)
 
     @staticmethod

@@ -22,8 +22,8 @@ that need sshd skip only when the binary is absent (CI installs it).
 
 from __future__ import annotations
 
-import getpass
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -105,7 +105,7 @@ def start_sshd(root: Path) -> tuple[SshdServer, subprocess.Popen]:
     (root / "authorized_keys").write_text((root / "id_ed25519.pub").read_text())
     os.chmod(root / "authorized_keys", 0o600)
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege-separation folder
-    user = getpass.getuser()
+    user = pwd.getpwuid(os.getuid()).pw_name  # not $USER: CI may not set it
     sftp_server = next(
         (p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if os.path.exists(p)),
         "internal-sftp",

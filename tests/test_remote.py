@@ -153,7 +153,10 @@ def test_free_disk_of_missing_path_measures_its_ancestor(server, tmp_path):
 
 
 def test_paths_with_home_and_relative(server):
-    home = os.path.expanduser("~")
+    import pwd
+
+    # over SSH the home is the account's (passwd); locally it is $HOME
+    home = pwd.getpwuid(os.getuid()).pw_dir if server.transport == "ssh" else os.path.expanduser("~")
     assert server.abspath("~/x/../y") == f"{home}/y"
     rel_base = home if server.transport == "ssh" else os.getcwd()
     assert server.abspath("a/b") == f"{rel_base}/a/b"
