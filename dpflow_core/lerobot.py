@@ -8,8 +8,8 @@ a Hub download is attempted. Here the chain is explicit:
 
 * :func:`export_lerobot` decodes and aligns each accepted episode of a pairing
   manifest with :func:`dpflow_core.conversion.align_episode` (the same code as
-  the ``dataset.npz`` conversion) and writes a LeRobot v2.1 dataset with
-  :class:`LeRobotWriter`::
+  the ``dataset.npz`` conversion, in worker processes) and writes a LeRobot
+  v2.1 dataset with :class:`LeRobotWriter`::
 
       meta/info.json              codebase_version "v2.1", fps, features, totals, path templates
       meta/episodes.jsonl         {"episode_index", "tasks": [str], "length"}
@@ -23,7 +23,8 @@ a Hub download is attempted. Here the chain is explicit:
   lerobot 0.3.x): ``timestamp = frame_index / fps`` so that LeRobot's check that
   consecutive timestamps are ``1/fps`` apart (tolerance 1e-4 s) holds, and each
   video frame is stored at exactly that time. ``fps`` is the measured frequency
-  of the recordings, not a nominal rate.
+  of the recordings (1 / the median frame interval, the rule of the npz's
+  ``frequency_hz``), not a nominal rate.
 
 * :func:`compute_openpi_norm_stats` reads only the parquet columns of the state
   and the actions (never a video) and returns openpi's ``norm_stats.json``

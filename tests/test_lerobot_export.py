@@ -143,3 +143,13 @@ def test_reuse_existing_returns_the_same_export_and_refuses_another(manifest_pat
         result.fps, result.stems, result.total_frames, result.image_size)
     with pytest.raises(ConversionError, match="holds another export"):
         lr.export_lerobot(manifest_path, out, action_rule="delta", reuse_existing=True)
+
+
+def test_same_frequency_and_episodes_as_the_npz_conversion(manifest_path, exported, tmp_path):
+    from dpflow_core.conversion import convert
+
+    _, result = exported
+    npz = convert(manifest_path, tmp_path / "dataset.npz", image_size=(64, 48), workers=1)
+    assert npz.frequency_hz == pytest.approx(result.fps, rel=1e-12)
+    assert npz.n_episodes == result.n_episodes and npz.total_steps == result.total_frames
+    assert {r["stem"] for r in npz.rejected} == set(result.skipped)
