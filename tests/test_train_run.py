@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from dpflow_core.errors import RunError
-from dpflow_core.train import checkpoint as ckpt
 from dpflow_core.replay_buffer import ReplayBuffer
+from dpflow_core.train import checkpoint as ckpt
 from dpflow_core.train.app import CONFIG_DIR
 from dpflow_core.train.checkpoint import load_policy
 from dpflow_core.train.data import SequenceDataset
-from dpflow_core.train.workspace import train
 from dpflow_core.train.logs import read_json_log
+from dpflow_core.train.workspace import train
 from tests.synthetic_dataset import write_synthetic_dataset
 
 STEP_KEYS = {"train_loss", "global_step", "epoch", "lr"}
@@ -46,6 +46,15 @@ def _log(self, record):
 workspace.Workspace._log = _log
 app.main()
 """
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a small, shared machine two spinning threads are much slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +104,13 @@ def _assert_same_state(a: dict, b: dict, keys=("model", "policy")) -> None:
 @pytest.mark.slow
 def test_resume_after_kill_matches_straight_run_bit_for_bit(tmp_path, dataset, env):
     # 3 epochs x 4 batches; latest.ckpt also every 6 steps, i.e. in the middle of epoch 1.
-    common = ["logging.mode=disabled", "training.num_epochs=3", "training.max_train_steps=4", "checkpoint.every_n_steps=6", "checkpoint.topk.k=2"]
+    common = [
+        "logging.mode=disabled",
+        "training.num_epochs=3",
+        "training.max_train_steps=4",
+        "checkpoint.every_n_steps=6",
+        "checkpoint.topk.k=2",
+    ]
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     _train(_tiny(dataset, straight, *common), env)
 
@@ -120,8 +135,7 @@ def test_resume_after_kill_matches_straight_run_bit_for_bit(tmp_path, dataset, e
     b = ckpt.load_checkpoint(broken / "checkpoints" / "latest.ckpt")
     assert a["global_step"] == b["global_step"] == 12 and a["epoch"] == b["epoch"] == 3
     _assert_same_state(a, b)
-    for sa, sb in zip(a["ema"]["shadow_params"], b["ema"]["shadow_params"]):
-        assert torch.equal(sa, sb)
+    assert a["ema"] == b["ema"] and a["ema"]["optimization_step"] == 12
     assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
     for k, st in a["optimizer"]["state"].items():
         for name, value in st.items():
@@ -134,11 +148,16 @@ def test_resume_after_kill_matches_straight_run_bit_for_bit(tmp_path, dataset, e
 
 
 @pytest.mark.slow
-def test_offline_wandb_logs_run_directory_and_resume_guards(tmp_path, dataset, env):
+def test_offline_wandb_logs_run_directory_and_resume_guards(tmp_path, dataset, env, one_thread):
     run = tmp_path / "run"
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dpflow_core.train", *_tiny(dataset, run, "logging.mode=offline", "training.num_epochs=2", "training.max_train_steps=3")],
+        [
+            sys.executable,
+            "-m",
+            "dpflow_core.train",
+            *_tiny(dataset, run, "logging.mode=offline", "training.num_epochs=2", "training.max_train_steps=3"),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -268,7 +287,9 @@ def test_two_accelerate_processes_train_save_and_resume(tmp_path, dataset, env):
             "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()),
             "-m", "dpflow_core.train", *_tiny(dataset, run, "logging.mode=disabled", "training.max_train_steps=3", *extra),
         ]  # fmt: skip
-        proc = subprocess.run(cmd, env=env | {"ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=400)
+        proc = subprocess.run(
+            cmd, env=env | {"ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=400
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
         return proc
 
@@ -290,3 +311,39 @@ def test_two_accelerate_processes_train_save_and_resume(tmp_path, dataset, env):
     assert [r["epoch"] for r in steps] == [0] * 3 + [1] * 3 + [2] * 3
     # the weights moved on after the resume
     assert any(not torch.equal(first["model"][k], last["model"][k]) for k in first["model"])
+
+
+def test_default_config_is_the_224_to2_horizon16_setup(tmp_path, dataset, one_thread):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from dpflow_core.errors import DatasetError
+    from dpflow_core.train.data import ObsActionSpec
+    from dpflow_core.train.policy import build_policy
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR)):
+        cfg = compose("train_diffusion_unet_image", overrides=[f"task.dataset_path={dataset}"])
+    assert list(cfg.task.image_size) == [224, 224] and cfg.n_obs_steps == 2 and cfg.horizon == 16
+    assert cfg.task.dataset_frequeny is None and cfg.training.mixed_precision == "no" and cfg.logging.mode == "offline"
+    # the 32x32 test dataset does not match the default's 224x224
+    with pytest.raises(DatasetError, match=r"task.image_size=\[224, 224\]"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+    meta = {
+        "rgb": {"camera0_rgb": [224, 224, 3]},
+        "lowdim": {"robot0_eef_pos": 3, "robot0_eef_rot_axis_angle": 3, "robot0_gripper_width": 1},
+        "action_dim": 7,
+    }
+    stats = {
+        k: {s: np.zeros(d, np.float32) + (1.0 if s in ("max", "std") else 0.0) for s in ("min", "max", "mean", "std")}
+        for k, d in [*meta["lowdim"].items(), ("action", 7)]
+    }
+    policy = build_policy(
+        OmegaConf.to_container(cfg.policy), ObsActionSpec(n_obs_steps=2, horizon=16), cfg.n_action_steps, meta, stats
+    )
+    obs = {"camera0_rgb": torch.randint(0, 256, (2, 2, 224, 224, 3), dtype=torch.uint8)}
+    obs |= {k: torch.rand(2, 2, d) for k, d in meta["lowdim"].items()}
+    loss = policy({"obs": obs, "action": torch.rand(2, 16, 7)})
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert policy.obs_encoder.crop_hw["camera0_rgb"] == (213, 213) and policy.obs_encoder.output_dim == 2 * (512 + 7)

@@ -39,6 +39,15 @@ TINY_POLICY = {
 }
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a small, shared machine two spinning threads are much slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def buffer(tmp_path_factory):
     path = tmp_path_factory.mktemp("ds") / "dataset.npz"
@@ -52,14 +61,20 @@ def test_sequence_index_respects_episode_bounds_and_horizon(buffer):
     idx = sequence_index(buffer.episode_ends, np.ones(3, bool), spec)
     assert idx[:, 0].tolist() == list(range(0, 6)) + list(range(18, 22))
     assert set(map(tuple, idx[:, 1:].tolist())) == {(0, 12), (18, 28)}
-    padded = sequence_index(buffer.episode_ends, np.array([False, True, False]), ObsActionSpec(horizon=4, action_padding=True))
+    padded = sequence_index(
+        buffer.episode_ends, np.array([False, True, False]), ObsActionSpec(horizon=4, action_padding=True)
+    )
     assert padded[:, 0].tolist() == list(range(12, 18))
 
 
 def test_samples_pad_at_edges_and_shift_by_latency(buffer):
     spec = ObsActionSpec(
-        n_obs_steps=3, horizon=4, obs_down_sample_steps=2, action_down_sample_steps=1,
-        obs_latency_steps={"camera0_rgb": 1}, action_padding=True,
+        n_obs_steps=3,
+        horizon=4,
+        obs_down_sample_steps=2,
+        action_down_sample_steps=1,
+        obs_latency_steps={"camera0_rgb": 1},
+        action_padding=True,
     )
     ds = SequenceDataset(buffer, spec, np.array([True, False, False]))
     pos = np.asarray(buffer["robot0_eef_pos"])
@@ -138,7 +153,7 @@ def test_normalizer_maps_limits_to_unit_range_and_inverts(buffer):
     assert torch.equal(rebuilt.normalize("action", act), y)
 
 
-def test_unet_shapes_and_horizon_check():
+def test_unet_shapes_and_horizon_check(one_thread):
     net = ConditionalUnet1D(7, 10, diffusion_step_embed_dim=16, down_dims=[16, 32, 64], kernel_size=3, n_groups=8)
     out = net(torch.randn(2, 8, 7), torch.tensor([0, 5]), torch.randn(2, 10))
     assert out.shape == (2, 8, 7)
@@ -147,7 +162,7 @@ def test_unet_shapes_and_horizon_check():
         net(torch.randn(2, 6, 7), 3, torch.randn(2, 10))
 
 
-def test_policy_learns_and_predicts_in_dataset_units(buffer):
+def test_policy_learns_and_predicts_in_dataset_units(buffer, one_thread):
     torch.manual_seed(0)
     spec = ObsActionSpec(n_obs_steps=2, horizon=4)
     ds = SequenceDataset(buffer, spec, np.array([True, False, True]))
@@ -189,7 +204,10 @@ def test_topk_keeps_best_and_evicts_worst(tmp_path):
     assert tk.propose({"epoch": 0, "train_loss": 0.5}) == ("epoch=0000-train_loss=0.500.ckpt", [])
     assert tk.propose({"epoch": 1, "train_loss": 0.3}) == ("epoch=0001-train_loss=0.300.ckpt", [])
     assert tk.propose({"epoch": 2, "train_loss": 0.9}) == (None, [])
-    assert tk.propose({"epoch": 3, "train_loss": 0.1}) == ("epoch=0003-train_loss=0.100.ckpt", ["epoch=0000-train_loss=0.500.ckpt"])
+    assert tk.propose({"epoch": 3, "train_loss": 0.1}) == (
+        "epoch=0003-train_loss=0.100.ckpt",
+        ["epoch=0000-train_loss=0.500.ckpt"],
+    )
     assert tk.propose({"epoch": 4, "val_loss": 0.0}) == (None, [])
     assert set(tk.index) == {"epoch=0001-train_loss=0.300.ckpt", "epoch=0003-train_loss=0.100.ckpt"}
     (tmp_path / "epoch=0003-train_loss=0.100.ckpt").write_bytes(b"x")
@@ -202,9 +220,12 @@ def test_missing_entries_and_foreign_files(tmp_path):
     assert "rank_states" in ckpt.required_checkpoint_entries()
     payload = {name: 0 for name in ckpt.REQUIRED_ENTRIES} | {"format": ckpt.FORMAT, "format_version": 1}
     payload |= {"cfg": "training:\n  mixed_precision: fp16\n  use_ema: true\n", "num_processes": 1}
-    payload |= {"ema": None, "grad_scaler": None, "rank_states": [{"rng": {"python": 0, "numpy": 0, "torch": 0}, "epoch_losses": []}]}
+    payload |= {"ema": None, "grad_scaler": {"used": True, "state": None}}
+    payload |= {"rank_states": [{"rng": {"python": 0, "numpy": 0, "torch": 0}, "epoch_losses": []}]}
     missing = ckpt.missing_checkpoint_entries(payload)
-    assert {"ema", "grad_scaler", "rank_states[0].rng.cuda"} <= set(missing)
+    assert {"ema", "grad_scaler.state", "rank_states[0].rng.cuda"} <= set(missing)
+    payload["grad_scaler"] = {"used": False, "state": None}
+    assert "grad_scaler.state" not in ckpt.missing_checkpoint_entries(payload)
     del payload["optimizer"]
     assert ckpt.missing_checkpoint_entries(payload) == ["optimizer"]
     ckpt.atomic_save(payload, tmp_path / "incomplete.ckpt")

@@ -15,11 +15,13 @@ spec                observation/action keys, horizons, strides, latency steps
 normalizer          statistics of every low-dimensional field and the action
 dataset             path, episodes and steps of the training dataset
 model               trained weights (``state_dict`` of the policy)
-ema                 state of the EMA of the weights (None when EMA is off)
-policy              weights for evaluation: the EMA weights (or ``model`` without EMA)
+ema                 EMA settings and update count (None when EMA is off); the
+                    averaged weights themselves are the ``policy`` entry
+policy              weights for evaluation: the EMA weights (``model``'s without EMA)
 optimizer           optimizer state
 lr_scheduler        learning-rate scheduler state
-grad_scaler         mixed-precision grad scaler state (None unless fp16)
+grad_scaler         ``{"used": bool, "state": dict | None}``: whether accelerate ran a
+                    grad scaler (fp16 on a GPU) and its state
 epoch               completed epochs
 batch_in_epoch      batches already run of epoch ``epoch`` (> 0 for mid-epoch saves)
 global_step         batches run since the start of training
@@ -67,7 +69,7 @@ REQUIRED_ENTRIES: dict[str, str] = {
     "normalizer": "normaliser statistics",
     "dataset": "training dataset identity",
     "model": "trained weights",
-    "ema": "EMA state",
+    "ema": "EMA settings and update count",
     "policy": "evaluation (EMA) weights",
     "optimizer": "optimizer state",
     "lr_scheduler": "learning-rate scheduler state",
@@ -89,7 +91,7 @@ def required_checkpoint_entries() -> dict[str, str]:
     """Names of the entries a complete checkpoint holds, each with a short description.
 
     Besides these, :func:`missing_checkpoint_entries` requires ``ema`` unless EMA was
-    off, ``grad_scaler`` when the run used fp16, and every process's RNG states.
+    off, the grad scaler's state when the run used one, and every process's RNG states.
     """
     return dict(REQUIRED_ENTRIES)
 
@@ -106,20 +108,32 @@ def missing_checkpoint_entries(payload: Mapping[str, Any]) -> list[str]:
     if payload["format"] != FORMAT:
         return [f"format (is {payload['format']!r})"]
     cfg_text = payload["cfg"]
-    mixed = use_ema = None
+    use_ema = None
     if isinstance(cfg_text, str):
         from omegaconf import OmegaConf
 
-        cfg = OmegaConf.create(cfg_text)
-        mixed = OmegaConf.select(cfg, "training.mixed_precision", default="no")
-        use_ema = OmegaConf.select(cfg, "training.use_ema", default=True)
-    for name in ("model", "policy", "optimizer", "lr_scheduler", "normalizer", "shape_meta", "spec", "sampler", "topk", "cfg"):
+        use_ema = OmegaConf.select(OmegaConf.create(cfg_text), "training.use_ema", default=True)
+    for name in (
+        "model",
+        "policy",
+        "optimizer",
+        "lr_scheduler",
+        "normalizer",
+        "shape_meta",
+        "spec",
+        "sampler",
+        "topk",
+        "cfg",
+    ):
         if payload[name] is None:
             missing.append(name)
     if use_ema and payload["ema"] is None:
         missing.append("ema")
-    if mixed == "fp16" and payload["grad_scaler"] is None:
+    scaler = payload["grad_scaler"]
+    if not isinstance(scaler, Mapping) or "used" not in scaler:
         missing.append("grad_scaler")
+    elif scaler["used"] and scaler.get("state") is None:
+        missing.append("grad_scaler.state")
     states = payload["rank_states"]
     if not isinstance(states, list) or len(states) != payload["num_processes"]:
         missing.append("rank_states (one per process)")
@@ -266,7 +280,9 @@ def load_checkpoint(path: str | Path, require_complete: bool = True) -> dict[str
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for truncated or foreign files
-        raise RunError(f"unreadable checkpoint ({type(exc).__name__}: {exc})", path=path, code="checkpoint_unreadable") from exc
+        raise RunError(
+            f"unreadable checkpoint ({type(exc).__name__}: {exc})", path=path, code="checkpoint_unreadable"
+        ) from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise RunError(f"not a dpflow trainer checkpoint (no format={FORMAT!r})", path=path, code="checkpoint_foreign")
     if payload.get("format_version") != FORMAT_VERSION:
@@ -385,11 +401,17 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu", use_ema: b
     payload = load_checkpoint(path, require_complete=False)
     for name in ("cfg", "shape_meta", "spec", "normalizer", "policy" if use_ema else "model"):
         if payload.get(name) is None:
-            raise RunError(f"checkpoint lacks {name!r}, cannot rebuild the policy", path=path, code="checkpoint_incomplete")
+            raise RunError(
+                f"checkpoint lacks {name!r}, cannot rebuild the policy", path=path, code="checkpoint_incomplete"
+            )
     cfg = OmegaConf.create(payload["cfg"])
     spec = spec_from_payload(payload)
     policy = build_policy(
-        OmegaConf.to_container(cfg.policy, resolve=True), spec, int(cfg.n_action_steps), payload["shape_meta"], payload["normalizer"]
+        OmegaConf.to_container(cfg.policy, resolve=True),
+        spec,
+        int(cfg.n_action_steps),
+        payload["shape_meta"],
+        payload["normalizer"],
     )
     policy.load_state_dict(payload["policy" if use_ema else "model"])
     return policy.to(device).eval(), cfg, spec

@@ -167,9 +167,7 @@ def split_episodes(n_episodes: int, val_ratio: float, seed: int) -> tuple[np.nda
     return ~val_mask, val_mask
 
 
-def sequence_index(
-    episode_ends: np.ndarray, episode_mask: np.ndarray, spec: ObsActionSpec
-) -> np.ndarray:
+def sequence_index(episode_ends: np.ndarray, episode_mask: np.ndarray, spec: ObsActionSpec) -> np.ndarray:
     """All sample anchors of the selected episodes.
 
     Args:
@@ -248,6 +246,7 @@ def normalizer_stats(buffer: ReplayBuffer, spec: ObsActionSpec) -> dict[str, dic
         ``{field: {"min", "max", "mean", "std"}}`` with ``(D,)`` float32 arrays,
         for each low-dimensional observation key and for ``"action"``.
     """
+
     def stats(arr: np.ndarray) -> dict[str, np.ndarray]:
         a = np.asarray(arr, dtype=np.float64).reshape(len(arr), -1)
         return {
@@ -288,7 +287,9 @@ class SequenceDataset(Dataset):
         spec = self.spec
         obs = {}
         for key in spec.rgb_keys:
-            obs[key] = torch.from_numpy(np.ascontiguousarray(self.buffer[key][obs_indices(spec, key, anchor, start, end)]))
+            obs[key] = torch.from_numpy(
+                np.ascontiguousarray(self.buffer[key][obs_indices(spec, key, anchor, start, end)])
+            )
         for key in spec.lowdim_keys:
             idx = obs_indices(spec, key, anchor, start, end)
             obs[key] = torch.from_numpy(np.asarray(self.buffer[key][idx], dtype=np.float32))

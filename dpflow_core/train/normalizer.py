@@ -72,4 +72,6 @@ class LinearNormalizer(nn.Module):
 
     def stats(self) -> dict[str, dict[str, torch.Tensor]]:
         """The statistics this normaliser was built from (CPU tensors; for checkpoints)."""
-        return {name: {s: getattr(self, f"{name}__{s}").detach().cpu().clone() for s in STAT_NAMES} for name in self.fields}
+        return {
+            name: {s: getattr(self, f"{name}__{s}").detach().cpu().clone() for s in STAT_NAMES} for name in self.fields
+        }

@@ -88,7 +88,9 @@ class ObsEncoder(nn.Module):
             feats.append(normalizer.normalize(key, x))
         out = torch.cat(feats, dim=-1)
         if out.shape[1] != self.n_obs_steps:
-            raise ValueError(f"observations hold {out.shape[1]} steps, the policy expects n_obs_steps={self.n_obs_steps}")
+            raise ValueError(
+                f"observations hold {out.shape[1]} steps, the policy expects n_obs_steps={self.n_obs_steps}"
+            )
         return out.reshape(batch, -1)
 
 

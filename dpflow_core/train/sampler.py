@@ -122,4 +122,8 @@ class EpochBatchSampler(Sampler[list[int]]):
     def order_differences(self, state: dict[str, Any]) -> list[str]:
         """Settings in ``state`` (from a checkpoint) that would change the data order here."""
         keys = ("n_samples", "batch_size", "shuffle", "seed", "num_replicas", "max_batches", "drop_last")
-        return [f"{k}: checkpoint {state.get(k)!r}, now {getattr(self, k)!r}" for k in keys if state.get(k) != getattr(self, k)]
+        return [
+            f"{k}: checkpoint {state.get(k)!r}, now {getattr(self, k)!r}"
+            for k in keys
+            if state.get(k) != getattr(self, k)
+        ]

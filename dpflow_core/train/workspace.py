@@ -115,7 +115,12 @@ def _check_config(cfg: DictConfig) -> None:
     for name, value in positive.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise RunError(f"{name} must be a positive integer, got {value!r}")
-    for name in ("dataloader.num_workers", "val_dataloader.num_workers", "checkpoint.topk.k", "training.lr_warmup_steps"):
+    for name in (
+        "dataloader.num_workers",
+        "val_dataloader.num_workers",
+        "checkpoint.topk.k",
+        "training.lr_warmup_steps",
+    ):
         value = OmegaConf.select(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise RunError(f"{name} must be an integer >= 0, got {value!r}")
@@ -296,7 +301,11 @@ class Workspace:
         acc = self.accelerator
         seed_everything(int(cfg.training.seed))  # identical initial weights in every process
         policy = build_policy(
-            OmegaConf.to_container(cfg.policy, resolve=True), self.spec, int(cfg.n_action_steps), self.shape_meta, self.norm_stats
+            OmegaConf.to_container(cfg.policy, resolve=True),
+            self.spec,
+            int(cfg.n_action_steps),
+            self.shape_meta,
+            self.norm_stats,
         ).to(self.device)
         opt = cfg.optimizer
         optimizer = torch.optim.AdamW(
@@ -336,7 +345,9 @@ class Workspace:
             self.ema_policy = copy.deepcopy(self.policy).eval()
             self.ema_policy.requires_grad_(False)
         c = cfg.checkpoint
-        self.topk = ckpt.TopKCheckpoints(self.ckpt_dir, str(c.topk.monitor_key), str(c.topk.mode), int(c.topk.k), str(c.topk.format_str))
+        self.topk = ckpt.TopKCheckpoints(
+            self.ckpt_dir, str(c.topk.monitor_key), str(c.topk.mode), int(c.topk.k), str(c.topk.format_str)
+        )
         self.epoch = 0
         self.batch_in_epoch = 0
         self.global_step = 0
@@ -353,12 +364,19 @@ class Workspace:
             if payload["ema"] is None:
                 raise RunError("training.use_ema=true but the checkpoint has no EMA state", path=self.latest_path)
             self.ema.load_state_dict(payload["ema"])
-            self.ema.to(self.device)
+            # the averaged weights are stored once, as the "policy" entry
+            with torch.no_grad():
+                for shadow, (name, _) in zip(self.ema.shadow_params, self.policy.named_parameters()):
+                    shadow.copy_(payload["policy"][name])
         scaler = self.accelerator.scaler
         if scaler is not None:
-            if payload["grad_scaler"] is None:
-                raise RunError("mixed precision needs a grad scaler state the checkpoint lacks", path=self.latest_path)
-            scaler.load_state_dict(payload["grad_scaler"])
+            if payload["grad_scaler"]["state"] is None:
+                raise RunError(
+                    "this run uses a grad scaler (fp16) but the checkpoint's run did not; resume with its "
+                    "training.mixed_precision",
+                    path=self.latest_path,
+                )
+            scaler.load_state_dict(payload["grad_scaler"]["state"])
         self.topk.load_state_dict(payload["topk"])
         gone = self.topk.reconcile()
         if gone:
@@ -369,7 +387,11 @@ class Workspace:
         self.wandb_id = payload["wandb_id"]
         diffs = self.train_sampler.order_differences(payload["sampler"])
         if diffs:
-            log.warning("the data order differs from the checkpoint's (%s); epoch %d restarts from its first batch", "; ".join(diffs), self.epoch)
+            log.warning(
+                "the data order differs from the checkpoint's (%s); epoch %d restarts from its first batch",
+                "; ".join(diffs),
+                self.epoch,
+            )
             self.batch_in_epoch = 0
         if self.batch_in_epoch > self.batches_per_epoch:
             self.batch_in_epoch = 0
@@ -391,7 +413,11 @@ class Workspace:
         if ds.get("n_steps") != self.buffer.n_steps or ds.get("n_episodes") != self.buffer.n_episodes:
             log.warning("the dataset differs from the checkpoint's (%s): %s", ds, self.buffer)
         log.info(
-            "resumed from %s: epoch %d, batch %d, global_step %d", self.latest_path, self.epoch, self.batch_in_epoch, self.global_step
+            "resumed from %s: epoch %d, batch %d, global_step %d",
+            self.latest_path,
+            self.epoch,
+            self.batch_in_epoch,
+            self.global_step,
         )
 
     # Checkpoints --------------------------------------------------------------------
@@ -419,11 +445,13 @@ class Workspace:
                 "frequency_hz": self.buffer.frequency_hz,
             },
             "model": self.policy.state_dict(),
-            "ema": None if self.ema is None else self.ema.state_dict(),
+            "ema": None
+            if self.ema is None
+            else {k: v for k, v in self.ema.state_dict().items() if k != "shadow_params"},
             "policy": self._eval_policy().state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "lr_scheduler": self.lr_scheduler.state_dict(),
-            "grad_scaler": None if scaler is None else scaler.state_dict(),
+            "grad_scaler": {"used": scaler is not None, "state": None if scaler is None else scaler.state_dict()},
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
             "global_step": self.global_step,
@@ -530,13 +558,24 @@ class Workspace:
             self.epoch_losses.append(value)
             if self.is_main:
                 self._log(
-                    {"train_loss": value, "global_step": self.global_step, "epoch": self.epoch, "lr": self.lr_scheduler.get_last_lr()[0]}
+                    {
+                        "train_loss": value,
+                        "global_step": self.global_step,
+                        "epoch": self.epoch,
+                        "lr": self.lr_scheduler.get_last_lr()[0],
+                    }
                 )
                 bar.update(1)
                 bar.set_postfix(loss=f"{value:.4f}", refresh=False)
             self.global_step += 1
             self.batch_in_epoch += 1
-            if every_n and update and self.global_step % int(every_n) == 0 and self.batch_in_epoch < n and cfg.checkpoint.save_last_ckpt:
+            if (
+                every_n
+                and update
+                and self.global_step % int(every_n) == 0
+                and self.batch_in_epoch < n
+                and cfg.checkpoint.save_last_ckpt
+            ):
                 self.save()
         if bar is not None:
             bar.close()
@@ -585,9 +624,14 @@ class Workspace:
             removed = ckpt.remove_stale_temp_files(self.ckpt_dir)
             if removed:
                 log.warning("removed temporary files of an interrupted save: %s", [p.name for p in removed])
-            self.json_log = JsonLinesLogger(self.log_path, keep_before_step=self.global_step if cfg.training.resume else None)
+            self.json_log = JsonLinesLogger(
+                self.log_path, keep_before_step=self.global_step if cfg.training.resume else None
+            )
             if self.json_log.dropped:
-                log.warning("dropped %d log lines written after the checkpoint (work lost at the interruption)", self.json_log.dropped)
+                log.warning(
+                    "dropped %d log lines written after the checkpoint (work lost at the interruption)",
+                    self.json_log.dropped,
+                )
             if str(cfg.logging.mode) != "disabled":
                 resolved = OmegaConf.to_container(cfg, resolve=True)
                 self.wandb = _WandbRun(cfg, self.run_dir, self.wandb_id, resolved)
@@ -615,7 +659,12 @@ class Workspace:
                 self.wandb.finish(exit_code=exit_code)
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
-        log.info("training finished in %.1f s: epoch %d, global_step %d", time.monotonic() - started, self.epoch, self.global_step)
+        log.info(
+            "training finished in %.1f s: epoch %d, global_step %d",
+            time.monotonic() - started,
+            self.epoch,
+            self.global_step,
+        )
         return {
             "run_dir": str(self.run_dir),
             "epoch": self.epoch,
