@@ -164,7 +164,9 @@ def _decode_info(path: Path, arr: np.ndarray) -> dict[str, Any]:
     elif arr.dtype == np.uint8:
         text = np.asarray(arr).tobytes().decode("utf-8")
     else:
-        raise DatasetError(f"member {INFO_MEMBER!r} has dtype {arr.dtype}; expected a JSON string or uint8 bytes", path=path)
+        raise DatasetError(
+            f"member {INFO_MEMBER!r} has dtype {arr.dtype}; expected a JSON string or uint8 bytes", path=path
+        )
     try:
         info = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
