@@ -153,7 +153,7 @@ def missing_checkpoint_entries(payload: Mapping[str, Any]) -> list[str]:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """RNG states of python ``random``, numpy's global generator, torch CPU and every CUDA device."""
+    """RNG states of python ``random``, numpy's global generator, torch CPU and the current CUDA device."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "python": random.getstate(),
@@ -165,15 +165,16 @@ def capture_rng_state() -> dict[str, Any]:
             "cached_gaussian": float(cached),
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # one process drives one device: only its own generator (touching the others
+        # would start a CUDA context on every visible GPU in every process)
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
     }
 
 
 def restore_rng_state(state: Mapping[str, Any]) -> None:
     """Inverse of :func:`capture_rng_state`.
 
-    CUDA states are restored when as many devices are visible as were saved;
-    otherwise they are left as seeded (CPU training ignores them).
+    The CUDA state goes to the current device; without CUDA it is ignored.
     """
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -183,8 +184,8 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
     )
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda") or []
-    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
-        torch.cuda.set_rng_state_all(cuda)
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda[0])
 
 
 # Atomic files ------------------------------------------------------------------------

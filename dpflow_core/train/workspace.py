@@ -178,6 +178,10 @@ class Workspace:
         self.rank = acc.process_index
         self.world = acc.num_processes
         self.device = acc.device
+        if not self.is_main:
+            # the main process reports for all; the others only warn
+            for name in ("dpflow.train", "dpflow_core"):
+                logging.getLogger(name).setLevel(logging.WARNING)
         self.run_dir = self._shared_run_dir(Path(run_dir))
         self.ckpt_dir = self.run_dir / CHECKPOINT_DIR
         self.latest_path = self.ckpt_dir / ckpt.LATEST_NAME
