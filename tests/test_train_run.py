@@ -347,3 +347,16 @@ def test_default_config_is_the_224_to2_horizon16_setup(tmp_path, dataset, one_th
     loss = policy({"obs": obs, "action": torch.rand(2, 16, 7)})
     assert loss.ndim == 0 and torch.isfinite(loss)
     assert policy.obs_encoder.crop_hw["camera0_rgb"] == (213, 213) and policy.obs_encoder.output_dim == 2 * (512 + 7)
+
+
+def test_episodes_too_short_for_the_horizon_are_a_clear_error(tmp_path, one_thread):
+    from dpflow_core.errors import DatasetError
+
+    short = write_synthetic_dataset(tmp_path / "short.npz", n_episodes=3, episode_length=7)
+    # tiny: horizon 8, no down-sampling -> at least 8 frames per episode
+    with pytest.raises(DatasetError, match="no training sample.*shorter than 8 frames"):
+        train(_compose(short, "logging.mode=disabled"), tmp_path / "run")
+    one = write_synthetic_dataset(tmp_path / "one.npz", n_episodes=1, episode_length=20)
+    with pytest.raises(DatasetError, match="at least 2 episodes"):
+        train(_compose(one, "logging.mode=disabled"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()

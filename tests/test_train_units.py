@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpflow_core.errors import RunError
+from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train import checkpoint as ckpt
 from dpflow_core.train.data import (
@@ -247,3 +247,18 @@ def test_rng_state_round_trip():
     ckpt.restore_rng_state(state)
     b = (random.random(), np.random.rand(), torch.rand(2))
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+def test_dataset_frequency_scales_latency_and_zero_warns_loudly(buffer, caplog):
+    from dpflow_core.train.data import resolve_frequency
+
+    assert resolve_frequency(None, buffer) == 10.0  # measured, from the metadata
+    with caplog.at_level("WARNING"):
+        assert resolve_frequency(0, buffer) == 0.0
+    assert "compensation is OFF" in caplog.text and "task.dataset_frequeny=10" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert resolve_frequency(30, buffer) == 30.0
+    assert "differs from the 10 Hz measured" in caplog.text
+    with pytest.raises(DatasetError, match="dataset_frequeny"):
+        resolve_frequency(-1, buffer)
