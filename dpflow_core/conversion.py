@@ -45,6 +45,7 @@ from scipy.spatial.transform import Rotation, Slerp
 
 from dpflow_core import __version__
 from dpflow_core.errors import ConversionError, DpflowError
+from dpflow_core.files import fsync_dir, sha256_file
 from dpflow_core.recordings import read_streams
 from dpflow_core.topics import DAS_DEFAULT, TopicMap
 
@@ -649,12 +650,48 @@ def norm_stats_path_for(out_path: str | Path) -> Path:
 # --------------------------------------------------------------------------- workers
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_COPY_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode":
+    """Check one manifest entry's ``_vio.mcap`` against its recorded size and SHA-256, then
+    :func:`align_episode` it (the shared first step of the npz conversion and the LeRobot export).
+
+    Args:
+        job: ``stem``, ``vio_mcap`` (path), ``size_bytes`` and ``sha256`` from the manifest
+            (either may be None), ``verify_sha256``, ``image_size`` ((W, H) or None),
+            ``topics``, ``invalid_pose_policy``, ``min_overlap_fraction``.
+        rgb_dir: folder for the memory-mapped frames (None keeps them in RAM).
+
+    Raises:
+        ConversionError: ``missing_file``, or ``input_changed`` when size or SHA-256 differ
+            from the manifest (the file changed since pairing); and whatever
+            :func:`align_episode` raises.
+    """
+    path = Path(job["vio_mcap"])
+    if not path.is_file():
+        raise ConversionError("file not found", path, code="missing_file")
+    if job["size_bytes"] is not None and path.stat().st_size != job["size_bytes"]:
+        raise ConversionError(
+            f"size is {path.stat().st_size} bytes but the manifest records {job['size_bytes']}: "
+            "the file changed since pairing",
+            path,
+            code="input_changed",
+        )
+    if job["verify_sha256"] and job["sha256"]:
+        digest = sha256_file(path)
+        if digest != job["sha256"]:
+            raise ConversionError(
+                f"SHA-256 is {digest} but the manifest records {job['sha256']}: the file changed since pairing",
+                path,
+                code="input_changed",
+            )
+    return align_episode(
+        path,
+        tuple(job["image_size"]) if job["image_size"] is not None else None,
+        topics=job["topics"],
+        invalid_pose_policy=job["invalid_pose_policy"],
+        min_overlap_fraction=job["min_overlap_fraction"],
+        stem=job["stem"],
+        rgb_dir=rgb_dir,
+    )
 
 
 def _episode_job(job: dict) -> dict:
@@ -667,33 +704,8 @@ def _episode_job(job: dict) -> dict:
     started = time.perf_counter()
     stem, path, out_dir = job["stem"], Path(job["vio_mcap"]), Path(job["dir"])
     try:
-        if not path.is_file():
-            raise ConversionError("file not found", path, code="missing_file")
-        if job["size_bytes"] is not None and path.stat().st_size != job["size_bytes"]:
-            raise ConversionError(
-                f"size is {path.stat().st_size} bytes but the manifest records {job['size_bytes']}: "
-                "the file changed since pairing",
-                path,
-                code="input_changed",
-            )
-        if job["verify_sha256"] and job["sha256"]:
-            digest = _sha256_file(path)
-            if digest != job["sha256"]:
-                raise ConversionError(
-                    f"SHA-256 is {digest} but the manifest records {job['sha256']}: the file changed since pairing",
-                    path,
-                    code="input_changed",
-                )
         out_dir.mkdir(parents=True, exist_ok=True)
-        ep = align_episode(
-            path,
-            tuple(job["image_size"]),
-            topics=job["topics"],
-            invalid_pose_policy=job["invalid_pose_policy"],
-            min_overlap_fraction=job["min_overlap_fraction"],
-            stem=stem,
-            rgb_dir=out_dir,
-        )
+        ep = align_job_episode(job, out_dir)
         n = len(ep)
         arrays = {
             "timestamp": ep.timestamps_s.astype(np.float64),
@@ -887,19 +899,6 @@ def _npy_data_offset(path: str) -> int:
         version = np.lib.format.read_magic(f)
         (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)
         return f.tell()
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -1268,7 +1267,7 @@ def convert(
             made.remove(tmp)
             if not backup and final is not out:
                 made.append(final)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         made.clear()
     finally:
         for p in made:

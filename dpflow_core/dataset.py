@@ -9,7 +9,6 @@ naming the file, the member and the field.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dpflow_core.errors import DatasetError
+from dpflow_core.files import sha256_file
 from dpflow_core.replay_buffer import ReplayBuffer
 
 #: Statistics format version of ``norm_stats.json``.
@@ -38,14 +38,6 @@ _CHUNK_STEPS = 1 << 16
 def lowdim_keys(buffer: ReplayBuffer) -> list[str]:
     """Data keys of ``buffer`` that get norm stats: every non-image key except ``timestamp``."""
     return sorted(k for k in buffer if not k.endswith("_rgb") and k not in NON_STATE_KEYS)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def compute_norm_stats(npz_path: str | Path, sha256: str | None = None, allow_zero_variance: bool = False) -> dict:
@@ -121,7 +113,7 @@ def compute_norm_stats(npz_path: str | Path, sha256: str | None = None, allow_ze
         "norm_stats_version": NORM_STATS_VERSION,
         "dataset": {
             "path": str(path),
-            "sha256": sha256 or _sha256_file(path),
+            "sha256": sha256 or sha256_file(path),
             "size_bytes": path.stat().st_size,
             "n_episodes": buffer.n_episodes,
             "total_steps": n,

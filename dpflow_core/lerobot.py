@@ -62,9 +62,8 @@ import pyarrow.parquet as pq
 from scipy.spatial.transform import Rotation
 
 from dpflow_core import __version__
-from dpflow_core.conversion import CONVERTER_VERSION, INVALID_POSE_POLICIES, align_episode, load_inputs
+from dpflow_core.conversion import CONVERTER_VERSION, INVALID_POSE_POLICIES, align_job_episode, load_inputs
 from dpflow_core.errors import ConversionError, DatasetError, DpflowError
-from dpflow_core.pairing import sha256_file
 from dpflow_core.topics import DAS_DEFAULT, TopicMap
 
 #: The LeRobot dataset format version written and expected by default.
@@ -728,33 +727,9 @@ def _align_job(job: dict) -> dict:
     Returns the arrays except the frames (``rgb_path``/``rgb_rows`` locate them),
     or ``{"ok": False, "code", "reason"}``; frames never travel through the pipe.
     """
-    stem, path = job["stem"], Path(job["vio_mcap"])
+    stem = job["stem"]
     try:
-        if not path.is_file():
-            raise ConversionError("file not found", path, code="missing_file")
-        if job["size_bytes"] is not None and path.stat().st_size != job["size_bytes"]:
-            raise ConversionError(
-                f"size is {path.stat().st_size} bytes but the manifest records {job['size_bytes']}: the file changed since pairing",
-                path,
-                code="input_changed",
-            )
-        if job["verify_sha256"] and job["sha256"]:
-            digest = sha256_file(path)
-            if digest != job["sha256"]:
-                raise ConversionError(
-                    f"SHA-256 is {digest} but the manifest records {job['sha256']}: the file changed since pairing",
-                    path,
-                    code="input_changed",
-                )
-        ep = align_episode(
-            path,
-            job["image_size"],
-            topics=job["topics"],
-            invalid_pose_policy=job["invalid_pose_policy"],
-            min_overlap_fraction=job["min_overlap_fraction"],
-            stem=stem,
-            rgb_dir=job["rgb_dir"],
-        )
+        ep = align_job_episode(job, job["rgb_dir"])
         if hasattr(ep.rgb, "flush"):
             ep.rgb.flush()
         return {

@@ -66,6 +66,7 @@ from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
 
 from dpflow_core.errors import PairingError, RecordingError
+from dpflow_core.files import sha256_file
 from dpflow_core.names import validate_name
 from dpflow_core.recordings import inspect_recording
 from dpflow_core.topics import DAS_DEFAULT, TopicMap
@@ -231,15 +232,6 @@ def topic_map_from_dict(data: dict) -> TopicMap:
 # ---------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------
-
-
-def sha256_file(path: str | Path) -> str:
-    """SHA-256 hex digest of a file, read in 1 MiB blocks (hashlib)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_HASH_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def parse_vio_status(data: Any) -> str:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import IO, Iterator, Literal, Mapping, Sequence
 
 from dpflow_core.errors import RemoteError
+from dpflow_core.files import sha256_file
 from dpflow_core.names import validate_name
 
 LOG = logging.getLogger(__name__)
@@ -1273,15 +1273,6 @@ def _validate_signal(sig: str) -> str:
     if sig not in _SIGNALS:
         raise RemoteError(f"unsupported signal {sig!r}", code="bad_signal")
     return sig
-
-
-def sha256_file(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
-    """SHA-256 (hex) of a local file, read in chunks of ``chunk_bytes``."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk_bytes), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def is_sha256(value: str) -> bool:

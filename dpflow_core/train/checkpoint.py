@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from dpflow_core.errors import RunError
+from dpflow_core.files import fsync_dir
 
 FORMAT = "dpflow-train-checkpoint"
 FORMAT_VERSION = 1
@@ -196,19 +197,6 @@ def temp_path_for(path: Path) -> Path:
     return path.with_name(f"{TEMP_PREFIX}{path.name}{TEMP_MARK}{os.getpid()}")
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_save(payload: Mapping[str, Any], path: str | Path) -> Path:
     """Write ``payload`` with ``torch.save`` to ``path`` atomically (temp + fsync + rename).
 
@@ -229,7 +217,7 @@ def atomic_save(payload: Mapping[str, Any], path: str | Path) -> Path:
         if isinstance(exc, (OSError, RuntimeError, pickle.PicklingError)):
             raise RunError(f"cannot write checkpoint: {exc}", path=path) from exc
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -248,7 +236,7 @@ def atomic_copy(src: Path, dst: Path) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(dst.parent)
+    fsync_dir(dst.parent)
     return dst
 
 
