@@ -76,9 +76,16 @@ FAKE_TRAINER = textwrap.dedent(
     if args.get("checkpoint.save_last_ckpt", "true") != "false":
         d = os.path.join(run_dir, "checkpoints")
         os.makedirs(d, exist_ok=True)
-        with zipfile.ZipFile(os.path.join(d, ".latest.ckpt.tmp-1"), "w") as z:
-            z.writestr("archive/data.pkl", json.dumps({"epoch": epochs, "global_step": g}) * 50)
-        os.replace(os.path.join(d, ".latest.ckpt.tmp-1"), os.path.join(d, "latest.ckpt"))
+        tmp = os.path.join(d, ".latest.ckpt.tmp-1")
+        if "fake.ckpt_from" in args:  # a real checkpoint, also as two top-k files
+            import shutil
+            for name in ("epoch=0000-train_loss=0.500.ckpt", "epoch=0001-train_loss=0.250.ckpt"):
+                shutil.copyfile(args["fake.ckpt_from"], os.path.join(d, name))
+            shutil.copyfile(args["fake.ckpt_from"], tmp)
+        else:
+            with zipfile.ZipFile(tmp, "w") as z:
+                z.writestr("archive/data.pkl", json.dumps({"epoch": epochs, "global_step": g}) * 50)
+        os.replace(tmp, os.path.join(d, "latest.ckpt"))
     if mode == "leave_child":
         subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     '''
@@ -92,9 +99,19 @@ def fake_trainer(tmp_path_factory) -> Path:
     return path
 
 
+TMUX_SOCKET = "dpflow-test-runs"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_tmux_server():
+    """Training sessions go to a private tmux server, stopped by its socket afterwards."""
+    yield
+    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+
+
 @pytest.fixture()
 def server(tmp_path):
-    with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"))) as srv:
+    with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"), tmux_socket=TMUX_SOCKET)) as srv:
         yield srv
 
 
@@ -247,7 +264,8 @@ def test_release_check_reads_gpu_memory_from_nvidia_smi(tmp_path, dataset, fake_
     from fake_nvidia_smi import H200_APPS, H200_GPUS, write_fake_nvidia_smi
 
     smi = write_fake_nvidia_smi(tmp_path / "smi", H200_GPUS, H200_APPS)
-    with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"), nvidia_smi=str(smi))) as server:
+    config = ServerConfig.local(data_root=str(tmp_path / "server"), nvidia_smi=str(smi), tmux_socket=TMUX_SOCKET)
+    with GpuServer(config) as server:
         spec = fake_spec("smoke-gpu", dataset, fake_trainer, kind="smoke")
         result = run_smoke(server, spec, timeout_s=120, release_wait_s=0.5)
         handle = result.handle
