@@ -1,7 +1,456 @@
-"""Assets and checks of the training stage."""
+"""Assets and checks of the training stage: ``smoke_run``, ``train_run``, ``checkpoint``, ``evaluation``.
 
-from __future__ import annotations
+Each asset wraps one :mod:`dpflow_core` function (the ``dpflow smoke``, ``train``,
+``checkpoint`` and ``evaluate`` commands call the same ones):
+
+- ``smoke_run`` -> :func:`dpflow_core.runs.run_smoke`; blocking check ``released``
+  (no process of the run left, GPU memory back; "no GPU present" said so in its
+  metadata) and check ``resume_continuity`` (save -> resume -> continue matches an
+  uninterrupted run).
+- ``train_run`` -> :func:`dpflow_core.runs.launch_or_attach` + :func:`monitor_run`;
+  blocking check ``natural_exit`` (:func:`check_natural_exit`). A second
+  materialization while the run trains re-attaches to it by its name.
+- ``checkpoint`` -> :func:`dpflow_core.checkpoints.download_checkpoint`; blocking
+  check ``sha256_match``.
+- ``evaluation`` -> :func:`dpflow_core.evaluation.evaluate_checkpoint`; check
+  ``beats_baseline``.
+
+``smoke_run`` and ``train_run`` run in the concurrency pool ``gpu_server``: give
+the pool a limit of 1 (``dagster instance concurrency set gpu_server 1``, or
+``concurrency: pools: default_limit`` in ``dagster.yaml``) for one run per server.
+"""
+
+
+import base64
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
-defs = dg.Definitions()
+from dpflow_core.checkpoints import download_checkpoint, verify_checkpoint
+from dpflow_core.errors import DpflowError
+from dpflow_core.evaluation import evaluate_checkpoint
+from dpflow_core.runs import (
+    DEFAULT_TRAIN_COMMAND,
+    RunSpec,
+    check_natural_exit,
+    check_released,
+    check_resume_continuity,
+    default_run_name,
+    find_active_runs,
+    gpu_memory,
+    launch_or_attach,
+    load_handle,
+    load_release_report,
+    monitor_run,
+    resolve_config_name,
+    run_disk_usage,
+    run_smoke,
+    smoke_spec,
+)
+from dpflow_dagster.resources import GpuServerResource
+
+POOL = "gpu_server"
+GROUP = "training"
+
+
+def _failure(description: str, metadata: dict[str, Any] | None = None) -> dg.Failure:
+    return dg.Failure(description=description, metadata={k: v for k, v in (metadata or {}).items() if v is not None})
+
+
+def _md_image(path: str | Path, alt: str) -> dg.MetadataValue:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{data})")
+
+
+def _lines(items) -> str:
+    return "\n".join(f"- {i}" for i in items) or "none"
+
+
+# ------------------------------------------------------------------------ smoke_run
+
+
+class SmokeRunConfig(dg.Config):
+    """Settings of the smoke run (rule 6): one GPU, few steps, small batch, no checkpoints."""
+
+    run_name: str = Field(default="", description="Run name; empty: smoke-<dataset sha256[:12]>-<UTC timestamp>.")
+    config_name: str = Field(default="auto", description="Trainer config; 'auto': train_diffusion_unet_image with GPUs, demo without.")
+    epochs: int = Field(default=1, description="training.num_epochs of the smoke run.")
+    max_train_steps: int = Field(default=3, description="training.max_train_steps (batches per epoch; also caps validation).")
+    batch_size: int = Field(default=4, description="dataloader.batch_size per process (small).")
+    num_workers: int = Field(default=0, description="dataloader.num_workers (small).")
+    train_command: str = Field(
+        default=DEFAULT_TRAIN_COMMAND,
+        description="Train command template: {run_dir} {dataset} {overrides} {num_processes} {gpu_ids} {config_name}.",
+    )
+    extra_overrides: list[str] = Field(default_factory=list, description="Further Hydra overrides, appended last.")
+    timeout_s: float = Field(default=900.0, description="Seconds before the smoke run is ended.")
+    resume_check_epochs: int = Field(default=2, description="Epochs of the resume-continuity check's runs (>= 2).")
+    resume_check_steps: int = Field(default=2, description="Batches per epoch of the resume-continuity check's runs.")
+
+
+@dg.asset(
+    group_name=GROUP,
+    pool=POOL,
+    kinds={"pytorch", "ssh"},
+    description="A smoke run on the GPU server: one GPU (CPU without one), offline, no resume, few steps, no checkpoints.",
+)
+def smoke_run(
+    context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: dict, gpu_server: GpuServerResource
+) -> dg.Output[dict]:
+    """Run :func:`dpflow_core.runs.run_smoke` on ``remote_dataset``; fail unless it exited 0 on its own with
+    a finite loss and wrote no checkpoint."""
+    with gpu_server.connect() as server:
+        inventory = server.gpu_inventory()
+        spec = smoke_spec(
+            config.run_name or default_run_name(remote_dataset["sha256"], "smoke"),
+            remote_dataset["remote_path"],
+            float(remote_dataset["frequency_hz"]),
+            dataset_sha256=remote_dataset["sha256"],
+            config_name=resolve_config_name(config.config_name, inventory),
+            epochs=config.epochs, max_train_steps=config.max_train_steps, batch_size=config.batch_size,
+            num_workers=config.num_workers, train_command=config.train_command, extra_overrides=config.extra_overrides,
+        )
+        context.log.info(f"smoke run {spec.name} on {server.config.describe()}")
+        result = run_smoke(server, spec, timeout_s=config.timeout_s)
+    metadata = {**result.metadata(), "output_tail": dg.MetadataValue.text(result.output_tail[-3000:])}
+    if result.oom_advice:
+        metadata["oom_advice"] = dg.MetadataValue.md(_lines(result.oom_advice))
+    if not result.passed:
+        raise _failure(f"smoke run {spec.name} failed: {'; '.join(result.problems)}", metadata)
+    value = {
+        "run_name": spec.name,
+        "run_dir": result.handle.run_dir,
+        "host": remote_dataset.get("host"),
+        "config_name": spec.config_name,
+        "train_command": spec.train_command,
+        "gpu_ids": list(result.handle.gpu_ids),
+        "dataset_remote_path": spec.dataset_path,
+        "dataset_sha256": spec.dataset_sha256,
+        "frequency_hz": spec.frequency_hz,
+        "spec": spec.to_dict(),
+        "resume_check": {"epochs": config.resume_check_epochs, "steps": config.resume_check_steps},
+    }
+    return dg.Output(value, metadata=metadata)
+
+
+@dg.asset_check(
+    asset=smoke_run,
+    name="released",
+    blocking=True,
+    description="No process of the smoke run is left (by PID, process group, start time, environment token) "
+    "and its GPUs show their memory back at the pre-run level; without GPUs it says 'no GPU present'.",
+)
+def smoke_run_released(smoke_run: dict, gpu_server: GpuServerResource) -> dg.AssetCheckResult:
+    """Pass only when the check at the run's end and a second look now both find nothing left."""
+    with gpu_server.connect() as server:
+        handle = load_handle(server, smoke_run["run_name"])
+        at_end = load_release_report(server, handle)
+        now = check_released(server, handle, wait_s=5.0, cleanup=True)
+    passed = now.passed and (at_end is None or at_end.passed)
+    metadata = {f"now/{k}": v for k, v in now.metadata().items()}
+    if at_end is not None:
+        metadata.update({f"at_end/{k}": v for k, v in at_end.metadata().items()})
+    description = (at_end.message if at_end is not None and not at_end.passed else now.message)
+    return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=description, metadata=metadata)
+
+
+@dg.asset_check(
+    asset=smoke_run,
+    name="resume_continuity",
+    blocking=False,
+    pool=POOL,
+    description="On the same commit, a short run saved after its first epoch and resumed continues the "
+    "uninterrupted one: same global steps and epochs, same LR, same losses.",
+)
+def smoke_run_resume_continuity(smoke_run: dict, gpu_server: GpuServerResource) -> dg.AssetCheckResult:
+    """Run :func:`dpflow_core.runs.check_resume_continuity` with the smoke run's dataset and trainer."""
+    base = RunSpec.from_dict(smoke_run["spec"])
+    with gpu_server.connect() as server:
+        report = check_resume_continuity(
+            server, base, epochs=int(smoke_run["resume_check"]["epochs"]), steps_per_epoch=int(smoke_run["resume_check"]["steps"])
+        )
+    description = "; ".join(report.problems + report.mismatches) or (
+        f"{report.compared} records from global_step {report.resume_step} continue the uninterrupted run"
+    )
+    return dg.AssetCheckResult(passed=report.passed, severity=dg.AssetCheckSeverity.ERROR, description=description, metadata=report.metadata())
+
+
+# ------------------------------------------------------------------------ train_run
+
+
+class TrainRunConfig(dg.Config):
+    """Settings of the training run (rule 8). 0 / -1 / empty keep the trainer config's value."""
+
+    run_name: str = Field(
+        default="",
+        description="Run name; empty: attach to the running train-<dataset sha256[:12]>-* run, else a new one "
+        "named with the UTC timestamp.",
+    )
+    config_name: str = Field(default="auto", description="Trainer config; 'auto': train_diffusion_unet_image with GPUs, demo without.")
+    epochs: int = Field(default=0, description="training.num_epochs; 0: the config's.")
+    max_train_steps: int = Field(default=0, description="training.max_train_steps (batches per epoch); 0: the config's.")
+    batch_size: int = Field(default=0, description="dataloader.batch_size per process; 0: the config's.")
+    num_workers: int = Field(default=-1, description="dataloader.num_workers; -1: the config's.")
+    num_processes: int = Field(default=0, description="Processes/GPUs: 0 = one per free GPU (1 on CPU).")
+    train_command: str = Field(
+        default=DEFAULT_TRAIN_COMMAND,
+        description="Train command template: {run_dir} {dataset} {overrides} {num_processes} {gpu_ids} {config_name}.",
+    )
+    resume: bool = Field(default=False, description="Continue run_name from its latest.ckpt (verified complete first).")
+    logging_mode: str = Field(default="offline", description="logging.mode: offline | online | disabled.")
+    extra_overrides: list[str] = Field(default_factory=list, description="Further Hydra overrides, appended last.")
+    poll_s: float = Field(default=5.0, description="Seconds between polls of logs.json.txt.")
+    stall_timeout_s: float = Field(default=900.0, description="Seconds without a new log line after the first step that count as a stall.")
+    monitor_timeout_s: float = Field(default=0.0, description="Stop following after this many seconds (0: until the run ends); re-materialize to re-attach.")
+    observation_every_s: float = Field(default=60.0, description="Seconds between progress observations (GPU memory, disk) in the asset's history.")
+
+
+@dg.asset(
+    group_name=GROUP,
+    pool=POOL,
+    kinds={"pytorch", "ssh"},
+    deps=[smoke_run],
+    description="accelerate launch in a detached tmux session named after the run, followed until it ends.",
+)
+def train_run(
+    context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: dict, gpu_server: GpuServerResource
+) -> dg.Output[dict]:
+    """Launch (or re-attach to) the training run and follow ``logs.json.txt`` until it ends."""
+    with gpu_server.connect() as server:
+        inventory = server.gpu_inventory()
+        name = config.run_name
+        if not name and not config.resume:
+            active = find_active_runs(server, f"train-{remote_dataset['sha256'][:12]}-")
+            if len(active) > 1:
+                raise _failure(f"several training runs of this dataset are running: {[h.name for h in active]}; set run_name")
+            name = active[0].name if active else default_run_name(remote_dataset["sha256"], "train")
+        spec = RunSpec(
+            name=name, kind="train", dataset_path=remote_dataset["remote_path"],
+            frequency_hz=float(remote_dataset["frequency_hz"]), dataset_sha256=remote_dataset["sha256"],
+            config_name=resolve_config_name(config.config_name, inventory),
+            epochs=config.epochs or None, max_train_steps=config.max_train_steps or None,
+            batch_size=config.batch_size or None, num_workers=None if config.num_workers < 0 else config.num_workers,
+            num_processes=config.num_processes, train_command=config.train_command, resume=config.resume,
+            logging_mode=config.logging_mode, extra_overrides=tuple(config.extra_overrides),
+        )
+        handle, attached = launch_or_attach(server, spec, inventory=inventory)
+        context.log.info(
+            f"{'re-attached to' if attached else 'launched'} {handle.name} (launch {handle.launch_index}, "
+            f"{handle.detached.method} {handle.detached.tmux_session or handle.detached.pid}) in {handle.run_dir}: {handle.command}"
+        )
+        peak_gpu: dict[int, int] = {}
+        last_observation = [0.0]
+
+        def on_progress(progress, new):
+            context.log.info(
+                f"{handle.name}: epoch {progress.epoch} global_step {progress.global_step} "
+                f"train_loss {progress.train_loss} lr {progress.lr}"
+                + (f" {progress.steps_per_s:.2f} steps/s" if progress.steps_per_s else "")
+            )
+            if time.monotonic() - last_observation[0] < config.observation_every_s:
+                return
+            last_observation[0] = time.monotonic()
+            meta = dict(progress.to_metadata())
+            if handle.gpu_ids:
+                for index, used in gpu_memory(server.gpu_inventory(), handle.gpu_ids).items():
+                    if used is not None:
+                        peak_gpu[index] = max(peak_gpu.get(index, 0), used)
+                        meta[f"gpu{index}_memory_used_mib"] = used
+            meta.update(run_disk_usage(server, handle.run_dir))
+            context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata=meta))
+
+        result = monitor_run(
+            server, handle, poll_s=config.poll_s, stall_timeout_s=config.stall_timeout_s,
+            timeout_s=config.monitor_timeout_s or None, on_progress=on_progress,
+        )
+        disk = run_disk_usage(server, handle.run_dir)
+    metadata: dict[str, Any] = {
+        **handle.metadata(), **result.progress.to_metadata(), **disk,
+        "attached": attached, "monitor_status": result.status, "monitor_message": result.message,
+        "exit_code": result.exit_code if result.exit_code is not None else -1,
+    }
+    for index, peak in peak_gpu.items():
+        metadata[f"gpu{index}_peak_memory_used_mib"] = peak
+    if result.stopped is not None:
+        metadata["stopped_processes"] = "; ".join(result.stopped.terminated + result.stopped.killed) or "none"
+    if result.status in ("nan", "stalled", "timeout"):
+        raise _failure(f"training {handle.name}: {result.status}: {result.message}", metadata)
+    value = {
+        "run_name": handle.name,
+        "run_dir": handle.run_dir,
+        "launch_index": handle.launch_index,
+        "host": remote_dataset.get("host"),
+        "exit_code": result.exit_code,
+        "global_step": result.progress.global_step,
+        "epoch": result.progress.epoch,
+        "dataset_sha256": remote_dataset["sha256"],
+        "dataset_local_path": remote_dataset.get("local_path"),
+    }
+    return dg.Output(value, metadata=metadata)
+
+
+@dg.asset_check(
+    asset=train_run,
+    name="natural_exit",
+    blocking=True,
+    description="Exit status 0 from the wrapper's file, last logged epoch and global step equal to what the "
+    "config asked, latest.ckpt present and loadable. A run stopped by a signal or killed fails with the evidence.",
+)
+def train_run_natural_exit(train_run: dict, gpu_server: GpuServerResource) -> dg.AssetCheckResult:
+    """Judge the run's completion with :func:`dpflow_core.runs.check_natural_exit`."""
+    with gpu_server.connect() as server:
+        handle = load_handle(server, train_run["run_name"], train_run.get("launch_index"))
+        report = check_natural_exit(server, handle)
+    metadata: dict[str, Any] = dict(report.metadata())
+    if not report.passed:
+        metadata["output_tail"] = dg.MetadataValue.text(report.output_tail[-3000:])
+    if report.oom_advice:
+        metadata["oom_advice"] = dg.MetadataValue.md(_lines(report.oom_advice))
+    return dg.AssetCheckResult(
+        passed=report.passed, severity=dg.AssetCheckSeverity.ERROR,
+        description="; ".join(report.problems) or "exited on its own after the configured epochs with a loadable latest.ckpt",
+        metadata=metadata,
+    )
+
+
+# ------------------------------------------------------------------------ checkpoint
+
+
+class CheckpointConfig(dg.Config):
+    """Which checkpoint to download and where."""
+
+    choose: str = Field(default="latest", description="latest | best (lowest train_loss among the top-k files; training fit, not generalisation).")
+    output_dir: str = Field(default="", description="Checkpoint root; empty: $DPFLOW_WORKDIR/checkpoints or <cwd>/outputs/checkpoints.")
+    stable_interval_s: float = Field(default=2.0, description="Seconds between size checks while waiting for a stable file.")
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"pytorch", "ssh"},
+    description="The chosen checkpoint with its .hydra config, logs.json.txt, normaliser and reproducibility record, "
+    "downloaded and SHA-256 verified on both ends.",
+)
+def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, train_run: dict, gpu_server: GpuServerResource) -> dg.Output[dict]:
+    """Download with :func:`dpflow_core.checkpoints.download_checkpoint`."""
+    if config.choose not in ("latest", "best"):
+        raise _failure(f"choose must be 'latest' or 'best', got {config.choose!r}")
+    with gpu_server.connect() as server:
+        result = download_checkpoint(
+            server, train_run["run_name"], choose=config.choose, dest_root=config.output_dir or None,
+            stable_interval_s=config.stable_interval_s,
+        )
+    context.log.info(f"{result.remote_path} -> {result.local_path} ({result.size_bytes} bytes)")
+    metadata = {
+        "path": dg.MetadataValue.path(result.local_path),
+        "remote_path": result.remote_path,
+        "sha256": result.local_sha256,
+        "remote_sha256": result.remote_sha256,
+        "size_bytes": result.size_bytes,
+        "choice": result.choice,
+        "run_name": result.run_name,
+        "run_finished": result.run_finished,
+        "already_present": result.already_present,
+        "record": dg.MetadataValue.path(result.record_path),
+        "dataset_sha256": train_run.get("dataset_sha256") or "",
+    }
+    return dg.Output(result.asset_value() | {"dataset_local_path": train_run.get("dataset_local_path")}, metadata=metadata)
+
+
+@dg.asset_check(
+    asset=checkpoint,
+    name="sha256_match",
+    blocking=True,
+    description="The downloaded checkpoint hashes (SHA-256, computed now) to the server's hash, same size, and loads.",
+)
+def checkpoint_sha256_match(checkpoint: dict) -> dg.AssetCheckResult:
+    """Verify with :func:`dpflow_core.checkpoints.verify_checkpoint`."""
+    report = verify_checkpoint(checkpoint["path"], checkpoint["remote_sha256"], checkpoint["size_bytes"])
+    return dg.AssetCheckResult(
+        passed=report.passed, severity=dg.AssetCheckSeverity.ERROR,
+        description="; ".join(report.problems) or "SHA-256 equal on both ends; the file loads",
+        metadata=report.metadata(),
+    )
+
+
+# ------------------------------------------------------------------------ evaluation
+
+
+class EvaluationConfig(dg.Config):
+    """Offline evaluation on the held-out episodes."""
+
+    max_samples_per_episode: int = Field(default=48, description="Anchors per held-out episode, evenly spaced.")
+    plot_episodes: int = Field(default=3, description="Held-out episodes shown in the trajectory plot.")
+    seed: int = Field(default=0, description="Seed of the diffusion noise.")
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"pytorch"},
+    description="Held-out action MSE of the EMA policy (overall, per dimension, per position/rotation/gripper) "
+    "next to a constant training-mean baseline, with trajectory and loss plots.",
+)
+def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, checkpoint: dict, remote_dataset: dict) -> dg.Output[dict]:
+    """Evaluate with :func:`dpflow_core.evaluation.evaluate_checkpoint` on the local copy of the dataset."""
+    dataset = remote_dataset.get("local_path") or checkpoint.get("dataset_local_path")
+    if not dataset or not Path(dataset).is_file():
+        raise _failure(f"the local dataset {dataset!r} is not available for evaluation")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = Path(checkpoint["local_dir"]) / "evaluation" / stamp
+    try:
+        result = evaluate_checkpoint(
+            checkpoint["path"], dataset, out_dir, log_path=checkpoint.get("log_path"),
+            max_samples_per_episode=config.max_samples_per_episode, plot_episodes=config.plot_episodes, seed=config.seed,
+        )
+    except DpflowError as exc:
+        raise _failure(str(exc), {"checkpoint": checkpoint["path"], "dataset": dataset}) from exc
+    context.log.info(f"policy MSE {result.policy_mse:.6g} vs constant baseline {result.baseline_mse:.6g}")
+    metadata: dict[str, Any] = {
+        "policy_mse": result.policy_mse,
+        "baseline_mse": result.baseline_mse,
+        "improvement": result.improvement,
+        "beats_baseline": result.beats_baseline,
+        "held_out_episodes": ", ".join(map(str, result.held_out_episodes)),
+        "n_samples": result.n_samples,
+        "mse_table": dg.MetadataValue.md(result.markdown_table()),
+        "trajectories": _md_image(result.trajectory_plot, "predicted vs recorded actions"),
+        "trajectories_png": dg.MetadataValue.path(result.trajectory_plot),
+        "checkpoint_sha256": checkpoint["sha256"],
+        "dataset_sha256": remote_dataset.get("sha256", ""),
+        "out_dir": dg.MetadataValue.path(result.out_dir),
+    }
+    for name, value in result.policy_mse_per_group.items():
+        metadata[f"policy_mse/{name}"] = value
+        metadata[f"baseline_mse/{name}"] = result.baseline_mse_per_group[name]
+    if result.loss_plot:
+        metadata["loss_curve"] = _md_image(result.loss_plot, "training loss")
+        metadata["loss_curve_png"] = dg.MetadataValue.path(result.loss_plot)
+    value = result.to_dict() | {"checkpoint_sha256": checkpoint["sha256"]}
+    return dg.Output(value, metadata=metadata)
+
+
+@dg.asset_check(
+    asset=evaluation,
+    name="beats_baseline",
+    blocking=True,
+    description="The policy's held-out action MSE is below the constant baseline's (the training set's mean "
+    "action): a training that learned nothing cannot pass as done.",
+)
+def evaluation_beats_baseline(evaluation: dict) -> dg.AssetCheckResult:
+    """Compare the two MSEs recorded by the evaluation."""
+    policy, baseline = float(evaluation["policy_mse"]), float(evaluation["baseline_mse"])
+    passed = bool(evaluation["beats_baseline"])
+    return dg.AssetCheckResult(
+        passed=passed, severity=dg.AssetCheckSeverity.ERROR,
+        description=f"held-out MSE {policy:.6g} vs constant baseline {baseline:.6g}",
+        metadata={"policy_mse": policy, "baseline_mse": baseline, "improvement": float(evaluation["improvement"])},
+    )
+
+
+defs = dg.Definitions(
+    assets=[smoke_run, train_run, checkpoint, evaluation],
+    asset_checks=[smoke_run_released, smoke_run_resume_continuity, train_run_natural_exit, checkpoint_sha256_match, evaluation_beats_baseline],
+)

@@ -30,7 +30,7 @@ def train_in_process(dataset: Path, run_dir: Path, *overrides: str) -> Path:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "dataset.npz"
-    return write_synthetic_dataset(path, n_episodes=4, episode_length=40, image_size=(32, 32), frequency_hz=10.0)
+    return write_synthetic_dataset(path, n_episodes=8, episode_length=40, image_size=(32, 32), frequency_hz=10.0)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,8 @@ def test_metrics_baseline_and_plots(trained, dataset, tmp_path):
     log = trained.parent.parent / "logs.json.txt"
     result = evaluate_checkpoint(trained, dataset, tmp_path / "eval", log_path=log, max_samples_per_episode=12)
 
-    train_mask, val_mask = split_episodes(4, 0.25, 42)  # the demo config's task.val_ratio and split_seed
-    assert result.held_out_episodes == tuple(np.flatnonzero(val_mask)) and result.train_episodes == 3
+    train_mask, val_mask = split_episodes(8, 0.25, 42)  # the demo config's task.val_ratio and split_seed
+    assert result.held_out_episodes == tuple(np.flatnonzero(val_mask)) and result.train_episodes == 6
     assert result.n_samples == 12 * len(result.held_out_episodes) and result.horizon == 8
     assert result.dimension_names == (
         "position.x", "position.y", "position.z", "rotation.rx", "rotation.ry", "rotation.rz", "gripper.width",
@@ -72,8 +72,8 @@ def test_metrics_baseline_and_plots(trained, dataset, tmp_path):
         data = Path(plot).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 10_000
     curve = read_loss_curve(log)
-    # 3 training episodes x (40 - 7) anchors = 99 samples: 7 batches of 16 per epoch.
-    assert len(curve["train_loss"]) == 3 * 7 and len(curve["epoch_train_loss"]) == 3 and len(curve["val_loss"]) == 3
+    # 6 training episodes x (40 - 7) anchors = 198 samples: 13 batches of 16, capped at 8 per epoch.
+    assert len(curve["train_loss"]) == 3 * 8 and len(curve["epoch_train_loss"]) == 3 and len(curve["val_loss"]) == 3
     assert (tmp_path / "eval" / "evaluation.json").is_file()
     with pytest.raises(RunError) as err:  # results are never overwritten unless asked
         evaluate_checkpoint(trained, dataset, tmp_path / "eval")
@@ -82,8 +82,8 @@ def test_metrics_baseline_and_plots(trained, dataset, tmp_path):
 
 def test_a_policy_that_learned_nothing_does_not_beat_the_baseline(tmp_path, dataset):
     # Untrained weights (lr 0) predicting noise (epsilon), as the GPU config does. (An untrained
-    # sample-predicting net outputs about the middle of the normaliser's range, which on 4 short
-    # synthetic episodes can land closer to the held-out one than the training mean does.)
+    # sample-predicting net outputs about the middle of the normaliser's range, which on a few short
+    # synthetic episodes can land closer to the held-out ones than the training mean does.)
     untrained = train_in_process(
         dataset, tmp_path / "untrained", "optimizer.lr=0.0", "policy.noise_scheduler.prediction_type=epsilon",
         "training.num_epochs=1", "training.max_train_steps=1",
@@ -98,7 +98,7 @@ def test_refuses_another_dataset_and_a_run_without_held_out_episodes(trained, tm
     other = write_synthetic_dataset(tmp_path / "other.npz", n_episodes=4, episode_length=45, image_size=(32, 32))
     with pytest.raises(DatasetError) as err:
         evaluate_checkpoint(trained, other, tmp_path / "eval")
-    assert err.value.code == "dataset_mismatch" and "n_steps=160" in err.value.reason
+    assert err.value.code == "dataset_mismatch" and "n_episodes=8" in err.value.reason
     with pytest.raises(RunError) as err:
         held_out_split(OmegaConf.create({"task": {"val_ratio": 0.0, "split_seed": 1}}), 4)
     assert err.value.code == "no_held_out_episodes"

@@ -1,0 +1,148 @@
+"""The training stage as Dagster assets on the local transport: the whole chain with the built-in
+trainer, a leaking smoke run blocked by its check, and re-attaching to a running training."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from synthetic_dataset import write_synthetic_dataset
+from test_runs import FAKE_TRAINER
+
+from dpflow_core.remote import sha256_file
+from dpflow_dagster import assets_training as at
+from dpflow_dagster.resources import GpuServerResource
+
+TMUX_SOCKET = "dpflow-test-assets"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_tmux_server():
+    yield
+    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+
+
+def stub_remote_dataset(path: Path, frequency_hz: float):
+    """``remote_dataset`` as the remote stage hands it over (here the server is this machine)."""
+    value = {
+        "remote_path": str(path), "sha256": sha256_file(path), "size_bytes": path.stat().st_size, "host": None,
+        "frequency_hz": frequency_hz, "local_path": str(path),
+    }
+
+    @dg.asset(name="remote_dataset", group_name="dataset")
+    def remote_dataset() -> dict:
+        return value
+
+    return remote_dataset
+
+
+def resources(tmp_path: Path) -> dict:
+    return {"gpu_server": GpuServerResource(data_root=str(tmp_path / "server"), tmux_socket=TMUX_SOCKET)}
+
+
+def checks_by_name(result: dg.ExecuteInJobResult) -> dict:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def materializations(result) -> dict:
+    return {
+        e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata
+        for e in result.get_asset_materialization_events()
+    }
+
+
+def test_definitions():
+    keys = {a.key.to_user_string() for a in at.defs.assets}
+    assert keys == {"smoke_run", "train_run", "checkpoint", "evaluation"}
+    for asset in at.defs.assets:
+        assert asset.group_names_by_key[asset.key] == "training"
+    assert at.smoke_run.op.pool == at.train_run.op.pool == "gpu_server"
+    blocking = {s.key.name: s.blocking for c in at.defs.asset_checks for s in c.check_specs}
+    assert blocking == {"released": True, "resume_continuity": False, "natural_exit": True,
+                        "sha256_match": True, "beats_baseline": True}
+    field = at.TrainRunConfig.model_fields["num_processes"]
+    assert field.default == 0 and "one per free GPU" in field.description
+
+
+@pytest.mark.slow
+def test_smoke_train_checkpoint_evaluation_with_the_builtin_trainer(tmp_path):
+    dataset = write_synthetic_dataset(tmp_path / "data" / "dataset.npz", n_episodes=8, episode_length=40, image_size=(32, 32), frequency_hz=10.0)
+    run_config = dg.RunConfig(ops={
+        "smoke_run": at.SmokeRunConfig(run_name="smoke-a", config_name="demo", resume_check_steps=2),
+        "train_run": at.TrainRunConfig(run_name="train-a", config_name="demo", epochs=3, max_train_steps=8, batch_size=16, poll_s=0.5),
+        "checkpoint": at.CheckpointConfig(output_dir=str(tmp_path / "checkpoints"), stable_interval_s=0.2),
+        "evaluation": at.EvaluationConfig(max_samples_per_episode=12),
+    })
+    result = dg.materialize(
+        [stub_remote_dataset(dataset, 10.0), *at.defs.assets, *at.defs.asset_checks],
+        resources=resources(tmp_path), run_config=run_config,
+    )
+    assert result.success
+    meta = materializations(result)
+    assert meta["smoke_run"]["finite_losses"].value == 3 and meta["smoke_run"]["gpu_ids"].value == "cpu"
+    assert meta["train_run"]["global_step"].value == 23 and meta["train_run"]["attached"].value is False
+    assert meta["checkpoint"]["sha256"].value == meta["checkpoint"]["remote_sha256"].value
+    assert meta["evaluation"]["policy_mse"].value < meta["evaluation"]["baseline_mse"].value
+    assert meta["evaluation"]["trajectories"].value.startswith("![predicted vs recorded actions](data:image/png;base64,")
+    assert Path(meta["evaluation"]["loss_curve_png"].value).is_file()
+
+    checks = checks_by_name(result)
+    assert {name: c.passed for name, c in checks.items()} == {
+        "released": True, "resume_continuity": True, "natural_exit": True, "sha256_match": True, "beats_baseline": True,
+    }
+    assert checks["released"].metadata["now/gpu"].value == "no GPU present"
+    assert checks["natural_exit"].metadata["last_global_step"].value == 23
+    assert checks["resume_continuity"].metadata["records_compared"].value == 3
+
+
+@pytest.fixture()
+def fake(tmp_path):
+    trainer = tmp_path / "fake_train.py"
+    trainer.write_text(FAKE_TRAINER)
+    dataset = tmp_path / "dataset.npz"
+    dataset.write_bytes(b"stand-in dataset")
+    return str(trainer), dataset
+
+
+@pytest.mark.slow
+def test_a_leaking_smoke_run_fails_released_and_blocks_training(tmp_path, fake):
+    trainer, dataset = fake
+    run_config = dg.RunConfig(ops={
+        "smoke_run": at.SmokeRunConfig(run_name="smoke-leak", train_command=trainer, extra_overrides=["fake.mode=leave_child"]),
+        "train_run": at.TrainRunConfig(run_name="train-b", train_command=trainer, poll_s=0.2),
+    })
+    result = dg.materialize(
+        [stub_remote_dataset(dataset, 30.0), at.smoke_run, at.train_run, at.smoke_run_released],
+        resources=resources(tmp_path), run_config=run_config, raise_on_error=False,
+    )
+    released = checks_by_name(result)["released"]
+    assert not released.passed
+    assert "(sleep 300)" in released.metadata["at_end/leftover_processes"].value
+    assert "sleep 300" in released.metadata["at_end/cleanup_terminated"].value
+    assert released.metadata["now/leftover_processes"].value == "none"
+    assert "train_run" not in materializations(result)  # the blocking check stopped it
+    assert not (tmp_path / "server" / "runs" / "train-b").exists()
+
+
+@pytest.mark.slow
+def test_a_second_materialization_reattaches_to_the_running_training(tmp_path, fake):
+    trainer, dataset = fake
+    assets = [stub_remote_dataset(dataset, 30.0), at.train_run, at.train_run_natural_exit]
+    common = dict(run_name="train-c", train_command=trainer, epochs=2, max_train_steps=10,
+                  extra_overrides=["fake.step_s=0.3"], poll_s=0.3)
+    first = dg.materialize(
+        assets, resources=resources(tmp_path), raise_on_error=False,
+        run_config=dg.RunConfig(ops={"train_run": at.TrainRunConfig(**common, monitor_timeout_s=1.0)}),
+    )
+    assert not first.success  # the orchestrator gave up following; the run goes on
+    second = dg.materialize(
+        assets, resources=resources(tmp_path),
+        run_config=dg.RunConfig(ops={"train_run": at.TrainRunConfig(**common)}),
+    )
+    meta = materializations(second)["train_run"]
+    assert meta["attached"].value is True and meta["launch_index"].value == 0
+    assert meta["global_step"].value == 19 and meta["exit_code"].value == 0
+    assert checks_by_name(second)["natural_exit"].passed
+    assert [p.name for p in (tmp_path / "server" / "runs" / "train-c" / "dpflow").iterdir()] == ["launch-0"]
