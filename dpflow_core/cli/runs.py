@@ -1,5 +1,221 @@
-"""`dpflow` commands of the runs stage."""
+"""`dpflow` commands of the runs stage: ``smoke``, ``train``, ``checkpoint``, ``evaluate``.
+
+``smoke``, ``train`` and ``checkpoint`` take the GPU-server connection flags of
+``dpflow upload`` (local transport without ``--host``). Each prints the verdict
+of its checks and exits with status 1 when a blocking check fails (2 for an
+error, as every dpflow command).
+"""
 
 from __future__ import annotations
 
-from dpflow_core.cli import app  # noqa: F401
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dpflow_core.cli import app
+from dpflow_core.cli.remote import connection_options
+from dpflow_core.remote import GpuServer, ServerConfig
+
+_TEMPLATE_HELP = (
+    "Train command template (default: the built-in trainer). Placeholders: {run_dir}, {dataset}, "
+    "{overrides}, {num_processes}, {gpu_ids}, {config_name}; the overrides are appended when not placed. "
+    "Example: 'train.py --config-name=train_diffusion_unet_timm_umi_workspace'. A template starting with "
+    "'accelerate' is the whole command."
+)
+
+
+def _verdict(name: str, passed: bool, detail: str = "", *, blocking: bool = True) -> None:
+    label = "PASS" if passed else ("FAIL" if blocking else "WARN")
+    colour = typer.colors.GREEN if passed else (typer.colors.RED if blocking else typer.colors.YELLOW)
+    typer.secho(f"[{label}] {name}" + (f": {detail}" if detail else ""), fg=colour)
+
+
+def _dataset_identity(server: GpuServer, dataset: str, frequency: float | None) -> tuple[str, str, float]:
+    from dpflow_core.runs import dataset_frequency
+
+    path = server.abspath(dataset)
+    sha = server.sha256(path)
+    return path, sha, frequency if frequency is not None else dataset_frequency(server, path)
+
+
+@app.command("smoke")
+@connection_options
+def smoke_cmd(
+    dataset: str = typer.Argument(..., help="The dataset.npz on the GPU server (as `dpflow upload` printed it)."),
+    run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: smoke-<sha256[:12]>-<UTC time>)."),
+    config_name: str = typer.Option("auto", "--config-name", help="Trainer config ('auto': train_diffusion_unet_image with GPUs, demo without)."),
+    epochs: int = typer.Option(1, "--epochs", min=1, help="training.num_epochs."),
+    max_train_steps: int = typer.Option(3, "--max-train-steps", min=1, help="training.max_train_steps (batches per epoch)."),
+    batch_size: int = typer.Option(4, "--batch-size", min=1, help="dataloader.batch_size (per process)."),
+    num_workers: int = typer.Option(0, "--num-workers", min=0, help="dataloader.num_workers."),
+    train_command: Optional[str] = typer.Option(None, "--train-command", help=_TEMPLATE_HELP),
+    override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
+    frequency: Optional[float] = typer.Option(None, "--frequency", help="Dataset frequency in Hz (default: the dataset's metadata)."),
+    timeout: float = typer.Option(900.0, "--timeout", help="Seconds before the smoke run is ended."),
+    resume_check: bool = typer.Option(False, "--resume-check", help="Also run the resume-continuity check (two short runs)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    server_config: ServerConfig = None,
+) -> None:
+    """Smoke run: one GPU (or CPU), few steps, offline, no checkpoints; then the release check."""
+    from dpflow_core.runs import DEFAULT_TRAIN_COMMAND, check_resume_continuity, default_run_name, resolve_config_name, run_smoke, smoke_spec
+
+    with GpuServer(server_config) as server:
+        path, sha, freq = _dataset_identity(server, dataset, frequency)
+        inventory = server.gpu_inventory()
+        spec = smoke_spec(
+            run_name or default_run_name(sha, "smoke"), path, freq, dataset_sha256=sha,
+            config_name=resolve_config_name(config_name, inventory), epochs=epochs, max_train_steps=max_train_steps,
+            batch_size=batch_size, num_workers=num_workers, train_command=train_command or DEFAULT_TRAIN_COMMAND,
+            extra_overrides=override,
+        )
+        result = run_smoke(server, spec, timeout_s=timeout)
+        continuity = check_resume_continuity(server, spec) if resume_check and result.passed else None
+    if as_json:
+        out = {"smoke": result.metadata(), "release": result.release.to_dict(), "oom_advice": list(result.oom_advice)}
+        if continuity is not None:
+            out["resume_continuity"] = continuity.metadata() | {"passed": continuity.passed}
+        typer.echo(json.dumps(out, indent=2, default=str))
+    else:
+        typer.echo(f"run {spec.name} in {result.handle.run_dir} ({result.handle.metadata()['gpu_ids']}, {result.seconds:.1f} s)")
+        _verdict("smoke run", result.passed, "; ".join(result.problems) or
+                 f"exit 0, {result.finite_losses} finite train_loss, no checkpoint")
+        _verdict("released", result.release.passed, result.release.message)
+        if result.release.cleanup is not None:
+            typer.echo(f"  cleanup: terminated {list(result.release.cleanup.terminated)}, killed {list(result.release.cleanup.killed)}")
+        for step in result.oom_advice:
+            typer.echo(f"  {step}")
+        if continuity is not None:
+            detail = "; ".join(continuity.problems + continuity.mismatches) or (
+                f"{continuity.compared} records from step {continuity.resume_step} match "
+                f"(max loss rel diff {continuity.max_loss_rel_diff:.2e})"
+            )
+            _verdict("resume continuity", continuity.passed, detail, blocking=False)
+    if not (result.passed and result.release.passed):
+        raise typer.Exit(1)
+
+
+@app.command("train")
+@connection_options
+def train_cmd(
+    dataset: str = typer.Argument(..., help="The dataset.npz on the GPU server."),
+    run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: train-<sha256[:12]>-<UTC time>)."),
+    config_name: str = typer.Option("auto", "--config-name", help="Trainer config ('auto': train_diffusion_unet_image with GPUs, demo without)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="training.num_epochs (default: the config's)."),
+    max_train_steps: Optional[int] = typer.Option(None, "--max-train-steps", min=1, help="training.max_train_steps (batches per epoch)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="dataloader.batch_size (per process)."),
+    num_workers: Optional[int] = typer.Option(None, "--num-workers", min=0, help="dataloader.num_workers."),
+    num_processes: int = typer.Option(0, "--num-processes", min=0, help="Processes/GPUs (0: one per free GPU; 1 on CPU)."),
+    train_command: Optional[str] = typer.Option(None, "--train-command", help=_TEMPLATE_HELP),
+    override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
+    frequency: Optional[float] = typer.Option(None, "--frequency", help="Dataset frequency in Hz (default: the dataset's metadata)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run from its verified latest.ckpt."),
+    logging_mode: str = typer.Option("offline", "--logging-mode", help="logging.mode: offline | online | disabled."),
+    detach: bool = typer.Option(False, "--detach", help="Launch (or find) the run and return without waiting."),
+    poll: float = typer.Option(5.0, "--poll", help="Seconds between log polls."),
+    stall_timeout: float = typer.Option(900.0, "--stall-timeout", help="Seconds without a new log line (after the first step) that count as a stall."),
+    server_config: ServerConfig = None,
+) -> None:
+    """Training in a detached tmux session named after the run; follows it, then the natural-exit check."""
+    from dpflow_core.runs import (
+        DEFAULT_TRAIN_COMMAND, RunSpec, check_natural_exit, default_run_name, launch_or_attach, monitor_run, resolve_config_name,
+    )
+
+    with GpuServer(server_config) as server:
+        path, sha, freq = _dataset_identity(server, dataset, frequency)
+        inventory = server.gpu_inventory()
+        spec = RunSpec(
+            name=run_name or default_run_name(sha, "train"), kind="train", dataset_path=path, frequency_hz=freq,
+            dataset_sha256=sha, config_name=resolve_config_name(config_name, inventory), epochs=epochs,
+            max_train_steps=max_train_steps, batch_size=batch_size, num_workers=num_workers, num_processes=num_processes,
+            train_command=train_command or DEFAULT_TRAIN_COMMAND, resume=resume, logging_mode=logging_mode,
+            extra_overrides=tuple(override),
+        )
+        handle, attached = launch_or_attach(server, spec, inventory=inventory)
+        where = f"tmux session {handle.detached.tmux_session}" if handle.detached.tmux_session else f"pid {handle.detached.pid}"
+        typer.echo(f"{'attached to' if attached else 'launched'} {handle.name} ({where}) in {handle.run_dir}")
+        if detach:
+            return
+
+        def progress(p, new):
+            typer.echo(f"  epoch {p.epoch} step {p.global_step} loss {p.train_loss} lr {p.lr}"
+                       + (f" {p.steps_per_s:.2f} steps/s" if p.steps_per_s else ""))
+
+        monitored = monitor_run(server, handle, poll_s=poll, stall_timeout_s=stall_timeout, on_progress=progress)
+        typer.echo(f"monitor: {monitored.status}: {monitored.message}")
+        report = check_natural_exit(server, handle)
+    _verdict("natural exit", report.passed, "; ".join(report.problems) or
+             f"exit 0, epoch {report.last_epoch}, global_step {report.last_global_step}, {report.checkpoint.describe()}")
+    for step in report.oom_advice:
+        typer.echo(f"  {step}")
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command("checkpoint")
+@connection_options
+def checkpoint_cmd(
+    run_name: str = typer.Argument(..., help="The run whose checkpoint to download."),
+    choose: str = typer.Option("latest", "--choose", help="latest | best (lowest train_loss among the top-k files)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Checkpoint root (default: $DPFLOW_WORKDIR/checkpoints or outputs/checkpoints)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    server_config: ServerConfig = None,
+) -> None:
+    """Download a run's checkpoint with its config, log, normaliser and reproducibility record; verify SHA-256."""
+    from dpflow_core.checkpoints import download_checkpoint, verify_checkpoint
+
+    if choose not in ("latest", "best"):
+        raise typer.BadParameter(f"unknown choice {choose!r}", param_hint="--choose")
+    with GpuServer(server_config) as server:
+        result = download_checkpoint(server, run_name, choose=choose, dest_root=output)
+        check = verify_checkpoint(result.local_path, result.remote_sha256, result.size_bytes)
+    if as_json:
+        typer.echo(json.dumps({"checkpoint": result.to_dict(), "check": check.metadata() | {"passed": check.passed}}, indent=2))
+    else:
+        typer.echo(f"{result.local_path} ({result.size_bytes} bytes){' (already present)' if result.already_present else ''}")
+        _verdict("checkpoint sha256", check.passed, "; ".join(check.problems) or f"{check.local_sha256} on both ends")
+    if not check.passed:
+        raise typer.Exit(1)
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    checkpoint: Path = typer.Argument(..., help="A downloaded checkpoint (dpflow checkpoint prints its path)."),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="The dataset.npz it was trained on (default: the path in its run record, when it exists here)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (default: <checkpoint folder>/evaluation)."),
+    log: Optional[Path] = typer.Option(None, "--log", help="logs.json.txt for the loss curve (default: next to the checkpoint)."),
+    samples: int = typer.Option(48, "--samples-per-episode", min=1, help="Anchors per held-out episode."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace earlier results in the output folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Held-out action MSE of the checkpoint's EMA policy vs the constant training-mean baseline, with plots."""
+    from dpflow_core.evaluation import evaluate_checkpoint
+
+    folder = checkpoint.resolve().parent
+    if dataset is None:
+        dataset = _dataset_from_record(folder)
+    result = evaluate_checkpoint(
+        checkpoint, dataset, output or folder / "evaluation", log_path=log or folder / "logs.json.txt",
+        max_samples_per_episode=samples, overwrite=overwrite,
+    )
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        typer.echo(result.markdown_table())
+        typer.echo(f"plots: {result.trajectory_plot}" + (f", {result.loss_plot}" if result.loss_plot else ""))
+        _verdict("beats constant baseline", result.beats_baseline,
+                 f"held-out MSE {result.policy_mse:.6g} vs {result.baseline_mse:.6g} ({result.improvement:+.1%})")
+    if not result.beats_baseline:
+        raise typer.Exit(1)
+
+
+def _dataset_from_record(folder: Path) -> Path:
+    from dpflow_core.checkpoints import RECORD_FILE
+
+    record = folder / RECORD_FILE
+    if record.is_file():
+        path = (json.loads(record.read_text()).get("dataset") or {}).get("path")
+        if path and Path(path).is_file():
+            return Path(path)
+    raise typer.BadParameter("no local dataset found in the run record; pass --dataset", param_hint="--dataset")

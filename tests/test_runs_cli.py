@@ -1,0 +1,90 @@
+"""`dpflow smoke`, `train`, `checkpoint` and `evaluate`: verdicts and exit statuses (local transport)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from synthetic_dataset import write_synthetic_dataset
+from test_evaluation import train_in_process
+from test_runs import FAKE_TRAINER
+from typer.testing import CliRunner
+
+from dpflow_core.cli import app
+
+TMUX_SOCKET = "dpflow-test-runs-cli"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_tmux_server():
+    yield
+    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+
+
+@pytest.fixture()
+def env(tmp_path, monkeypatch):
+    # The CLI's local transport takes the tmux socket from the default config; keep sessions private.
+    from dpflow_core import remote
+
+    original = remote.ServerConfig.local.__func__
+
+    def local(cls, **overrides):
+        overrides.setdefault("tmux_socket", TMUX_SOCKET)
+        return original(cls, **overrides)
+
+    monkeypatch.setattr(remote.ServerConfig, "local", classmethod(local))
+    trainer = tmp_path / "fake_train.py"
+    trainer.write_text(FAKE_TRAINER)
+    dataset = tmp_path / "dataset.npz"
+    dataset.write_bytes(b"stand-in dataset")
+    return {"trainer": str(trainer), "dataset": str(dataset), "root": str(tmp_path / "server"), "tmp": tmp_path}
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+@pytest.mark.slow
+def test_smoke_prints_the_verdicts_and_fails_on_a_leftover(env):
+    common = ["--remote-dir", env["root"], "--train-command", env["trainer"], "--frequency", "30"]
+    code, out = invoke("smoke", env["dataset"], "--run-name", "cli-ok", *common)
+    assert code == 0, out
+    assert "[PASS] smoke run: exit 0, 3 finite train_loss, no checkpoint" in out
+    assert "[PASS] released: no process of the run is left; no GPU present" in out
+    code, out = invoke("smoke", env["dataset"], "--run-name", "cli-leak", "--override", "fake.mode=leave_child", *common)
+    assert code == 1
+    assert "[PASS] smoke run" in out and "[FAIL] released: leftover processes: pid" in out and "(sleep 300)" in out
+    assert "cleanup: terminated ['pid" in out
+
+
+@pytest.mark.slow
+def test_train_then_checkpoint_then_an_oom_run(env):
+    common = ["--remote-dir", env["root"], "--train-command", env["trainer"], "--frequency", "30"]
+    code, out = invoke("train", env["dataset"], "--run-name", "cli-train", "--epochs", 2, "--max-train-steps", 3, "--poll", 0.2, *common)
+    assert code == 0, out
+    assert "launched cli-train (tmux session cli-train)" in out
+    assert "[PASS] natural exit: exit 0, epoch 1, global_step 5" in out
+    code, out = invoke("checkpoint", "cli-train", "--remote-dir", env["root"], "-o", env["tmp"] / "ckpts")
+    assert code == 0, out
+    assert "[PASS] checkpoint sha256" in out and str(env["tmp"] / "ckpts" / "cli-train") in out
+    code, out = invoke("train", env["dataset"], "--run-name", "cli-oom", "--override", "fake.mode=oom", "--poll", 0.2, *common)
+    assert code == 1
+    assert "[FAIL] natural exit: exit status 1" in out
+    assert "1. Leftovers first" in out and "6. Mixed precision last" in out
+
+
+def test_evaluate_passes_for_a_trained_policy_and_fails_for_an_untrained_one(tmp_path):
+    dataset = write_synthetic_dataset(tmp_path / "dataset.npz", n_episodes=8, episode_length=40, image_size=(32, 32))
+    trained = train_in_process(dataset, tmp_path / "trained", "training.num_epochs=3", "training.max_train_steps=8", "dataloader.batch_size=16")
+    code, out = invoke("evaluate", trained, "--dataset", dataset, "--samples-per-episode", 8)
+    assert code == 0, out
+    assert "| **overall** |" in out and "[PASS] beats constant baseline: held-out MSE" in out
+    assert (trained.parent / "evaluation" / "trajectories.png").is_file()
+    untrained = train_in_process(
+        dataset, tmp_path / "untrained", "optimizer.lr=0.0", "policy.noise_scheduler.prediction_type=epsilon",
+        "training.num_epochs=1", "training.max_train_steps=1",
+    )
+    code, out = invoke("evaluate", untrained, "--dataset", dataset, "--samples-per-episode", 8)
+    assert code == 1 and "[FAIL] beats constant baseline" in out
