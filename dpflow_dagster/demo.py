@@ -66,6 +66,10 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+#: Log lines of the filesystem IO manager, hidden from the progress display.
+_IO_MESSAGES = ("Loading file from", "Writing file at")
+
+
 def _follow(instance, run_id: str, stop: threading.Event) -> None:
     """Print the run's step starts, materialisations, check results and log lines as they happen."""
     from dagster import DagsterEventType
@@ -80,7 +84,7 @@ def _follow(instance, run_id: str, stop: threading.Event) -> None:
             stamp = f"[{time.monotonic() - t0:6.1f}s]"
             step = record.step_key or ""
             if event is None:
-                if step and record.user_message:
+                if step and record.user_message and not record.user_message.startswith(_IO_MESSAGES):
                     console.print(f"{stamp} [dim]{step}[/dim] {record.user_message}")
                 continue
             kind = event.event_type
@@ -97,6 +101,34 @@ def _follow(instance, run_id: str, stop: threading.Event) -> None:
         if done:
             return
         stop.wait(0.5)
+
+
+#: What the summary shows for each asset: (label, key of the asset's output dict).
+_SUMMARY = {
+    "paired_episodes": [("manifest", "manifest_path"), ("accepted episodes", "accepted"), ("rejected", "rejected")],
+    "dataset_npz": [("dataset", "path"), ("SHA-256", "sha256"), ("frequency (Hz)", "frequency_hz"), ("norm stats", "norm_stats_path")],
+    "remote_dataset": [("on the server", "remote_path")],
+    "smoke_run": [("smoke run directory", "run_dir")],
+    "train_run": [("run directory", "run_dir"), ("global_step", "global_step")],
+    "checkpoint": [("checkpoint", "path"), ("reproducibility record", "record_path")],
+    "evaluation": [("policy MSE", "policy_mse"), ("baseline MSE", "baseline_mse"), ("plots", "trajectory_plot"), ("loss curve", "loss_plot")],
+    "lerobot_dataset": [("LeRobot dataset", "path")],
+    "norm_stats": [("openpi norm stats", "path")],
+}
+
+
+def _print_outputs(result, ops: set[str]) -> None:
+    """Where each asset's products are, from the values the assets returned."""
+    for name, fields in _SUMMARY.items():
+        if name not in ops:
+            continue
+        try:
+            value = result.output_for_node(name)
+        except Exception:  # the step failed or did not run: its failure was printed above
+            continue
+        for label, key in fields:
+            if isinstance(value, dict) and value.get(key) is not None:
+                console.print(f"  {name:16s} {label}: {value[key]}")
 
 
 def run_demo(
@@ -166,12 +198,7 @@ def run_demo(
         if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
     ]
     console.print()
-    for key in ("paired_episodes", "dataset_npz", "remote_dataset", "smoke_run", "train_run", "checkpoint", "evaluation"):
-        mats = result.asset_materializations_for_node(key) if key in ops else []
-        for mat in mats:
-            paths = {k: v.value for k, v in mat.metadata.items() if k in ("path", "manifest_path", "remote_path", "run_dir", "checkpoint_path", "local_path", "plots_dir", "report_path")}
-            if paths:
-                console.print(f"[bold]{key}[/bold]: " + ", ".join(f"{k}={v}" for k, v in paths.items()))
+    _print_outputs(result, ops)
     console.print(f"Dagster instance: {os.environ['DAGSTER_HOME']}")
     console.print(
         f"Open the UI:  DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/dagster dev -w workspace.yaml  "
