@@ -1154,6 +1154,21 @@ class MonitorResult:
 ProgressCallback = Callable[[LogProgress, list[dict[str, Any]]], None]
 
 
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What a dropped SSH connection raises: ours, socket errors, and Paramiko's own."""
+    errors: tuple[type[BaseException], ...] = (RemoteError, OSError, EOFError)
+    try:
+        import paramiko
+
+        errors += (paramiko.SSHException,)
+    except ImportError:
+        pass
+    return errors
+
+
+_CONNECTION_ERRORS = _connection_errors()
+
+
 def monitor_run(
     server: GpuServer,
     handle: RunHandle,
@@ -1180,8 +1195,9 @@ def monitor_run(
             new = tailer.poll()
             status = server.detached_status(handle.detached)
             failures = 0
-        except RemoteError as exc:
-            if exc.code not in ("unreachable", "ssh_failed", "command_failed") or failures >= reconnect_attempts:
+        except _CONNECTION_ERRORS as exc:
+            transient = not isinstance(exc, RemoteError) or exc.code in ("unreachable", "ssh_failed", "command_failed")
+            if not transient or failures >= reconnect_attempts:
                 raise
             failures += 1
             log.warning("lost the server while monitoring %s (%s); reconnecting (%d/%d)", handle.name, exc, failures, reconnect_attempts)

@@ -73,7 +73,7 @@ def test_leftover_child_over_ssh_is_named_and_only_it_is_ended(config, files):
         foreign.wait(10)
 
 
-def test_dropped_connection_then_reattach_then_checkpoint(config, files, tmp_path):
+def test_dropped_connection_then_reattach_then_checkpoint(config, files, tmp_path, caplog):
     trainer, dataset = files
     spec = fake_spec("train-ssh", dataset, trainer, epochs=2, steps=8, step_s=0.5)
     with GpuServer(config) as server:
@@ -85,8 +85,17 @@ def test_dropped_connection_then_reattach_then_checkpoint(config, files, tmp_pat
         again, attached = launch_or_attach(server, spec)
         assert attached and again.detached.pid == handle.detached.pid
         assert server.tmux_session_exists("train-ssh")
-        result = monitor_run(server, again, poll_s=0.5, stall_timeout_s=60, timeout_s=120)
+        dropped = []
+
+        def drop_once(progress, new):  # the SSH connection breaks while the monitor follows the run
+            if not dropped:
+                server._transport.connection.client.get_transport().close()
+                dropped.append(progress.global_step)
+
+        result = monitor_run(server, again, poll_s=0.5, stall_timeout_s=60, timeout_s=120, on_progress=drop_once)
         assert result.ok, result.message
+        assert dropped and server._transport.connection.is_connected
+        assert "lost the server while monitoring train-ssh" in caplog.text
         assert result.progress.global_step == 15
         report = check_natural_exit(server, again)
         assert report.passed, report.problems
