@@ -16,6 +16,7 @@ from dpflow_dagster import assets_training as at
 from dpflow_dagster.resources import GpuServerResource
 
 TMUX_SOCKET = "dpflow-test-assets"
+TASK = "pick_place"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,15 +32,24 @@ def stub_remote_dataset(path: Path, frequency_hz: float):
         "frequency_hz": frequency_hz, "local_path": str(path),
     }
 
-    @dg.asset(name="remote_dataset", group_name="dataset")
+    @dg.asset(name="remote_dataset", group_name="dataset", partitions_def=at.smoke_run.partitions_def)
     def remote_dataset() -> dict:
         return value
 
     return remote_dataset
 
 
-def resources(tmp_path: Path) -> dict:
-    return {"gpu_server": GpuServerResource(data_root=str(tmp_path / "server"), tmux_socket=TMUX_SOCKET)}
+def materialize(assets, tmp_path: Path, run_config: dg.RunConfig, raise_on_error: bool = True):
+    """``dg.materialize`` with the local GPU server under ``tmp_path`` (one task partition when partitioned)."""
+    kwargs = {}
+    partitions = at.smoke_run.partitions_def
+    if partitions is not None:
+        instance = dg.DagsterInstance.ephemeral()
+        if isinstance(partitions, dg.DynamicPartitionsDefinition):
+            instance.add_dynamic_partitions(partitions.name, [TASK])
+        kwargs = dict(instance=instance, partition_key=TASK)
+    resources = {"gpu_server": GpuServerResource(data_root=str(tmp_path / "server"), tmux_socket=TMUX_SOCKET)}
+    return dg.materialize(assets, resources=resources, run_config=run_config, raise_on_error=raise_on_error, **kwargs)
 
 
 def checks_by_name(result: dg.ExecuteInJobResult) -> dict:
@@ -75,10 +85,7 @@ def test_smoke_train_checkpoint_evaluation_with_the_builtin_trainer(tmp_path):
         "checkpoint": at.CheckpointConfig(output_dir=str(tmp_path / "checkpoints"), stable_interval_s=0.2),
         "evaluation": at.EvaluationConfig(max_samples_per_episode=12),
     })
-    result = dg.materialize(
-        [stub_remote_dataset(dataset, 10.0), *at.defs.assets, *at.defs.asset_checks],
-        resources=resources(tmp_path), run_config=run_config,
-    )
+    result = materialize([stub_remote_dataset(dataset, 10.0), *at.defs.assets, *at.defs.asset_checks], tmp_path, run_config)
     assert result.success
     meta = materializations(result)
     assert meta["smoke_run"]["finite_losses"].value == 3 and meta["smoke_run"]["gpu_ids"].value == "cpu"
@@ -113,9 +120,9 @@ def test_a_leaking_smoke_run_fails_released_and_blocks_training(tmp_path, fake):
         "smoke_run": at.SmokeRunConfig(run_name="smoke-leak", train_command=trainer, extra_overrides=["fake.mode=leave_child"]),
         "train_run": at.TrainRunConfig(run_name="train-b", train_command=trainer, poll_s=0.2),
     })
-    result = dg.materialize(
-        [stub_remote_dataset(dataset, 30.0), at.smoke_run, at.train_run, at.smoke_run_released],
-        resources=resources(tmp_path), run_config=run_config, raise_on_error=False,
+    result = materialize(
+        [stub_remote_dataset(dataset, 30.0), at.smoke_run, at.train_run, at.smoke_run_released], tmp_path, run_config,
+        raise_on_error=False,
     )
     released = checks_by_name(result)["released"]
     assert not released.passed
@@ -132,15 +139,11 @@ def test_a_second_materialization_reattaches_to_the_running_training(tmp_path, f
     assets = [stub_remote_dataset(dataset, 30.0), at.train_run, at.train_run_natural_exit]
     common = dict(run_name="train-c", train_command=trainer, epochs=2, max_train_steps=10,
                   extra_overrides=["fake.step_s=0.3"], poll_s=0.3)
-    first = dg.materialize(
-        assets, resources=resources(tmp_path), raise_on_error=False,
-        run_config=dg.RunConfig(ops={"train_run": at.TrainRunConfig(**common, monitor_timeout_s=1.0)}),
+    first = materialize(
+        assets, tmp_path, dg.RunConfig(ops={"train_run": at.TrainRunConfig(**common, monitor_timeout_s=1.0)}), raise_on_error=False
     )
     assert not first.success  # the orchestrator gave up following; the run goes on
-    second = dg.materialize(
-        assets, resources=resources(tmp_path),
-        run_config=dg.RunConfig(ops={"train_run": at.TrainRunConfig(**common)}),
-    )
+    second = materialize(assets, tmp_path, dg.RunConfig(ops={"train_run": at.TrainRunConfig(**common)}))
     meta = materializations(second)["train_run"]
     assert meta["attached"].value is True and meta["launch_index"].value == 0
     assert meta["global_step"].value == 19 and meta["exit_code"].value == 0
