@@ -49,7 +49,7 @@ import shlex
 import string
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -1019,7 +1019,10 @@ def check_released(
     gpu_procs: list[str] = []
     if inventory is None:
         gpu_status = "no_gpu" if handle.gpu_status != "error" else "error"
-        gpu_note = "no GPU present: GPU memory not checked"
+        gpu_note = (
+            "no GPU present: GPU memory not checked" if gpu_status == "no_gpu"
+            else "nvidia-smi failed at launch, the run used the CPU: GPU memory not checked"
+        )
     else:
         gpu_status = inventory.status
         if inventory.status == "ok":

@@ -11,7 +11,6 @@ from synthetic_dataset import write_synthetic_dataset
 
 from dpflow_core.remote import GpuServer, ServerConfig
 from dpflow_core.runs import (
-    RunSpec,
     check_natural_exit,
     check_resume_continuity,
     compare_logs,
