@@ -163,7 +163,9 @@ class PreflightReport:
         return meta
 
 
-def _repo_state(server: GpuServer, repo: str | None) -> RepoState:
+def repo_state(server: GpuServer, repo: str | None) -> RepoState:
+    """Branch, commit and dirty files of the git repository ``repo`` on the server
+    (``RepoState.error`` says why when there is none)."""
     if not repo:
         return RepoState(None, error="no repository configured")
     path = server.abspath(repo)
@@ -228,7 +230,7 @@ def preflight(
     nproc_result = server.run("nproc")
     nproc = int(nproc_result.stdout.strip()) if nproc_result.ok and nproc_result.stdout.strip().isdigit() else None
 
-    repo = _repo_state(server, server.config.repo_path)
+    repo = repo_state(server, server.config.repo_path)
     if repo.error:
         warnings.append(f"repository: {repo.error}")
     elif repo.dirty:

@@ -56,6 +56,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 from dpflow_core.errors import DatasetError, RemoteError, RunError
 from dpflow_core.logs import LogProgress, LogTailer, is_finite_number, parse_log_text
 from dpflow_core.names import validate_name
+from dpflow_core.preflight import repo_state
 from dpflow_core.remote import DetachedProcess, GpuInventory, GpuServer, ProcessInfo
 
 log = logging.getLogger(__name__)
@@ -668,9 +669,8 @@ def reproducibility_record(server: GpuServer, handle: RunHandle, inventory: GpuI
     (``pip freeze`` of the training interpreter), the full command and overrides,
     the launch time. :func:`finalize_record` adds the end time and exit status.
     """
-    from dpflow_core.preflight import _repo_state
 
-    repo = _repo_state(server, server.config.repo_path)
+    repo = repo_state(server, server.config.repo_path)
     host = server.run("uname -n").stdout.strip()
     return {
         "run_name": handle.name,
@@ -1647,12 +1647,11 @@ def check_resume_continuity(
     full_name = validate_name(f"{base.name}-resume-full", "run name")
     cont_name = validate_name(f"{base.name}-resume-cont", "run name")
     problems: list[str] = []
-    from dpflow_core.preflight import _repo_state
 
-    commit_before = _repo_state(server, server.config.repo_path).commit
+    commit_before = repo_state(server, server.config.repo_path).commit
 
     def finish(resume_step=None, compared=0, max_loss=None, max_lr=None, mismatches=()):
-        commit_after = _repo_state(server, server.config.repo_path).commit
+        commit_after = repo_state(server, server.config.repo_path).commit
         if commit_before != commit_after:
             problems.append(f"the repository commit changed during the check ({commit_before} -> {commit_after})")
         return ContinuityReport(

@@ -148,6 +148,14 @@ def test_normalizer_maps_limits_to_unit_range_and_inverts(buffer):
     # the constant rotation component maps to 0
     assert torch.allclose(y[:, 5], torch.zeros(len(y)), atol=1e-6)
     assert torch.allclose(norm.unnormalize("action", y), act, atol=1e-6)
+    # fitted on some episodes only: the statistics are those of exactly their steps
+    mask = np.zeros(len(buffer.episode_ends), dtype=bool)
+    mask[1] = True
+    start, end = int(buffer.episode_ends[0]), int(buffer.episode_ends[1])
+    sub = normalizer_stats(buffer, spec, mask)
+    ref = np.asarray(buffer["robot0_eef_pos"][start:end], dtype=np.float64)
+    np.testing.assert_allclose(sub["robot0_eef_pos"]["mean"], ref.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(sub["robot0_eef_pos"]["max"], ref.max(0), rtol=1e-6)
     rebuilt = LinearNormalizer(norm.stats())
     rebuilt.load_state_dict(norm.state_dict())
     assert torch.equal(rebuilt.normalize("action", act), y)

@@ -237,10 +237,18 @@ def shape_meta(buffer: ReplayBuffer, spec: ObsActionSpec) -> dict[str, Any]:
     return {"rgb": rgb, "lowdim": lowdim, "action_dim": action_dim}
 
 
-def normalizer_stats(buffer: ReplayBuffer, spec: ObsActionSpec) -> dict[str, dict[str, np.ndarray]]:
-    """Statistics of every low-dimensional field over all steps of the buffer.
+def normalizer_stats(
+    buffer: ReplayBuffer, spec: ObsActionSpec, episode_mask: np.ndarray | None = None
+) -> dict[str, dict[str, np.ndarray]]:
+    """Statistics of every low-dimensional field over the steps of the selected episodes.
 
-    Reads only the low-dimensional arrays (never the images).
+    Reads only the low-dimensional arrays (never the images). Fit it on the
+    training episodes only, so that held-out episodes stay unseen.
+
+    Args:
+        buffer: the replay buffer.
+        spec: what to observe and predict.
+        episode_mask: ``(E,)`` bool, the episodes to fit on; None = all steps.
 
     Returns:
         ``{field: {"min", "max", "mean", "std"}}`` with ``(D,)`` float32 arrays,
@@ -256,8 +264,13 @@ def normalizer_stats(buffer: ReplayBuffer, spec: ObsActionSpec) -> dict[str, dic
             "std": a.std(axis=0).astype(np.float32),
         }
 
-    out = {key: stats(buffer[key]) for key in spec.lowdim_keys}
-    out["action"] = stats(action_array(buffer, spec, slice(None)))
+    index: np.ndarray | slice = slice(None)
+    if episode_mask is not None:
+        ends = np.asarray(buffer.episode_ends, dtype=np.int64)
+        starts = np.concatenate([[0], ends[:-1]])
+        index = np.concatenate([np.arange(s, e) for s, e, keep in zip(starts, ends, episode_mask) if keep])
+    out = {key: stats(np.asarray(buffer[key])[index]) for key in spec.lowdim_keys}
+    out["action"] = stats(action_array(buffer, spec, index))
     return out
 
 

@@ -234,7 +234,7 @@ class Workspace:
             )
         if val_mask.any() and len(self.val_set) == 0:
             log.warning("validation episodes are all shorter than %d frames: no validation", spec.min_episode_length)
-        self.norm_stats = normalizer_stats(buffer, spec)
+        self.norm_stats = normalizer_stats(buffer, spec, train_mask)
         seed = int(cfg.training.seed)
         self.train_sampler = EpochBatchSampler(
             len(self.train_set),
