@@ -20,6 +20,7 @@ from dpflow_core.conversion import convert, dataset_key, load_inputs
 from dpflow_core.dataset import CHECKS, MIN_TRAIN_LENGTH, validate_dataset
 from dpflow_core.errors import DpflowError
 from dpflow_core.names import validate_name
+from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, task_partitions
 
 
 def _default_workdir() -> Path:
@@ -74,6 +75,9 @@ def _rejected_table(rejected: list[dict]) -> str:
 @dg.asset(
     group_name="dataset",
     kinds={"numpy"},
+    owners=OWNERS,
+    partitions_def=task_partitions,
+    automation_condition=CONVERSION_AUTOMATION,
     description=(
         "The replay buffer dataset.npz (formats.md section 2) converted from the accepted episodes: frames resized "
         "to the configured size, poses and gripper aligned on the camera timestamps, measured frequency, SHA-256, "

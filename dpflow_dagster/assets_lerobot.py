@@ -19,6 +19,7 @@ from pydantic import Field
 from dpflow_core import lerobot
 from dpflow_core.errors import DpflowError
 from dpflow_core.topics import DAS_DEFAULT, TopicMap
+from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, task_partitions
 
 
 def _workdir() -> Path:
@@ -65,6 +66,9 @@ def _skipped_table(skipped: dict[str, str]) -> str:
 @dg.asset(
     group_name="dataset",
     kinds={"parquet"},
+    owners=OWNERS,
+    partitions_def=task_partitions,
+    automation_condition=CONVERSION_AUTOMATION,
     description=(
         "LeRobot v2.1 dataset (meta/info.json, episodes, tasks, episode stats, parquet per episode, H.264 MP4 "
         "per camera) of the paired episodes, aligned by the same code as dataset.npz; fps = measured frequency."
@@ -120,6 +124,9 @@ def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetCon
 @dg.asset(
     group_name="dataset",
     kinds={"parquet"},
+    owners=OWNERS,
+    partitions_def=task_partitions,
+    automation_condition=CONVERSION_AUTOMATION,
     description=(
         "openpi norm_stats.json (mean, std, q01, q99 of state and actions) of the LeRobot dataset, from its parquet "
         "columns only; fails at once when meta/info.json is missing, of another codebase_version or inconsistent."

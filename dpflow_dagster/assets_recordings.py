@@ -1,14 +1,27 @@
-"""Assets of the recordings stage: ``paired_episodes`` (and the sensor and job that request it)."""
+"""Assets of the recordings stage: ``paired_episodes`` (and the sensor and job that request it).
 
+``paired_episodes`` wraps :func:`dpflow_core.pairing.pair_recordings` for the
+task folder of its partition (:func:`dpflow_dagster.partitions.task_folder`) and
+shows the episode quality table of :mod:`dpflow_core.report` on the
+materialization: the report (``report.html``, ``quality.json``, a preview PNG per
+episode) goes to ``<output_dir>/reports/<task>-<hash12>/``, named like the
+content-addressed manifest ``<output_dir>/manifests/<task>-<hash12>.json``, and
+the table shows small JPEG thumbnails of the previews inline.
+"""
+
+import base64
 import os
 from pathlib import Path
 from typing import Optional
 
+import cv2
 import dagster as dg
 from pydantic import Field
 
 from dpflow_core.errors import DpflowError
-from dpflow_core.pairing import Manifest, default_recordings_root, pair_recordings, save_manifest
+from dpflow_core.pairing import Manifest, pair_recordings, save_manifest
+from dpflow_core.report import EpisodeQuality, episode_quality, markdown_table, write_report
+from dpflow_dagster.partitions import OWNERS, recordings_root, task_folder, task_partitions
 from dpflow_dagster.sensors import paired_episodes_job, recordings_sensor
 
 
@@ -23,15 +36,28 @@ class PairedEpisodesConfig(dg.Config):
 
     root: Optional[str] = Field(
         default=None,
-        description="Matrix Studio task folder; default $DPFLOW_RECORDINGS_ROOT, else <cwd>/outputs/recordings/pick_place.",
+        description="Matrix Studio output root holding the task folders (the partition is the task folder's name), "
+        "or the task folder itself; default $DPFLOW_RECORDINGS_ROOT, else <cwd>/outputs/recordings.",
     )
     output_dir: Optional[str] = Field(
-        default=None, description="Work folder; the manifest goes to <output_dir>/manifests/. Default $DPFLOW_WORKDIR, else <cwd>/outputs."
+        default=None,
+        description="Work folder; the manifest goes to <output_dir>/manifests/, the quality report to "
+        "<output_dir>/reports/. Default $DPFLOW_WORKDIR, else <cwd>/outputs.",
     )
     task: Optional[str] = Field(default=None, description="Task name; default from vio_result.json, else the folder name.")
     explicit_manifest: Optional[str] = Field(
         default=None, description='Explicit pairing JSON {"episodes": [{"stem", "raw_mcap", "vio_mcap", "vio_json"}]}.'
     )
+    quality: bool = Field(
+        default=True, description="Measure each accepted episode (duration, rates, VIO score, pose gaps) and show the table."
+    )
+    previews: bool = Field(
+        default=True, description="Draw a preview PNG per episode (frames, trajectory, gripper) in the report folder."
+    )
+    inline_previews: int = Field(
+        default=12, description="Episodes whose preview thumbnail is shown inline in the table (the rest: files only)."
+    )
+    thumbnail_width: int = Field(default=360, description="Width in pixels of the inline thumbnails (JPEG).")
 
 
 def _md(text: object) -> str:
@@ -57,19 +83,65 @@ def accepted_table(manifest: Manifest) -> str:
     return "\n".join(rows) if manifest.accepted else "No accepted episodes."
 
 
+def _thumbnail(png: str, width: int) -> str:
+    """A ``data:`` URI of a small JPEG of the preview ``png`` (the UI cannot read local files)."""
+    image = cv2.imread(png, cv2.IMREAD_COLOR)
+    if image is None:
+        return ""
+    height = max(1, round(image.shape[0] * width / image.shape[1]))
+    ok, data = cv2.imencode(".jpg", cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA),
+                            [cv2.IMWRITE_JPEG_QUALITY, 80])
+    return f"data:image/jpeg;base64,{base64.b64encode(data.tobytes()).decode('ascii')}" if ok else ""
+
+
+def _quality_metadata(
+    context: dg.AssetExecutionContext, config: PairedEpisodesConfig, manifest_path: Path, output_dir: Path
+) -> dict:
+    """Episode quality table (with thumbnails) and figures; a measurement failure is reported, not fatal."""
+    report_dir = output_dir / "reports" / manifest_path.stem
+    try:
+        if config.previews:
+            report = write_report(manifest_path, report_dir, overwrite=True)  # derived from the same hashed files
+            episodes: list[EpisodeQuality] = report.episodes
+        else:
+            report, episodes = None, episode_quality(manifest_path)
+    except DpflowError as exc:
+        context.log.warning(f"episode quality not measured: {exc}")
+        return {"quality": dg.MetadataValue.md(f"Not measured: {_md(exc)}")}
+    links = None
+    if report is not None:
+        links = {
+            e.stem: _thumbnail(e.preview_png, config.thumbnail_width) if i < config.inline_previews else ""
+            for i, e in enumerate(episodes) if e.preview_png
+        }
+    meta: dict = {
+        "quality": dg.MetadataValue.md(markdown_table(episodes, links)),
+        "outliers": sum(e.is_outlier for e in episodes),
+        "total_duration_s": float(sum(e.duration_s for e in episodes)),
+        "median_vio_score": float(sorted(e.score_median for e in episodes)[len(episodes) // 2]) if episodes else 0.0,
+    }
+    if report is not None:
+        meta["report"] = dg.MetadataValue.path(str(report.html_path))
+        meta["previews"] = dg.MetadataValue.path(str(report.preview_dir))
+    return meta
+
+
 @dg.asset(
     group_name="dataset",
     kinds={"mcap"},
+    owners=OWNERS,
+    partitions_def=task_partitions,
     description=(
-        "Exact <STEM>.mcap + <STEM>_vio.mcap + <STEM>_vio.json triples of a Matrix Studio task folder: "
+        "Exact <STEM>.mcap + <STEM>_vio.mcap + <STEM>_vio.json triples of the partition's Matrix Studio task folder: "
         "status success, non-empty, valid MCAP; every other file listed as rejected with a reason. "
-        "Writes a content-addressed manifest JSON (files with SHA-256, validation figures)."
+        "Writes a content-addressed manifest JSON (files with SHA-256, validation figures) and the episode quality "
+        "report beside it."
     ),
 )
 def paired_episodes(context: dg.AssetExecutionContext, config: PairedEpisodesConfig) -> dg.Output[dict]:
-    root = Path(config.root) if config.root else default_recordings_root()
     output_dir = Path(config.output_dir) if config.output_dir else default_workdir()
     try:
+        root = task_folder(Path(config.root) if config.root else recordings_root(), context.partition_key)
         manifest = pair_recordings(root, explicit_manifest=config.explicit_manifest, task=config.task)
         path, written = save_manifest(manifest, output_dir)
     except DpflowError as exc:
@@ -88,19 +160,19 @@ def paired_episodes(context: dg.AssetExecutionContext, config: PairedEpisodesCon
         "accepted": len(manifest.accepted),
         "rejected": len(manifest.rejected),
     }
-    return dg.Output(
-        value,
-        metadata={
-            "manifest_path": dg.MetadataValue.path(str(path)),
-            "root": dg.MetadataValue.path(str(manifest.root)),
-            "task": manifest.task,
-            "accepted": len(manifest.accepted),
-            "rejected": len(manifest.rejected),
-            "content_hash": manifest.content_hash(),
-            "rejects": dg.MetadataValue.md(rejects_table(manifest)),
-            "accepted_episodes": dg.MetadataValue.md(accepted_table(manifest)),
-        },
-    )
+    metadata = {
+        "manifest_path": dg.MetadataValue.path(str(path)),
+        "root": dg.MetadataValue.path(str(manifest.root)),
+        "task": manifest.task,
+        "accepted": len(manifest.accepted),
+        "rejected": len(manifest.rejected),
+        "content_hash": manifest.content_hash(),
+        "rejects": dg.MetadataValue.md(rejects_table(manifest)),
+        "accepted_episodes": dg.MetadataValue.md(accepted_table(manifest)),
+    }
+    if config.quality and manifest.accepted:
+        metadata.update(_quality_metadata(context, config, path, output_dir))
+    return dg.Output(value, metadata=metadata)
 
 
 defs = dg.Definitions(assets=[paired_episodes], jobs=[paired_episodes_job], sensors=[recordings_sensor])

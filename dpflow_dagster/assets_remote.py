@@ -12,6 +12,7 @@ import dagster as dg
 
 from dpflow_core.errors import DpflowError
 from dpflow_core.upload import upload_dataset, verify_remote_file
+from dpflow_dagster.partitions import OWNERS, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 
 
@@ -29,6 +30,8 @@ def _verification_metadata(v) -> dict:
 @dg.asset(
     group_name="dataset",
     kinds={"ssh"},
+    owners=OWNERS,
+    partitions_def=task_partitions,
     description="dataset.npz on the GPU server at <data_root>/<task>/<sha256[:16]>/dataset.npz, SHA-256 verified there.",
 )
 def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_server: GpuServerResource) -> dg.Output:

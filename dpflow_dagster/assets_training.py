@@ -22,6 +22,7 @@ the pool a limit of 1 (``dagster instance concurrency set gpu_server 1``, or
 
 
 import base64
+import contextlib
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +52,8 @@ from dpflow_core.runs import (
     run_smoke,
     smoke_spec,
 )
+from dpflow_dagster.lineage import dataset_lineage
+from dpflow_dagster.partitions import OWNERS, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 
 POOL = "gpu_server"
@@ -61,9 +64,23 @@ def _failure(description: str, metadata: dict[str, Any] | None = None) -> dg.Fai
     return dg.Failure(description=description, metadata={k: v for k, v in (metadata or {}).items() if v is not None})
 
 
+@contextlib.contextmanager
+def _failure_on_error(**metadata: Any):
+    """Turn a :class:`DpflowError` (SSH, run, checkpoint) into a ``dg.Failure`` with its code and reason."""
+    try:
+        yield
+    except DpflowError as exc:
+        raise _failure(str(exc), {"path": exc.path or "", "code": exc.code, "reason": exc.reason, **metadata}) from exc
+
+
 def _md_image(path: str | Path, alt: str) -> dg.MetadataValue:
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
     return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{data})")
+
+
+def _numbers(**values: Any) -> dict[str, Any]:
+    """The values that are numbers (int or float, so the UI plots them across materializations)."""
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _lines(items) -> str:
@@ -94,6 +111,8 @@ class SmokeRunConfig(dg.Config):
 
 @dg.asset(
     group_name=GROUP,
+    owners=OWNERS,
+    partitions_def=task_partitions,
     pool=POOL,
     kinds={"pytorch", "ssh"},
     description="A smoke run on the GPU server: one GPU (CPU without one), offline, no resume, few steps, no checkpoints.",
@@ -103,7 +122,7 @@ def smoke_run(
 ) -> dg.Output[dict]:
     """Run :func:`dpflow_core.runs.run_smoke` on ``remote_dataset``; fail unless it exited 0 on its own with
     a finite loss and wrote no checkpoint."""
-    with gpu_server.connect() as server:
+    with _failure_on_error(), gpu_server.connect() as server:
         inventory = server.gpu_inventory()
         spec = smoke_spec(
             config.run_name or default_run_name(remote_dataset["sha256"], "smoke"),
@@ -211,6 +230,8 @@ class TrainRunConfig(dg.Config):
 
 @dg.asset(
     group_name=GROUP,
+    owners=OWNERS,
+    partitions_def=task_partitions,
     pool=POOL,
     kinds={"pytorch", "ssh"},
     deps=[smoke_run],
@@ -220,7 +241,7 @@ def train_run(
     context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: dict, gpu_server: GpuServerResource
 ) -> dg.Output[dict]:
     """Launch (or re-attach to) the training run and follow ``logs.json.txt`` until it ends."""
-    with gpu_server.connect() as server:
+    with _failure_on_error(), gpu_server.connect() as server:
         inventory = server.gpu_inventory()
         name = config.run_name
         if not name and not config.resume:
@@ -287,6 +308,7 @@ def train_run(
         "exit_code": result.exit_code,
         "global_step": result.progress.global_step,
         "epoch": result.progress.epoch,
+        "train_loss": result.progress.train_loss,
         "dataset_sha256": remote_dataset["sha256"],
         "dataset_local_path": remote_dataset.get("local_path"),
     }
@@ -330,6 +352,8 @@ class CheckpointConfig(dg.Config):
 
 @dg.asset(
     group_name=GROUP,
+    owners=OWNERS,
+    partitions_def=task_partitions,
     kinds={"pytorch", "ssh"},
     description="The chosen checkpoint with its .hydra config, logs.json.txt, normaliser and reproducibility record, "
     "downloaded and SHA-256 verified on both ends.",
@@ -338,7 +362,7 @@ def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, trai
     """Download with :func:`dpflow_core.checkpoints.download_checkpoint`."""
     if config.choose not in ("latest", "best"):
         raise _failure(f"choose must be 'latest' or 'best', got {config.choose!r}")
-    with gpu_server.connect() as server:
+    with _failure_on_error(), gpu_server.connect() as server:
         result = download_checkpoint(
             server, train_run["run_name"], choose=config.choose, dest_root=config.output_dir or None,
             stable_interval_s=config.stable_interval_s,
@@ -356,6 +380,11 @@ def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, trai
         "already_present": result.already_present,
         "record": dg.MetadataValue.path(result.record_path),
         "dataset_sha256": train_run.get("dataset_sha256") or "",
+        "train_run/run_name": train_run["run_name"],
+        "train_run/run_dir": dg.MetadataValue.path(train_run["run_dir"]),
+        **_numbers(global_step=train_run.get("global_step"), epoch=train_run.get("epoch"),
+                   train_loss=train_run.get("train_loss")),
+        **dataset_lineage(train_run.get("dataset_local_path")),
     }
     return dg.Output(result.asset_value() | {"dataset_local_path": train_run.get("dataset_local_path")}, metadata=metadata)
 
@@ -389,6 +418,8 @@ class EvaluationConfig(dg.Config):
 
 @dg.asset(
     group_name=GROUP,
+    owners=OWNERS,
+    partitions_def=task_partitions,
     kinds={"pytorch"},
     description="Held-out action MSE of the EMA policy (overall, per dimension, per position/rotation/gripper) "
     "next to a constant training-mean baseline, with trajectory and loss plots.",
@@ -419,8 +450,11 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, chec
         "trajectories": _md_image(result.trajectory_plot, "predicted vs recorded actions"),
         "trajectories_png": dg.MetadataValue.path(result.trajectory_plot),
         "checkpoint_sha256": checkpoint["sha256"],
+        "checkpoint": dg.MetadataValue.path(checkpoint["path"]),
+        "train_run/run_name": checkpoint.get("run_name") or "",
         "dataset_sha256": remote_dataset.get("sha256", ""),
         "out_dir": dg.MetadataValue.path(result.out_dir),
+        **dataset_lineage(dataset),
     }
     for name, value in result.policy_mse_per_group.items():
         metadata[f"policy_mse/{name}"] = value

@@ -1,10 +1,15 @@
-"""Root Dagster definitions: merges each stage module's ``defs`` with the resources."""
+"""Root Dagster definitions: merges each stage module's ``defs`` with the resources.
+
+Every asset is partitioned by task (:mod:`dpflow_dagster.partitions`); the
+``dpflow_pipeline`` job runs the whole graph for one task partition.
+"""
 
 from __future__ import annotations
 
 import dagster as dg
 
 from dpflow_dagster import assets_dataset, assets_lerobot, assets_recordings, assets_remote, assets_training, resources
+from dpflow_dagster.sensors import conversion_automation
 
 defs = dg.Definitions.merge(
     assets_recordings.defs,
@@ -14,7 +19,8 @@ defs = dg.Definitions.merge(
     assets_training.defs,
     dg.Definitions(
         resources=resources.default_resources(),
+        sensors=[conversion_automation],
         # The whole graph; the README's main job (dpflow demo) runs it.
-        jobs=[dg.define_asset_job("dpflow_pipeline", selection="*", description="Recordings to an evaluated checkpoint.")],
+        jobs=[dg.define_asset_job("dpflow_pipeline", selection="*", description="Recordings to an evaluated checkpoint, for one task partition.")],
     ),
 )

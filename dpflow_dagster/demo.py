@@ -4,12 +4,15 @@
 :mod:`dpflow_dagster.definitions` on the instance in ``$DAGSTER_HOME`` (the
 project's ``dagster_home/`` by default, SQLite), so ``dagster dev -w
 workspace.yaml`` shows the same runs, materialisations and lineage afterwards.
+It runs one task partition: the task folder's name, added to the instance's
+``task`` partitions when missing; the folder holding the task folder is the
+recordings root (``$DPFLOW_RECORDINGS_ROOT``).
 
 Without options it writes sample Matrix Studio recordings and trains on the CPU
 of this machine (the local GPU-server transport). A YAML file given with
 ``--config`` points it at a real task folder and a real server::
 
-    recordings: /data/matrix_studio/output/pick_cup   # a Matrix Studio task folder
+    recordings: /data/matrix_studio/output/pick_cup   # a Matrix Studio task folder (the partition)
     out: /data/dpflow                                 # datasets, manifests, runs
     server:                                           # omit for the local machine
       host: gpu01.lab.example
@@ -37,6 +40,9 @@ from typing import Any, Optional
 import typer
 import yaml
 from rich.console import Console
+
+from dpflow_core.errors import InvalidNameError
+from dpflow_core.names import validate_name
 
 REPO = Path(__file__).resolve().parents[1]
 console = Console(highlight=False)
@@ -162,7 +168,20 @@ def run_demo(
         else:
             console.print(f"using the sample recordings already in {recordings}")
     recordings = Path(recordings).expanduser().resolve()
-    os.environ["DPFLOW_RECORDINGS_ROOT"] = str(recordings)
+    from dpflow_dagster.partitions import holds_recordings, task_folders
+
+    if not holds_recordings(recordings):
+        found = sorted(task_folders(recordings)) if recordings.is_dir() else []
+        raise typer.BadParameter(
+            f"{recordings}: not a Matrix Studio task folder (no <STEM>.mcap files)"
+            + (f"; give one of its task folders: {', '.join(found[:20])}" if found else "")
+        )
+    try:
+        task = validate_name(recordings.name, "task")
+    except InvalidNameError as exc:
+        raise typer.BadParameter(f"{recordings}: the task folder's name is the partition key: {exc.reason}") from exc
+    # the output root holds the task folders; the task folder's name is the partition
+    os.environ["DPFLOW_RECORDINGS_ROOT"] = str(recordings.parent)
     os.environ["DPFLOW_WORKDIR"] = str(out)
     os.environ.setdefault("DPFLOW_SERVER_ROOT", str(out / "server"))
     os.environ.setdefault("DAGSTER_HOME", str(REPO / "dagster_home"))
@@ -172,6 +191,7 @@ def run_demo(
     import dagster as dg
 
     from dpflow_dagster.definitions import defs
+    from dpflow_dagster.partitions import task_partitions
 
     asset_config = _merge(DEMO_ASSET_CONFIG, settings.get("assets") or {})
     job = defs.get_job_def("dpflow_pipeline")
@@ -181,13 +201,17 @@ def run_demo(
         "loggers": {"console": {"config": {"log_level": "WARNING"}}},
     }
     instance = dg.DagsterInstance.get()
+    if not instance.has_dynamic_partition(task_partitions.name, task):
+        instance.add_dynamic_partitions(task_partitions.name, [task])
     run_id = str(uuid.uuid4())
-    console.print(f"Dagster instance: {os.environ['DAGSTER_HOME']} (run {run_id})")
+    console.print(f"Dagster instance: {os.environ['DAGSTER_HOME']} (run {run_id}, task partition {task!r})")
     stop = threading.Event()
     follower = threading.Thread(target=_follow, args=(instance, run_id, stop), daemon=True)
     follower.start()
     try:
-        result = job.execute_in_process(run_config=run_config, instance=instance, run_id=run_id, raise_on_error=False)
+        result = job.execute_in_process(
+            run_config=run_config, instance=instance, run_id=run_id, partition_key=task, raise_on_error=False
+        )
     finally:
         stop.set()
         follower.join(timeout=10)
@@ -216,7 +240,9 @@ cli = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 @cli.command()
 def main(
-    recordings: Optional[Path] = typer.Option(None, help="A Matrix Studio task folder; default: sample recordings are written."),
+    recordings: Optional[Path] = typer.Option(
+        None, help="A Matrix Studio task folder (its name is the task partition); default: sample recordings are written."
+    ),
     out: Path = typer.Option(Path("demo_output"), help="Folder for recordings, manifests, datasets and runs."),
     episodes: int = typer.Option(6, help="Sample episodes to write when --recordings is not given."),
     seconds: float = typer.Option(8.0, help="Length of each sample episode in seconds."),

@@ -97,12 +97,15 @@ class DagsterDev:
         return out
 
     def runs(self) -> list[dict]:
-        """Runs of the instance, newest first: ``runId``, ``status``, ``assetSelection``."""
+        """Runs of the instance, newest first: ``runId``, ``status``, ``assetSelection``, ``tags`` (a dict)."""
         data = self.graphql(
             "{ runsOrError { __typename ... on Runs { results { runId status jobName "
-            "assetSelection { path } } } } }"
+            "assetSelection { path } tags { key value } } } } }"
         )
-        return data["runsOrError"]["results"]
+        runs = data["runsOrError"]["results"]
+        for run in runs:
+            run["tags"] = {t["key"]: t["value"] for t in run["tags"]}
+        return runs
 
 
 def start_dagster_dev(

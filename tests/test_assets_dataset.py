@@ -11,6 +11,7 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import pytest
+from partitioned import materialize as materialize_task
 from synthetic_dataset import synthetic_arrays, write_npz
 
 from dpflow_core import samples
@@ -63,7 +64,7 @@ def test_dataset_npz_materializes_with_passing_checks_and_is_reused(episodes, tm
     manifest.write_text(json.dumps(_manifest(eps, root)))
     assets = [_upstream(manifest, 2), dataset_npz, dataset_npz_checks]
     # episodes here are ~60 steps: the UMI default minimum (46) does not flag them
-    res = dg.materialize(assets, run_config=_run_config(tmp_path))
+    res = materialize_task(assets, "pick", run_config=_run_config(tmp_path))
     assert res.success
     value = res.output_for_node("dataset_npz")
     path = Path(value["path"])
@@ -83,7 +84,7 @@ def test_dataset_npz_materializes_with_passing_checks_and_is_reused(episodes, tm
         assert e.stem in table and _entry(e.vio_mcap)["sha256"] in table
     assert md["frames_per_s"].value > 0 and md["episode_length_max"].value >= md["episode_length_min"].value
 
-    again = dg.materialize(assets, run_config=_run_config(tmp_path))
+    again = materialize_task(assets, "pick", run_config=_run_config(tmp_path))
     assert again.success
     assert again.output_for_node("dataset_npz") == value
     md2 = again.asset_materializations_for_node("dataset_npz")[0].metadata
@@ -94,7 +95,8 @@ def test_all_rejected_manifest_fails_with_reasons(tmp_path):
     manifest = tmp_path / "manifest.json"
     rejected = [{"stem": "a", "path": "/x/a.mcap", "code": "vio_failed", "reason": "VIO status is 'failed'"}]
     manifest.write_text(json.dumps(_manifest([], tmp_path, rejected)))
-    res = dg.materialize([_upstream(manifest, 0), dataset_npz], run_config=_run_config(tmp_path), raise_on_error=False)
+    res = materialize_task([_upstream(manifest, 0), dataset_npz], "pick", run_config=_run_config(tmp_path),
+                           raise_on_error=False)
     assert not res.success
     failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
     text = str(failure.event_specific_data.error)
@@ -134,7 +136,8 @@ def test_full_graph_with_pairing(tmp_path):
         "dataset_npz": {"config": {"image_width": 40, "image_height": 30, "workers": 2,
                                    "output_dir": str(tmp_path / "work")}},
     })
-    res = dg.materialize([assets_recordings.paired_episodes, dataset_npz, dataset_npz_checks], run_config=run_config)
+    res = materialize_task([assets_recordings.paired_episodes, dataset_npz, dataset_npz_checks], "wipe",
+                           run_config=run_config)
     assert res.success
     value = res.output_for_node("dataset_npz")
     assert value["n_episodes"] == 2 and Path(value["path"]).parent.parent.name == "wipe"

@@ -17,6 +17,8 @@ import dagster as dg
 import pytest
 
 from dpflow_dagster.assets_remote import remote_dataset, remote_dataset_sha256_match
+from dpflow_dagster.partitions import task_partitions
+from partitioned import materialize as materialize_task
 from dpflow_dagster.resources import GpuServerResource, default_resources
 from sshd import sshd_server  # noqa: F401  (fixture)
 
@@ -43,7 +45,7 @@ def _assets(dataset: dict):
     def dataset_npz_stub() -> dict:
         return dataset
 
-    @dg.asset(name="smoke_probe")
+    @dg.asset(name="smoke_probe", partitions_def=task_partitions)
     def smoke_probe(remote_dataset: dict) -> str:
         return remote_dataset["remote_path"]
 
@@ -78,7 +80,7 @@ def test_materialize_upload_and_check_then_catch_corruption(tmp_path, dataset):
     instance = dg.DagsterInstance.ephemeral()
     data_root = tmp_path / "server"
     resources = _resources(tmp_path, GpuServerResource(data_root=str(data_root), python=sys.executable))
-    result = dg.materialize(_assets(dataset), resources=resources, instance=instance)
+    result = materialize_task(_assets(dataset), "pick_place", resources=resources, instance=instance)
     assert result.success
     expected_path = str(data_root / "pick_place" / dataset["sha256"][:16] / "dataset.npz")
     assert result.output_for_node("remote_dataset") == {
@@ -108,8 +110,8 @@ def test_materialize_upload_and_check_then_catch_corruption(tmp_path, dataset):
         byte = fh.read(1)
         fh.seek(SIZE // 3)
         fh.write(bytes([byte[0] ^ 0x10]))
-    rerun = dg.materialize(
-        _assets(dataset), resources=resources, instance=instance, raise_on_error=False,
+    rerun = materialize_task(
+        _assets(dataset), "pick_place", resources=resources, instance=instance, raise_on_error=False,
         selection=dg.AssetSelection.checks(remote_dataset_sha256_match) | dg.AssetSelection.assets("smoke_probe"),
     )
     assert not rerun.success
@@ -129,7 +131,7 @@ def test_mismatch_at_upload_fails_with_both_hashes(tmp_path, dataset):
     corrupted[7] ^= 0x01
     Path(f"{final}.partial").write_bytes(corrupted)  # resume by size will trust it; the hash will not
     resources = _resources(tmp_path, GpuServerResource(data_root=str(data_root), upload_method="stream"))
-    result = dg.materialize(_assets(dataset), resources=resources, raise_on_error=False)
+    result = materialize_task(_assets(dataset), "pick_place", resources=resources, raise_on_error=False)
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_key == "remote_dataset"
@@ -159,7 +161,7 @@ def test_ssh_resource_from_environment_keeps_the_key_out_of_records(sshd_server,
     assert str(sshd_server.key_path) not in repr(gpu_server)  # an EnvVar reference, not the value
 
     instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize(_assets(dataset), resources=_resources(tmp_path, gpu_server), instance=instance)
+    result = materialize_task(_assets(dataset), "pick_place", resources=_resources(tmp_path, gpu_server), instance=instance)
     assert result.success
     value = result.output_for_node("remote_dataset")
     assert value["host"] == sshd_server.host
@@ -179,7 +181,7 @@ def test_unknown_host_key_fails_with_code_and_reason(sshd_server, tmp_path, data
         host=sshd_server.host, port=sshd_server.port, user=sshd_server.user, key_file=str(sshd_server.key_path),
         known_hosts=str(known_hosts), data_root=str(tmp_path / "never"),
     )
-    result = dg.materialize(_assets(dataset), resources=_resources(tmp_path, gpu_server), raise_on_error=False)
+    result = materialize_task(_assets(dataset), "pick_place", resources=_resources(tmp_path, gpu_server), raise_on_error=False)
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     meta = {k: v.value for k, v in failure.step_failure_data.user_failure_data.metadata.items()}

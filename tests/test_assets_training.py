@@ -3,6 +3,7 @@ trainer, a leaking smoke run blocked by its check, and re-attaching to a running
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -52,6 +53,25 @@ def materialize(assets, tmp_path: Path, run_config: dg.RunConfig, raise_on_error
     return dg.materialize(assets, resources=resources, run_config=run_config, raise_on_error=raise_on_error, **kwargs)
 
 
+def write_sidecar(dataset: Path, recordings: Path) -> list[tuple[str, str, Path]]:
+    """A ``dataset.json`` beside ``dataset`` listing two recorded episodes as conversion does; returns
+    (stem, role, file) of each input file."""
+    recordings.mkdir(parents=True)
+    files, episodes = [], []
+    for k, stem in enumerate(("pick_0000", "pick_0001")):
+        entry = {}
+        for role, suffix in (("raw_mcap", ".mcap"), ("vio_mcap", "_vio.mcap"), ("vio_json", "_vio.json")):
+            path = recordings / f"{stem}{suffix}"
+            path.write_bytes(f"{stem} {role} {k}".encode() * (k + 1))
+            entry[role] = {"path": str(path), "size_bytes": path.stat().st_size, "sha256": sha256_file(path)}
+            files.append((stem, role, path))
+        episodes.append({"stem": stem, "files": entry})
+    manifest = dataset.parent.parent / "manifests" / "pick-0123456789ab.json"
+    inputs = {"manifests": [str(manifest)], "root": str(recordings), "episodes": episodes}
+    dataset.with_suffix(".json").write_text(json.dumps({"sha256": sha256_file(dataset), "inputs": inputs}))
+    return files
+
+
 def checks_by_name(result: dg.ExecuteInJobResult) -> dict:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
@@ -68,6 +88,8 @@ def test_definitions():
     assert keys == {"smoke_run", "train_run", "checkpoint", "evaluation"}
     for asset in at.defs.assets:
         assert asset.group_names_by_key[asset.key] == "training"
+        assert asset.partitions_def.name == "task" and asset.owners_by_key[asset.key] == ["team:robot-learning"]
+        assert asset.automation_conditions_by_key.get(asset.key) is None  # GPU work: never by automation
     assert at.smoke_run.op.pool == at.train_run.op.pool == "gpu_server"
     blocking = {s.key.name: s.blocking for c in at.defs.asset_checks for s in c.check_specs}
     assert blocking == {"released": True, "resume_continuity": False, "natural_exit": True,
@@ -79,6 +101,7 @@ def test_definitions():
 @pytest.mark.slow
 def test_smoke_train_checkpoint_evaluation_with_the_builtin_trainer(tmp_path):
     dataset = write_synthetic_dataset(tmp_path / "data" / "dataset.npz", n_episodes=8, episode_length=40, image_size=(32, 32), frequency_hz=10.0)
+    recordings = write_sidecar(dataset, tmp_path / "recordings")
     run_config = dg.RunConfig(ops={
         "smoke_run": at.SmokeRunConfig(run_name="smoke-a", config_name="demo", resume_check_steps=2),
         "train_run": at.TrainRunConfig(run_name="train-a", config_name="demo", epochs=3, max_train_steps=8, batch_size=16, poll_s=0.5),
@@ -94,6 +117,21 @@ def test_smoke_train_checkpoint_evaluation_with_the_builtin_trainer(tmp_path):
     assert meta["evaluation"]["policy_mse"].value < meta["evaluation"]["baseline_mse"].value
     assert meta["evaluation"]["trajectories"].value.startswith("![predicted vs recorded actions](data:image/png;base64,")
     assert Path(meta["evaluation"]["loss_curve_png"].value).is_file()
+
+    # lineage: from the checkpoint (and the evaluation) to the run, the dataset and each input file's hash
+    for name in ("checkpoint", "evaluation"):
+        m = meta[name]
+        assert m["train_run/run_name"].value == "train-a"
+        assert m["lineage/dataset_sha256"].value == sha256_file(dataset)
+        assert m["lineage/manifest"].value == str(tmp_path / "manifests" / "pick-0123456789ab.json")
+        rows = m["lineage/recordings"].value.splitlines()
+        assert rows[:2] == ["| stem | role | file | bytes | sha256 |", "|---|---|---|---|---|"]
+        assert rows[2:] == [
+            f"| {stem} | {role} | {path.name} | {path.stat().st_size} | `{sha256_file(path)}` |"
+            for stem, role, path in recordings
+        ]
+    assert meta["checkpoint"]["train_run/run_dir"].value == str(tmp_path / "server" / "runs" / "train-a")
+    assert meta["checkpoint"]["global_step"].value == 23 and isinstance(meta["checkpoint"]["train_loss"].value, float)
 
     checks = checks_by_name(result)
     assert {name: c.passed for name, c in checks.items()} == {

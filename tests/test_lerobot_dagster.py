@@ -13,6 +13,7 @@ from dpflow_core import lerobot as lr
 from dpflow_core.pairing import pair_recordings, write_manifest
 from dpflow_core.samples import SampleSpec, write_task
 from dpflow_dagster import assets_lerobot
+from partitioned import materialize as materialize_task
 
 SPEC = SampleSpec(seconds=2.0, width=96, height=64, gop_size=15)
 
@@ -36,8 +37,9 @@ def _upstream(value: dict) -> dg.AssetsDefinition:
 
 
 def _run(paired: dict, work: Path, **lerobot_config) -> dg.ExecuteInJobResult:
-    return dg.materialize(
+    return materialize_task(
         [_upstream(paired), assets_lerobot.lerobot_dataset, assets_lerobot.norm_stats],
+        "wipe_table",
         run_config={"ops": {"lerobot_dataset": {"config": {"output_dir": str(work), "workers": 1, **lerobot_config}}}},
         raise_on_error=False,
     )
@@ -78,7 +80,7 @@ def test_norm_stats_asset_fails_fast_on_an_unconverted_folder(tmp_path):
     def not_converted() -> dict:
         return {"path": str(tmp_path)}
 
-    result = dg.materialize([not_converted, assets_lerobot.norm_stats], raise_on_error=False)
+    result = materialize_task([not_converted, assets_lerobot.norm_stats], "wipe_table", raise_on_error=False)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "meta/info.json not found" in failure.event_specific_data.error.message

@@ -71,14 +71,17 @@ def test_dataset_assets_materialize_into_postgres(pg_instance, postgres, tmp_pat
     assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
 
     write_task(tmp_path / "recordings", episodes=2, seconds=2, spec=SampleSpec(width=160, height=120))
-    monkeypatch.setenv("DPFLOW_RECORDINGS_ROOT", str(tmp_path / "recordings" / "pick_place"))
+    monkeypatch.setenv("DPFLOW_RECORDINGS_ROOT", str(tmp_path / "recordings"))  # the output root; the task is the partition
     monkeypatch.setenv("DPFLOW_WORKDIR", str(tmp_path / "work"))
 
     all_keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     selected = [name for name in DATASET_ASSETS if name in all_keys]
     assert "paired_episodes" in selected, sorted(all_keys)
     job = defs.resolve_implicit_global_asset_job_def()
-    result = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey(n) for n in selected])
+    instance.add_dynamic_partitions("task", ["pick_place"])
+    result = job.execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey(n) for n in selected], partition_key="pick_place"
+    )
     assert result.success
     run_id = result.run_id
 
@@ -87,6 +90,7 @@ def test_dataset_assets_materialize_into_postgres(pg_instance, postgres, tmp_pat
     for name in selected:
         event = instance.get_latest_materialization_event(dg.AssetKey(name))
         assert event is not None and event.run_id == run_id, name
+        assert instance.get_materialized_partitions(dg.AssetKey(name)) == {"pick_place"}, name
     paired = instance.get_latest_materialization_event(dg.AssetKey("paired_episodes")).asset_materialization
     assert paired.metadata["accepted"].value == 2
     assert paired.metadata["rejected"].value == 0
@@ -103,11 +107,13 @@ def test_dataset_assets_materialize_into_postgres(pg_instance, postgres, tmp_pat
     # and the rows are in PostgreSQL itself
     assert postgres.query("SELECT status FROM runs WHERE run_id = %s", (run_id,), db=db) == [("SUCCESS",)]
     rows = postgres.query(
-        "SELECT asset_key, count(*) FROM event_logs WHERE run_id = %s AND dagster_event_type = 'ASSET_MATERIALIZATION' "
-        "GROUP BY asset_key ORDER BY asset_key",
+        "SELECT asset_key, partition, count(*) FROM event_logs WHERE run_id = %s "
+        "AND dagster_event_type = 'ASSET_MATERIALIZATION' GROUP BY asset_key, partition ORDER BY asset_key",
         (run_id,),
         db=db,
     )
-    assert rows == sorted((json.dumps([name]), 1) for name in selected)
+    assert rows == sorted((json.dumps([name]), "pick_place", 1) for name in selected)
+    assert postgres.query("SELECT partition FROM dynamic_partitions WHERE partitions_def_name = 'task'", db=db) == [
+        ("pick_place",)]
     known = {r[0] for r in postgres.query("SELECT asset_key FROM asset_keys", db=db)}
     assert {json.dumps([name]) for name in selected} <= known

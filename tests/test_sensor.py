@@ -33,6 +33,8 @@ def source(tmp_path_factory):
     write_small_task(base, episodes=2, seed=4)
     write_small_episode(base / "spare", "pick_place_0002", seed=5)
     write_small_episode(base / "spare2", "pick_place_0000", seed=6)
+    write_small_task(base, episodes=1, seed=7, task="wipe_table")
+    write_small_episode(base / "spare3", "wipe_table_0001", seed=8)
     return base
 
 
@@ -65,7 +67,7 @@ def test_run_only_after_two_identical_ticks(root, instance):
     assert first.skip_reason.skip_message == (
         "waiting for 2 recording(s) to finish and stay unchanged for one tick: pick_place_0000, pick_place_0001"
     )
-    assert parse_cursor(first.cursor) == (
+    assert parse_cursor(first.cursor)["pick_place"] == (
         0.0, {"pick_place_0000": [sum(p.stat().st_size for p in _files(root, "pick_place_0000")), T0],
               "pick_place_0001": [sum(p.stat().st_size for p in _files(root, "pick_place_0001")), T0 + 1]},
     )
@@ -75,14 +77,16 @@ def test_run_only_after_two_identical_ticks(root, instance):
     assert request.run_key.startswith("recordings-")
     assert request.run_config == {"ops": {"paired_episodes": {"config": {"root": str(root)}}}}
     assert request.tags["dpflow/new_stems"] == "pick_place_0000,pick_place_0001"
-    assert parse_cursor(second.cursor) == (T0 + 1, {})
+    assert request.partition_key == "pick_place"
+    assert second.dynamic_partitions_requests == [dg.AddDynamicPartitionsRequest("task", ["pick_place"])]
+    assert parse_cursor(second.cursor) == {"pick_place": (T0 + 1, {})}
     job = defs.resolve_job_def("paired_episodes_job")
     assert dg.validate_run_config(job, request.run_config)["ops"]["paired_episodes"]["config"]["root"] == str(root)
 
     third = tick(instance, second.cursor)
     assert not third.run_requests
     assert third.skip_reason.skip_message == f"no new recordings under {root}"
-    assert parse_cursor(third.cursor) == (T0 + 1, {})
+    assert parse_cursor(third.cursor) == {"pick_place": (T0 + 1, {})}
     # the same tick from the same cursor asks for the same run key: Dagster runs it once
     assert tick(instance, first.cursor).run_requests[0].run_key == request.run_key
 
@@ -97,7 +101,8 @@ def test_half_written_recordings_wait(root, instance, source):
     (root / f"{stem}_vio.mcap").write_bytes(data[: len(data) // 2])
     _touch(_files(root, stem), T0 + 10)
     r = tick(instance, cursor)
-    assert not r.run_requests and parse_cursor(r.cursor)[1] == {stem: [(root / f"{stem}.mcap").stat().st_size + len(data) // 2, T0 + 10]}
+    assert not r.run_requests and parse_cursor(r.cursor)["pick_place"][1] == {
+        stem: [(root / f"{stem}.mcap").stat().st_size + len(data) // 2, T0 + 10]}
     r = tick(instance, r.cursor)  # unchanged but incomplete: still waiting
     assert not r.run_requests
     # the VIO file grows and a status file says it is still running
@@ -127,7 +132,7 @@ def test_half_written_recordings_wait(root, instance, source):
     assert not r.run_requests
     r = tick(instance, r.cursor)
     assert [q.tags["dpflow/new_stems"] for q in r.run_requests] == [stem]
-    assert parse_cursor(r.cursor) == (T0 + 14, {})
+    assert parse_cursor(r.cursor) == {"pick_place": (T0 + 14, {})}
 
 
 def test_rerecorded_stem_runs_again_unchanged_never(root, instance, source):
@@ -163,11 +168,77 @@ def test_missing_root_and_bad_cursor(tmp_path, instance, monkeypatch):
     monkeypatch.setenv("DPFLOW_RECORDINGS_ROOT", str(tmp_path / "absent"))
     r = tick(instance, None)
     assert r.skip_reason.skip_message == f"{tmp_path / 'absent'}: no such folder" and not r.run_requests
-    assert parse_cursor("not json") == (0.0, {})
-    assert parse_cursor('{"max_mtime": "x"}') == (0.0, {})
+    assert parse_cursor("not json") == {}
+    assert parse_cursor('{"tasks": {"pick_place": {"max_mtime": "x"}}}') == {}
+    assert parse_cursor('{"max_mtime": 5.0, "pending": {}}') == {}  # an older cursor: start afresh
 
 
 def test_sensor_targets_the_job_and_is_off_by_default():
     assert recordings_sensor.job_name == "paired_episodes_job" == paired_episodes_job.name
     assert recordings_sensor.default_status == dg.DefaultSensorStatus.STOPPED
     assert defs.resolve_sensor_def("recordings_sensor") is not None
+
+
+def test_output_root_adds_partitions_and_requests_runs_in_the_same_tick(source, tmp_path, monkeypatch):
+    """Task folders under the output root: one partition and one run each, added and requested in one tick;
+    the runs materialize their partitions on a real instance and conversion follows by its automation."""
+    from dpflow_dagster.definitions import defs as root_defs
+
+    out = tmp_path / "output"
+    for task in ("pick_place", "wipe_table"):
+        shutil.copytree(source / task, out / task)
+    (out / "not a task").mkdir()
+    (out / ".cache").mkdir()
+    monkeypatch.setenv("DPFLOW_RECORDINGS_ROOT", str(out))
+    monkeypatch.setenv("DPFLOW_WORKDIR", str(tmp_path / "work"))
+    with dg.instance_for_test() as instance:
+        first = tick(instance, None)
+        assert first.skip_reason.skip_message == (
+            "waiting for 3 recording(s) to finish and stay unchanged for one tick: "
+            "pick_place/pick_place_0000, pick_place/pick_place_0001, wipe_table/wipe_table_0000"
+        )
+        # evaluate_tick resolves each request against the partitions, those added in the tick included
+        context = dg.build_sensor_context(
+            instance=instance, instance_ref=instance.get_ref(), cursor=first.cursor, definitions=defs
+        )
+        data = recordings_sensor.evaluate_tick(context)
+        assert [r.partition_key for r in data.run_requests] == ["pick_place", "wipe_table"]
+        assert [r.run_config["ops"]["paired_episodes"]["config"]["root"] for r in data.run_requests] == [
+            str(out / "pick_place"), str(out / "wipe_table")]
+        assert [r.tags["dpflow/task"] for r in data.run_requests] == ["pick_place", "wipe_table"]
+        assert data.dynamic_partitions_requests == [dg.AddDynamicPartitionsRequest("task", ["pick_place", "wipe_table"])]
+        assert set(parse_cursor(data.cursor)) == {"pick_place", "wipe_table"}
+
+        # what the daemon does with the result: add the partitions, launch the runs
+        instance.add_dynamic_partitions("task", list(data.dynamic_partitions_requests[0].partition_keys))
+        # the automation sensor's tick now: the new partitions wait for their paired episodes
+        before = dg.evaluate_automation_conditions(defs=root_defs, instance=instance)
+        assert before.total_requested == 0
+        job = defs.resolve_job_def("paired_episodes_job")
+        for request in data.run_requests:
+            result = job.execute_in_process(
+                run_config=request.run_config, instance=instance, partition_key=request.partition_key, tags=request.tags
+            )
+            assert result.success
+            assert result.output_for_node("paired_episodes")["root"] == str(out / request.partition_key)
+        assert instance.get_materialized_partitions(dg.AssetKey("paired_episodes")) == {"pick_place", "wipe_table"}
+
+        # conversion is eager behind blocking checks; the GPU assets are never requested
+        evaluation = dg.evaluate_automation_conditions(defs=root_defs, instance=instance, cursor=before.cursor)
+        requested = {
+            key.to_user_string(): set(evaluation.get_requested_partitions(key))
+            for key in root_defs.resolve_asset_graph().get_all_asset_keys()
+            if evaluation.get_requested_partitions(key)
+        }
+        both = {"pick_place", "wipe_table"}
+        assert requested == {"dataset_npz": both, "lerobot_dataset": both, "norm_stats": both}
+
+        # a new recording in one task: a run for that partition, which exists now
+        shutil.copytree(source / "spare3", out / "wipe_table", dirs_exist_ok=True)
+        again = tick(instance, tick(instance, data.cursor).cursor)
+        assert [(r.partition_key, r.tags["dpflow/new_stems"]) for r in again.run_requests] == [("wipe_table", "wipe_table_0001")]
+        assert not again.dynamic_partitions_requests
+        quiet = tick(instance, again.cursor)
+        assert quiet.skip_reason.skip_message == (
+            f"no new recordings under {out}; folders ignored (not valid task names): 'not a task'"
+        )
