@@ -41,6 +41,16 @@ def test_postgres_yaml_is_a_valid_instance_config_reading_env(tmp_path):
     assert config["run_monitoring"]["enabled"] and config["run_retries"]["enabled"]
 
 
+@pytest.mark.parametrize("name", ["dagster.yaml", "dagster.postgres.yaml"])
+def test_instance_configs_monitor_retry_crashes_only_and_limit_the_gpu_pool(name, tmp_path):
+    shutil.copy(REPO / "dagster_home" / name, tmp_path / "dagster.yaml")
+    config, _ = dagster_instance_config(str(tmp_path))
+    assert config["run_monitoring"]["enabled"] and config["run_monitoring"]["start_timeout_seconds"] > 0
+    assert config["run_retries"]["enabled"] and config["run_retries"]["max_retries"] == 1
+    assert config["run_retries"]["retry_on_asset_or_op_failure"] is False  # a failed training is never relaunched
+    assert config["concurrency"]["pools"]["default_limit"] == 1  # the gpu_server pool: one run per server
+
+
 @pytest.fixture
 def pg_instance(postgres, tmp_path, monkeypatch):  # noqa: F811
     """A DagsterInstance on a fresh database of the private server, built from the YAML."""
