@@ -194,7 +194,7 @@ def run_demo(
     from dpflow_dagster.partitions import task_partitions
 
     asset_config = _merge(DEMO_ASSET_CONFIG, settings.get("assets") or {})
-    job = defs.get_job_def("dpflow_pipeline")
+    job = defs.resolve_job_def("dpflow_pipeline")
     ops = {node.name for node in job.graph.node_defs} | set(job.graph.node_dict)
     run_config = {
         "ops": {name: {"config": values} for name, values in asset_config.items() if name in ops},
