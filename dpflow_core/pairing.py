@@ -827,16 +827,6 @@ def snapshot_stems(root: str | Path) -> dict[str, StemSnapshot]:
     return out
 
 
-def default_recordings_root() -> Path:
-    """The Matrix Studio task folder used when none is given.
-
-    ``$DPFLOW_RECORDINGS_ROOT`` when set, else ``<cwd>/outputs/recordings/pick_place``
-    (where ``dpflow sample-recordings outputs/recordings`` writes the demo task).
-    """
-    env = os.environ.get("DPFLOW_RECORDINGS_ROOT")
-    return Path(env) if env else Path.cwd() / "outputs" / "recordings" / "pick_place"
-
-
 def manifest_path_for(output_dir: str | Path, manifest: Manifest) -> Path:
     """Content-addressed manifest location: ``<output_dir>/manifests/<task>-<12 hex>.json``.
 
