@@ -25,7 +25,7 @@ of this machine (the local GPU-server transport). A YAML file given with
       data_root: /data/dpflow
     assets:                                           # per-asset launchpad config
       dataset_npz: {image_width: 224, image_height: 224}
-      train_run: {num_processes: 4, num_epochs: 100}
+      train_run: {num_processes: 4, epochs: 100}
 """
 
 from __future__ import annotations
@@ -243,7 +243,9 @@ def main(
     recordings: Optional[Path] = typer.Option(
         None, help="A Matrix Studio task folder (its name is the task partition); default: sample recordings are written."
     ),
-    out: Path = typer.Option(Path("demo_output"), help="Folder for recordings, manifests, datasets and runs."),
+    out: Path = typer.Option(
+        Path("outputs"), help="Folder for recordings, manifests, datasets and runs (the Dagster UI's default work folder)."
+    ),
     episodes: int = typer.Option(6, help="Sample episodes to write when --recordings is not given."),
     seconds: float = typer.Option(8.0, help="Length of each sample episode in seconds."),
     seed: int = typer.Option(0, help="Seed of the sample recordings."),
