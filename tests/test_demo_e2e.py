@@ -26,7 +26,7 @@ from dpflow_core.files import sha256_file
 REPO = Path(__file__).resolve().parents[1]
 DPFLOW = Path(sys.executable).parent / "dpflow"
 
-pytestmark = pytest.mark.slow
+
 
 
 def _run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dg.DagsterInstance, Path]:
@@ -86,6 +86,7 @@ def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path) -> None:
     assert policy_mse < baseline_mse
 
 
+@pytest.mark.slow
 def test_main_job_on_sample_recordings(tmp_path):
     proc, instance, out = _run_demo(tmp_path, "--episodes", "4", "--seconds", "6")
     assert "every step and check passed" in proc.stdout
@@ -93,6 +94,7 @@ def test_main_job_on_sample_recordings(tmp_path):
     _assert_pipeline_products(instance, out)
 
 
+@pytest.mark.slow
 def test_main_job_on_recordings_from_another_writer(tmp_path):
     task = tmp_path / "matrix_output" / "cup_stack"
     episodes = [
@@ -110,3 +112,25 @@ def test_main_job_on_recordings_from_another_writer(tmp_path):
     meta = json.loads(next(out.glob("datasets/*/*/dataset.json")).read_text())
     assert meta["n_episodes"] == 4
     assert abs(meta["frequency_hz"] - 20.0) < 0.2
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("server:\n  hostname: gpu01\n", "unknown server setting 'hostname'"),
+        ("- just\n- a list\n", "expected a mapping at the top level"),
+    ],
+)
+def test_bad_config_file_is_refused_before_any_work(tmp_path, text, message):
+    config = tmp_path / "lab.yaml"
+    config.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPFLOW_")}
+    env["DAGSTER_HOME"] = str(tmp_path / "home")
+    proc = subprocess.run(
+        [str(DPFLOW), "demo", "--config", str(config), "--out", str(tmp_path / "out")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "out").exists()
