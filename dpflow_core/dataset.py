@@ -132,7 +132,7 @@ def write_norm_stats(stats: dict, path: str | Path, overwrite: bool = False) -> 
     """
     path = Path(path)
     if path.exists() and not overwrite:
-        raise DatasetError("norm stats file exists; pass overwrite to replace it", path=path, code="output_exists")
+        raise DatasetError("norm stats file exists; pass --overwrite (overwrite=True) to replace it", path=path, code="output_exists")
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
         with open(tmp, "w") as f:

@@ -677,7 +677,7 @@ def write_manifest(manifest: Manifest, path: str | Path, overwrite: bool = False
     """
     path = Path(path)
     if path.exists() and not overwrite:
-        raise PairingError("manifest already exists (pass overwrite to replace it)", path, code="output_exists")
+        raise PairingError("manifest already exists (pass --overwrite (overwrite=True) to replace it)", path, code="output_exists")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

@@ -21,6 +21,6 @@ defs = dg.Definitions.merge(
         resources=resources.default_resources(),
         sensors=[conversion_automation],
         # The whole graph; the README's main job (dpflow demo) runs it.
-        jobs=[dg.define_asset_job("dpflow_pipeline", selection="*", description="Recordings to an evaluated checkpoint, for one task partition.")],
+        jobs=[dg.define_asset_job("dpflow_pipeline", selection=dg.AssetSelection.all(), description="Recordings to an evaluated checkpoint, for one task partition.")],
     ),
 )

@@ -45,7 +45,8 @@ from dpflow_core.errors import InvalidNameError
 from dpflow_core.names import validate_name
 
 REPO = Path(__file__).resolve().parents[1]
-console = Console(highlight=False)
+# soft_wrap: paths are printed whole, also when the output goes to a file or a CI log
+console = Console(highlight=False, soft_wrap=True)
 
 #: Settings of the demo on the embedded default: small images and a short CPU training.
 DEMO_ASSET_CONFIG: dict[str, dict[str, Any]] = {
@@ -73,7 +74,7 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 #: Log lines of the filesystem IO manager, hidden from the progress display.
-_IO_MESSAGES = ("Loading file from", "Writing file at")
+_IO_MESSAGES = ("Loading file from", "Writing file at", "Loading partition", "Writing partition")
 
 
 def _follow(instance, run_id: str, stop: threading.Event) -> None:
@@ -256,4 +257,4 @@ def main(
 
 
 if __name__ == "__main__":
-    cli()
+    cli(prog_name="dpflow demo")

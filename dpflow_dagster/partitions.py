@@ -95,5 +95,7 @@ def task_folder(root: Path, task: str) -> Path:
         reason = f"this is the task folder {root.name!r}, not the output root holding a task folder {task!r}"
     else:
         found = sorted(task_folders(root)) if root.is_dir() else []
-        reason = f"no task folder {task!r} here" + (f" (task folders: {', '.join(found[:20])})" if found else "")
+        reason = (f"no task folder {task!r} here" if root.is_dir() else "no such folder") + (
+            f" (task folders: {', '.join(found[:20])})" if found else ""
+        ) + "; set DPFLOW_RECORDINGS_ROOT or the asset's `root` config to the Matrix Studio output folder"
     raise DpflowError(reason, root, code="no_task_folder")
