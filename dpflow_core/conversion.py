@@ -46,6 +46,7 @@ from scipy.spatial.transform import Rotation, Slerp
 from dpflow_core import __version__
 from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.files import fsync_dir, sha256_file
+from dpflow_core.pairing import load_manifest, pair_recordings
 from dpflow_core.recordings import read_streams
 from dpflow_core.topics import DAS_DEFAULT, TopicMap
 
@@ -506,23 +507,12 @@ def _load_one(item: Any) -> tuple[dict, str]:
     if isinstance(item, (str, os.PathLike)):
         path = Path(item)
         if path.is_dir():
-            try:
-                from dpflow_core.pairing import pair_recordings
-            except ImportError as exc:
-                raise ConversionError("pairing is not available to pair a task folder", path, code="bad_manifest") from exc
             return _manifest_as_dict(pair_recordings(path)), str(path)
+        if not path.exists():
+            raise ConversionError("no such file or folder (expected a pairing manifest or a task folder)", path, code="bad_manifest")
         if not path.is_file():
             raise ConversionError("input is neither a manifest file nor a task folder", path, code="bad_manifest")
-        try:
-            from dpflow_core.pairing import load_manifest
-        except ImportError:
-            load_manifest = None
-        if load_manifest is not None:
-            return _manifest_as_dict(load_manifest(path)), str(path)
-        try:
-            return json.loads(path.read_text()), str(path)
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConversionError(f"unreadable manifest: {exc}", path, code="bad_manifest") from exc
+        return _manifest_as_dict(load_manifest(path)), str(path)
     return _manifest_as_dict(item), "<in memory>"
 
 

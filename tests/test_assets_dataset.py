@@ -129,7 +129,8 @@ def test_blocking_check_stops_downstream(tmp_path):
 
 
 def test_full_graph_with_pairing(tmp_path):
-    assets_recordings = pytest.importorskip("dpflow_dagster.assets_recordings")
+    from dpflow_dagster import assets_recordings
+
     samples.write_task(tmp_path / "rec", episodes=2, seconds=2.0, task="wipe", spec=SPEC)
     run_config = dg.RunConfig(ops={
         "paired_episodes": {"config": {"root": str(tmp_path / "rec" / "wipe"), "output_dir": str(tmp_path / "work")}},

@@ -271,7 +271,6 @@ def test_cli_convert_and_norm_stats(task, tmp_path):
 
 
 def test_task_folder_input_is_paired(tmp_path):
-    pytest.importorskip("dpflow_core.pairing")
     eps = samples.write_task(tmp_path, episodes=3, seconds=2.0, task="wipe",
                              spec=replace(SPEC, vio_status="success"))
     failed = samples.write_episode(tmp_path / "wipe", "wipe_0009", replace(SPEC, vio_status="failed"), seed=99)
