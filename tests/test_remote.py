@@ -18,7 +18,7 @@ import pytest
 
 from dpflow_core.errors import InvalidNameError, RemoteError
 from dpflow_core.remote import GpuServer, ServerConfig, parse_compute_apps, parse_gpu_query
-from fake_nvidia_smi import H200_APPS, H200_GPUS, write_fake_nvidia_smi
+from fake_nvidia_smi import H200_GPUS, write_fake_nvidia_smi
 from sshd import sshd_server  # noqa: F401  (fixture)
 
 TMUX_SOCKET = f"dpflow-test-{os.getpid()}"

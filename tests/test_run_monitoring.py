@@ -14,7 +14,6 @@ import shutil
 import signal
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
