@@ -36,7 +36,8 @@ from typing import Any, Literal
 
 from dpflow_core.errors import RemoteError, RunError
 from dpflow_core.names import validate_name
-from dpflow_core.remote import GpuServer, sha256_file
+from dpflow_core.files import default_workdir, sha256_file
+from dpflow_core.remote import GpuServer
 from dpflow_core.runs import (
     CHECKPOINT_DIR,
     LATEST_CKPT,
@@ -55,8 +56,7 @@ _NORMALIZER_NAMES = re.compile(r"^(normalizer|norm_stats)[A-Za-z0-9_.-]*\.(json|
 
 def default_checkpoint_root() -> Path:
     """``$DPFLOW_WORKDIR/checkpoints`` when set, else ``<cwd>/outputs/checkpoints``."""
-    env = os.environ.get("DPFLOW_WORKDIR")
-    return (Path(env) if env else Path.cwd() / "outputs") / "checkpoints"
+    return default_workdir() / "checkpoints"
 
 
 def metrics_from_name(name: str) -> dict[str, float]:

@@ -640,6 +640,29 @@ def norm_stats_path_for(out_path: str | Path) -> Path:
 # --------------------------------------------------------------------------- workers
 
 
+def alignment_job(
+    entry: Any,
+    image_size: tuple[int, int] | None,
+    topics: TopicMap,
+    invalid_pose_policy: str,
+    min_overlap_fraction: float,
+    verify_sha256: bool,
+) -> dict:
+    """The picklable job :func:`align_job_episode` runs in a worker for one accepted episode
+    (``entry``: ``stem``, ``vio_mcap``, ``size_bytes``, ``sha256`` of :func:`load_inputs`)."""
+    return {
+        "stem": entry.stem,
+        "vio_mcap": str(entry.vio_mcap),
+        "size_bytes": entry.size_bytes,
+        "sha256": entry.sha256,
+        "verify_sha256": verify_sha256,
+        "image_size": image_size,
+        "topics": topics,
+        "invalid_pose_policy": invalid_pose_policy,
+        "min_overlap_fraction": min_overlap_fraction,
+    }
+
+
 def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode":
     """Check one manifest entry's ``_vio.mcap`` against its recorded size and SHA-256, then
     :func:`align_episode` it (the shared first step of the npz conversion and the LeRobot export).
@@ -1152,18 +1175,8 @@ def convert(
         work.mkdir()
         n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
         jobs = [
-            {
-                "stem": e.stem,
-                "vio_mcap": str(e.vio_mcap),
-                "size_bytes": e.size_bytes,
-                "sha256": e.sha256,
-                "verify_sha256": verify_sha256,
-                "dir": str(work / f"{i:06d}"),
-                "image_size": image_size,
-                "topics": topics,
-                "invalid_pose_policy": invalid_pose_policy,
-                "min_overlap_fraction": min_overlap_fraction,
-            }
+            alignment_job(e, image_size, topics, invalid_pose_policy, min_overlap_fraction, verify_sha256)
+            | {"dir": str(work / f"{i:06d}")}
             for i, e in enumerate(inputs.episodes)
         ]
         t_jobs = time.perf_counter()

@@ -7,6 +7,12 @@ import os
 from pathlib import Path
 
 
+def default_workdir() -> Path:
+    """The work folder (manifests, datasets, reports, checkpoints): ``$DPFLOW_WORKDIR``, else ``<cwd>/outputs``."""
+    env = os.environ.get("DPFLOW_WORKDIR")
+    return Path(env) if env else Path.cwd() / "outputs"
+
+
 def sha256_file(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
     """SHA-256 (64 lowercase hex digits) of a local file, read in ``chunk_bytes`` blocks (hashlib).
 

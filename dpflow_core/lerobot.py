@@ -62,7 +62,7 @@ import pyarrow.parquet as pq
 from scipy.spatial.transform import Rotation
 
 from dpflow_core import __version__
-from dpflow_core.conversion import CONVERTER_VERSION, INVALID_POSE_POLICIES, align_job_episode, load_inputs
+from dpflow_core.conversion import CONVERTER_VERSION, INVALID_POSE_POLICIES, align_job_episode, alignment_job, load_inputs
 from dpflow_core.errors import ConversionError, DatasetError, DpflowError
 from dpflow_core.topics import DAS_DEFAULT, TopicMap
 
@@ -960,18 +960,8 @@ def export_lerobot(
         rgb_dir = writer.staging_dir / "frames"
         rgb_dir.mkdir()
         jobs = [
-            {
-                "stem": e.stem,
-                "vio_mcap": str(e.vio_mcap),
-                "size_bytes": e.size_bytes,
-                "sha256": e.sha256,
-                "verify_sha256": verify_sha256,
-                "image_size": image_size,
-                "topics": topics,
-                "invalid_pose_policy": invalid_pose_policy,
-                "min_overlap_fraction": min_overlap_fraction,
-                "rgb_dir": str(rgb_dir),
-            }
+            alignment_job(e, image_size, topics, invalid_pose_policy, min_overlap_fraction, verify_sha256)
+            | {"rgb_dir": str(rgb_dir)}
             for e in inputs.episodes
         ]
         files = {e.stem: e.files for e in inputs.episodes}

@@ -9,7 +9,6 @@ inputs finds the existing dataset and reuses it instead of failing.
 """
 
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -19,13 +18,9 @@ from pydantic import Field
 from dpflow_core.conversion import convert, dataset_key, load_inputs
 from dpflow_core.dataset import CHECKS, MIN_TRAIN_LENGTH, validate_dataset
 from dpflow_core.errors import DpflowError
+from dpflow_core.files import default_workdir
 from dpflow_core.names import validate_name
 from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, task_partitions
-
-
-def _default_workdir() -> Path:
-    env = os.environ.get("DPFLOW_WORKDIR")
-    return Path(env) if env else Path.cwd() / "outputs"
 
 
 class DatasetConfig(dg.Config):
@@ -86,7 +81,7 @@ def _rejected_table(rejected: list[dict]) -> str:
 )
 def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired_episodes: dict) -> dg.Output[dict]:
     image_size = (config.image_width, config.image_height)
-    output_dir = Path(config.output_dir) if config.output_dir else _default_workdir()
+    output_dir = Path(config.output_dir) if config.output_dir else default_workdir()
     manifest_path = paired_episodes["manifest_path"]
     options = dict(
         invalid_pose_policy=config.invalid_pose_policy,

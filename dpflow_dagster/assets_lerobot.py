@@ -9,7 +9,6 @@ it, and different options never overwrite an earlier export.
 """
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -18,13 +17,9 @@ from pydantic import Field
 
 from dpflow_core import lerobot
 from dpflow_core.errors import DpflowError
+from dpflow_core.files import default_workdir
 from dpflow_core.topics import DAS_DEFAULT, TopicMap
 from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, task_partitions
-
-
-def _workdir() -> Path:
-    env = os.environ.get("DPFLOW_WORKDIR")
-    return Path(env) if env else Path.cwd() / "outputs"
 
 
 class LeRobotDatasetConfig(dg.Config):
@@ -75,7 +70,7 @@ def _skipped_table(skipped: dict[str, str]) -> str:
     ),
 )
 def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetConfig, paired_episodes: dict) -> dg.Output[dict]:
-    base = (Path(config.output_dir) if config.output_dir else _workdir()) / "lerobot"
+    base = (Path(config.output_dir) if config.output_dir else default_workdir()) / "lerobot"
     topics: TopicMap = DAS_DEFAULT
     try:
         size = lerobot.parse_image_size(config.image_size)

@@ -10,7 +10,6 @@ the table shows small JPEG thumbnails of the previews inline.
 """
 
 import base64
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -22,13 +21,8 @@ from dpflow_core.errors import DpflowError
 from dpflow_core.pairing import Manifest, pair_recordings, save_manifest
 from dpflow_core.report import EpisodeQuality, episode_quality, markdown_table, write_report
 from dpflow_dagster.partitions import OWNERS, recordings_root, task_folder, task_partitions
+from dpflow_core.files import default_workdir
 from dpflow_dagster.sensors import paired_episodes_job, recordings_sensor
-
-
-def default_workdir() -> Path:
-    """``$DPFLOW_WORKDIR`` when set, else ``<cwd>/outputs``."""
-    env = os.environ.get("DPFLOW_WORKDIR")
-    return Path(env) if env else Path.cwd() / "outputs"
 
 
 class PairedEpisodesConfig(dg.Config):
