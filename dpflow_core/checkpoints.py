@@ -37,7 +37,7 @@ from typing import Any, Literal
 from dpflow_core.errors import RemoteError, RunError
 from dpflow_core.names import validate_name
 from dpflow_core.files import default_workdir, sha256_file
-from dpflow_core.remote import GpuServer
+from dpflow_core.server import GpuServer
 from dpflow_core.runs import (
     CHECKPOINT_DIR,
     LATEST_CKPT,

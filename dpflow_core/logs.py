@@ -7,7 +7,7 @@ only complete lines (ending in ``\\n``) are parsed and the read offset stops
 after the last one. Lines that are not JSON objects are counted and skipped,
 never fatal: a monitor must not die on one bad line.
 
-:class:`LogTailer` reads incrementally from a :class:`~dpflow_core.remote.GpuServer`
+:class:`LogTailer` reads incrementally from a :class:`~dpflow_core.server.GpuServer`
 (so the same code follows a local run and one over SSH) and keeps the
 figures a monitor reports: last step, epoch and loss, steps per second, time
 of the last new line (for stall detection), and the first non-finite loss.
@@ -103,7 +103,7 @@ class LogTailer:
     """Incremental reader of a growing ``logs.json.txt`` on a GPU server.
 
     Args:
-        server: a :class:`~dpflow_core.remote.GpuServer`.
+        server: a :class:`~dpflow_core.server.GpuServer`.
         path: the log file on the server (it may not exist yet).
         keep_records: also keep every record in :attr:`all_records` (memory grows with the run).
         clock: the monotonic clock (replaceable in tests).

@@ -1,6 +1,6 @@
 """Assets and checks of the remote stage: ``remote_dataset`` and its SHA-256 check.
 
-``remote_dataset`` wraps :func:`dpflow_core.upload.upload_dataset` (preflight,
+``remote_dataset`` wraps :func:`dpflow_core.server.upload.upload_dataset` (preflight,
 resumable transfer, SHA-256 on the server). A mismatch at upload fails the
 materialization with both hashes and sizes; the file stays on the server only
 under a quarantine name. The blocking check ``remote_dataset_sha256_match``
@@ -11,7 +11,7 @@ downstream assets (the smoke run, training) from running on a bad file.
 import dagster as dg
 
 from dpflow_core.errors import DpflowError
-from dpflow_core.upload import upload_dataset, verify_remote_file
+from dpflow_core.server.upload import upload_dataset, verify_remote_file
 from dpflow_dagster.partitions import OWNERS, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Optional
 import dagster as dg
 from pydantic import Field
 
-from dpflow_core.remote import GpuServer, ServerConfig
+from dpflow_core.server import GpuServer, ServerConfig
 
 
 class GpuServerResource(dg.ConfigurableResource):

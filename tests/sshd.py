@@ -57,8 +57,8 @@ class SshdServer:
         return f"[{self.host}]:{self.port} {self.host_public_key}\n"
 
     def server_config(self, **overrides):
-        """A :class:`dpflow_core.remote.ServerConfig` for this server (known_hosts checked)."""
-        from dpflow_core.remote import ServerConfig
+        """A :class:`dpflow_core.server.ServerConfig` for this server (known_hosts checked)."""
+        from dpflow_core.server import ServerConfig
 
         values = dict(
             host=self.host, port=self.port, user=self.user, key_filename=str(self.key_path),

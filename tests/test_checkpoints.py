@@ -20,7 +20,7 @@ from dpflow_core.checkpoints import (
     wait_until_stable,
 )
 from dpflow_core.errors import RunError
-from dpflow_core.remote import GpuServer, ServerConfig, sha256_file
+from dpflow_core.server import GpuServer, ServerConfig, sha256_file
 from dpflow_core.runs import launch_run, monitor_run
 
 

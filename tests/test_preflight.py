@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dpflow_core.preflight import preflight
-from dpflow_core.remote import GpuServer, ServerConfig
+from dpflow_core.server.preflight import preflight
+from dpflow_core.server import GpuServer, ServerConfig
 from fake_nvidia_smi import write_fake_nvidia_smi
 from sshd import sshd_server  # noqa: F401  (fixture)
 

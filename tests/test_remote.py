@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dpflow_core.errors import InvalidNameError, RemoteError
-from dpflow_core.remote import GpuServer, ServerConfig, parse_compute_apps, parse_gpu_query
+from dpflow_core.server import GpuServer, ServerConfig, parse_compute_apps, parse_gpu_query
 from fake_nvidia_smi import H200_GPUS, write_fake_nvidia_smi
 from sshd import sshd_server  # noqa: F401  (fixture)
 

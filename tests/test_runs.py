@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from dpflow_core.errors import RunError
-from dpflow_core.remote import GpuServer, ServerConfig, parse_compute_apps, parse_gpu_query
+from dpflow_core.server import GpuServer, ServerConfig, parse_compute_apps, parse_gpu_query
 from dpflow_core.runs import (
     RunSpec,
     check_natural_exit,
@@ -159,7 +159,7 @@ def _wait_for(predicate, timeout_s: float = 60.0, poll_s: float = 0.2):
 def test_free_gpus_and_choice_from_nvidia_smi_csv():
     from fake_nvidia_smi import H200_APPS, H200_GPUS
 
-    from dpflow_core.remote import GpuInventory
+    from dpflow_core.server import GpuInventory
 
     inv = GpuInventory("ok", parse_gpu_query("\n".join(H200_GPUS)), parse_compute_apps("\n".join(H200_APPS)))
     assert free_gpus(inv) == [1]  # GPU 0 runs pid 48213 with 20 GiB

@@ -25,7 +25,7 @@ def _private_tmux_server():
 @pytest.fixture()
 def env(tmp_path, monkeypatch):
     # The CLI's local transport takes the tmux socket from the default config; keep sessions private.
-    from dpflow_core import remote
+    from dpflow_core import server as remote
 
     original = remote.ServerConfig.local.__func__
 

@@ -18,7 +18,7 @@ from sshd import sshd_server  # noqa: F401  (fixture)
 from test_runs import FAKE_TRAINER, _alive, _wait_for, fake_spec
 
 from dpflow_core.checkpoints import download_checkpoint, verify_checkpoint
-from dpflow_core.remote import GpuServer
+from dpflow_core.server import GpuServer
 from dpflow_core.runs import (
     check_natural_exit,
     cleanup_run,

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from synthetic_dataset import write_synthetic_dataset
 
-from dpflow_core.remote import GpuServer, ServerConfig
+from dpflow_core.server import GpuServer, ServerConfig
 from dpflow_core.runs import (
     check_natural_exit,
     check_resume_continuity,

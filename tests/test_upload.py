@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from dpflow_core import upload as upload_mod
+from dpflow_core.server import paths as server_paths
 from dpflow_core.errors import DatasetError, InvalidNameError, RemoteError
-from dpflow_core.remote import GpuServer, ServerConfig
-from dpflow_core.upload import remote_dataset_path, task_for_dataset, upload_dataset, verify_remote_file
+from dpflow_core.server import GpuServer, ServerConfig
+from dpflow_core.server.upload import remote_dataset_path, task_for_dataset, upload_dataset, verify_remote_file
 from sshd import sshd_server  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_later_corruption_caught_by_verification_and_healed_by_reupload(server_c
 
 
 def test_upload_refuses_when_the_dataset_does_not_fit(server_config, dataset, monkeypatch):
-    monkeypatch.setattr(upload_mod, "DISK_MARGIN_MIN_BYTES", 1 << 62)
+    monkeypatch.setattr(server_paths, "DISK_MARGIN_MIN_BYTES", 1 << 62)
     with GpuServer(server_config) as server:
         with pytest.raises(RemoteError) as info:
             upload_dataset(server, dataset)

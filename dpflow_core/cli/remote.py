@@ -24,7 +24,7 @@ import typer
 
 from dpflow_core.cli import app
 from dpflow_core.errors import RemoteError
-from dpflow_core.remote import GpuServer, ServerConfig
+from dpflow_core.server import GpuServer, ServerConfig
 
 
 def _option(default, *decls: str, envvar: str | None = None, help: str):
@@ -145,7 +145,7 @@ def upload_cmd(
     server_config: ServerConfig = None,
 ) -> None:
     """Upload DATASET to <data_root>/<task>/<sha256[:16]>/dataset.npz (resumable) and verify its SHA-256 there."""
-    from dpflow_core.upload import upload_dataset
+    from dpflow_core.server.upload import upload_dataset
 
     if method not in ("auto", "rsync", "stream"):
         raise typer.BadParameter(f"unknown method {method!r}", param_hint="--method")
@@ -211,9 +211,9 @@ def preflight_cmd(
     server_config: ServerConfig = None,
 ) -> None:
     """Report the GPU server's repository, Python/torch/CUDA, nproc, free disk and GPUs (exit 1 on a problem)."""
-    from dpflow_core.preflight import preflight
-    from dpflow_core.remote import sha256_file
-    from dpflow_core.upload import task_for_dataset
+    from dpflow_core.server.preflight import preflight
+    from dpflow_core.server import sha256_file
+    from dpflow_core.server.upload import task_for_dataset
 
     size = digest = None
     if dataset is not None:

@@ -16,7 +16,7 @@ import typer
 
 from dpflow_core.cli import app
 from dpflow_core.cli.remote import connection_options
-from dpflow_core.remote import GpuServer, ServerConfig
+from dpflow_core.server import GpuServer, ServerConfig
 
 _TEMPLATE_HELP = (
     "Train command template (default: the built-in trainer). Placeholders: {run_dir}, {dataset}, "

@@ -18,7 +18,9 @@ import json
 import shlex
 from dataclasses import asdict, dataclass, field
 
-from dpflow_core.remote import GpuInventory, GpuServer
+from dpflow_core.server.gpu_server import GpuServer
+from dpflow_core.server.nvidia_smi import GpuInventory
+from dpflow_core.server.paths import disk_margin_bytes, remote_dataset_path
 
 _PYTHON_PROBE = """\
 import json, platform, sys
@@ -213,7 +215,7 @@ def preflight(
     Args:
         server: the GPU server (local or SSH).
         dataset_size_bytes: size of the dataset to upload; with it the free disk at the
-            data root must hold it plus :func:`dpflow_core.upload.disk_margin_bytes`.
+            data root must hold it plus :func:`dpflow_core.server.paths.disk_margin_bytes`.
         dataset_sha256, task: with both, report whether the dataset is already at its
             content-addressed path (present = same size there; the upload hashes it).
         python_timeout_s: limit for the interpreter probe (importing torch), seconds.
@@ -222,8 +224,6 @@ def preflight(
         PreflightReport. Never raises for a missing GPU, repository or torch: those are
         reported. Connection errors (unknown host key, unreachable) raise RemoteError.
     """
-    from dpflow_core.upload import disk_margin_bytes, remote_dataset_path
-
     problems: list[str] = []
     warnings: list[str] = []
     hostname = server.run("uname -n", check=True).stdout.strip()

@@ -38,37 +38,16 @@ from typing import Callable, Literal
 
 from dpflow_core.errors import DatasetError, InvalidNameError, RemoteError
 from dpflow_core.names import validate_name
-from dpflow_core.remote import GpuServer, is_sha256, sha256_file
-
-#: File name of a dataset on the server (inside its content-addressed folder).
-REMOTE_DATASET_NAME = "dataset.npz"
-#: Free space kept beyond the dataset: max(DISK_MARGIN_MIN_BYTES, DISK_MARGIN_FRACTION x size).
-DISK_MARGIN_FRACTION = 0.05
-DISK_MARGIN_MIN_BYTES = 256 * 1024 * 1024
+from dpflow_core.files import sha256_file
+from dpflow_core.server.gpu_server import GpuServer
+from dpflow_core.server.paths import disk_margin_bytes, remote_dataset_path
+from dpflow_core.server.preflight import preflight
 
 #: ``progress(done_bytes, total_bytes)``, called during a transfer.
 ProgressCallback = Callable[[int, int], None]
 
 _STREAM_CHUNK = 256 * 1024
 _RSYNC_PERCENT = re.compile(rb"(\d{1,3})%")
-
-
-def disk_margin_bytes(size_bytes: int) -> int:
-    """Free space required beyond a file of ``size_bytes`` (bytes)."""
-    return max(DISK_MARGIN_MIN_BYTES, int(DISK_MARGIN_FRACTION * size_bytes))
-
-
-def remote_dataset_path(server: GpuServer, task: str, sha256: str) -> str:
-    """``<data_root>/<task>/<sha256[:16]>/dataset.npz`` on ``server`` (absolute).
-
-    Raises:
-        InvalidNameError: for an unsafe task name.
-        DatasetError: when ``sha256`` is not 64 lowercase hex digits.
-    """
-    validate_name(task, "task")
-    if not is_sha256(sha256):
-        raise DatasetError(f"invalid SHA-256 {sha256!r}", code="bad_sha256")
-    return posixpath.join(server.data_root, task, sha256[:16], REMOTE_DATASET_NAME)
 
 
 def task_for_dataset(dataset_path: str | Path, sidecar_path: str | Path | None = None) -> str:
@@ -339,7 +318,7 @@ def upload_dataset(
             (rsync when :func:`rsync_available`).
         bwlimit_kbps: bandwidth limit in KiB/s (None: unlimited).
         progress: called with (bytes done, total bytes) during the transfer.
-        with_preflight: run :func:`dpflow_core.preflight.preflight` first and attach
+        with_preflight: run :func:`dpflow_core.server.preflight.preflight` first and attach
             the report (it also refuses when the dataset does not fit).
 
     Returns:
@@ -369,8 +348,6 @@ def upload_dataset(
         )
     report = None
     if with_preflight:
-        from dpflow_core.preflight import preflight
-
         report = preflight(server, dataset_size_bytes=size, dataset_sha256=digest, task=task)
     final = remote_dataset_path(server, task, digest)
     partial = final + ".partial"

@@ -1,0 +1,164 @@
+"""Monitoring: follow a launched run's ``logs.json.txt`` until it exits, and read its output.
+
+Takes a server and a :class:`~dpflow_core.runs.state.RunHandle`; gives a :class:`MonitorResult`
+(exit code, last progress, OOM advice) and the one-line description of an exit status.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from dpflow_core.errors import RemoteError
+from dpflow_core.logs import LogProgress, LogTailer, parse_log_text
+from dpflow_core.server import GpuServer
+from dpflow_core.runs.processes import CleanupReport, cleanup_run
+from dpflow_core.runs.state import RunHandle
+
+
+log = logging.getLogger(__name__)
+_SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+
+
+# -------------------------------------------------------------------------- monitor
+
+
+@dataclass(frozen=True)
+class MonitorResult:
+    """How monitoring ended.
+
+    Attributes:
+        status: ``finished`` (exit status recorded), ``vanished`` (processes gone without
+            one), ``nan`` (non-finite loss), ``stalled`` (no new log line in time),
+            ``timeout`` (gave up waiting; the run may still go on).
+        exit_code: the recorded exit status, if any.
+        progress: the last log figures.
+        message: one line for humans.
+        stopped: processes ended because of nan/stall (``CleanupReport``), if any.
+    """
+
+    status: Literal["finished", "vanished", "nan", "stalled", "timeout"]
+    exit_code: int | None
+    progress: LogProgress
+    message: str
+    stopped: CleanupReport | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished" and self.exit_code == 0
+
+
+ProgressCallback = Callable[[LogProgress, list[dict[str, Any]]], None]
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What a dropped SSH connection raises: ours, socket errors, and Paramiko's own."""
+    errors: tuple[type[BaseException], ...] = (RemoteError, OSError, EOFError)
+    try:
+        import paramiko
+
+        errors += (paramiko.SSHException,)
+    except ImportError:
+        pass
+    return errors
+
+
+_CONNECTION_ERRORS = _connection_errors()
+
+
+def monitor_run(
+    server: GpuServer,
+    handle: RunHandle,
+    *,
+    poll_s: float = 5.0,
+    stall_timeout_s: float = 900.0,
+    timeout_s: float | None = None,
+    on_progress: ProgressCallback | None = None,
+    stop_on_failure: bool = True,
+    reconnect_attempts: int = 5,
+) -> MonitorResult:
+    """Follow a run until it ends: tail ``logs.json.txt``, detect NaN and stalls.
+
+    The log is read incrementally from the start (so a re-attached monitor sees the
+    whole history). A dropped SSH connection is re-opened (up to
+    ``reconnect_attempts`` times in a row). With ``stop_on_failure`` a run with a
+    NaN loss or a stall is ended (:func:`cleanup_run`: its own processes only).
+    """
+    tailer = LogTailer(server, handle.log_path)
+    started = time.monotonic()
+    failures = 0
+    while True:
+        try:
+            new = tailer.poll()
+            status = server.detached_status(handle.detached)
+            failures = 0
+        except _CONNECTION_ERRORS as exc:
+            transient = not isinstance(exc, RemoteError) or exc.code in ("unreachable", "ssh_failed", "command_failed")
+            if not transient or failures >= reconnect_attempts:
+                raise
+            failures += 1
+            log.warning("lost the server while monitoring %s (%s); reconnecting (%d/%d)", handle.name, exc, failures, reconnect_attempts)
+            server.close()
+            time.sleep(min(30.0, poll_s * failures))
+            continue
+        p = tailer.progress
+        if new and on_progress is not None:
+            on_progress(p, new)
+        if p.nonfinite is not None and not status.finished:
+            stopped = cleanup_run(server, handle) if stop_on_failure else None
+            return MonitorResult("nan", None, p, f"non-finite loss at global_step {p.nonfinite.get('global_step')}: {p.nonfinite}", stopped)
+        if status.finished and not status.leader_alive:
+            tailer.poll()
+            p = tailer.progress
+            return MonitorResult("finished", status.exit_code, p, describe_exit(status.exit_code))
+        if status.vanished:
+            tailer.poll()
+            return MonitorResult("vanished", None, tailer.progress,
+                                 "the run's processes are gone but no exit status was recorded (killed with the wrapper: SIGKILL, OOM killer or reboot)")
+        if tailer.stalled(stall_timeout_s):
+            stopped = cleanup_run(server, handle) if stop_on_failure else None
+            return MonitorResult("stalled", None, p, f"no new log line for {stall_timeout_s:.0f} s after global_step {p.global_step}", stopped)
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            return MonitorResult("timeout", None, p, f"still running after {timeout_s:.0f} s of monitoring")
+        time.sleep(poll_s)
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit status 0``, ``exit status 143 (killed by SIGTERM)``, ..."""
+    if code is None:
+        return "no exit status recorded"
+    if code > 128 and code - 128 in _SIGNAL_NAMES:
+        return f"exit status {code} (killed by {_SIGNAL_NAMES[code - 128]})"
+    if code < 0 and -code in _SIGNAL_NAMES:
+        return f"exit status {code} (killed by {_SIGNAL_NAMES[-code]})"
+    return f"exit status {code}"
+
+
+def _read_records(server: GpuServer, path: str) -> list[dict[str, Any]]:
+    if server.size(path) is None:
+        return []
+    return parse_log_text(server.read_text(path))
+
+
+def _tail(server: GpuServer, path: str, n_bytes: int = 16 * 1024) -> str:
+    try:
+        return server.tail(path, n_bytes)
+    except RemoteError:
+        return ""
+
+
+def _last_error_line(output: str) -> str:
+    lines = [ln.strip() for ln in output.replace("\r", "\n").splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("error:") or "Error" in ln or "error" in ln:
+            return ln[:300]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def _head(server: GpuServer, path: str, n_bytes: int = 64 * 1024) -> str:
+    try:
+        return server.read_from(path, 0, n_bytes).data.decode("utf-8", "replace")
+    except RemoteError:
+        return ""

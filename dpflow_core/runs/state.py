@@ -1,0 +1,173 @@
+"""Launch state on the server: the :class:`RunHandle` of each launch under ``<run_dir>/dpflow/launch-<k>/``.
+
+Takes a server and a run name; gives the handles of its launches (saved as ``handle.json`` at launch),
+the active runs with a name prefix, and a run directory's disk use (bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dpflow_core.errors import RemoteError, RunError
+from dpflow_core.server import DetachedProcess, GpuServer
+from dpflow_core.runs.spec import CHECKPOINT_DIR, HANDLE_NAME, LOG_NAME, STATE_DIR, RunSpec, run_dir_for, runs_root
+
+
+# --------------------------------------------------------------------- launch state
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    """A launched run, as recorded on the server in ``<state_dir>/handle.json``.
+
+    Attributes:
+        spec: what was launched.
+        run_dir, state_dir: the run directory and this launch's state folder.
+        launch_index: 0 for the first launch, k for the k-th resume.
+        token: the value of ``DPFLOW_RUN_TOKEN`` every process of the run inherits.
+        gpu_ids: GPUs the run uses (empty: CPU).
+        gpu_memory_before_mib: memory in use on those GPUs just before the launch.
+        gpu_status: ``ok``, ``no_gpu`` or ``error`` (nvidia-smi at launch).
+        num_processes: processes launched.
+        command: the full shell command.
+        overrides: the Hydra overrides dpflow set.
+        started_at: UTC ISO time of the launch.
+        detached: the wrapper record (PID, process group, start time, command line, state files).
+    """
+
+    spec: RunSpec
+    run_dir: str
+    state_dir: str
+    launch_index: int
+    token: str
+    gpu_ids: tuple[int, ...]
+    gpu_memory_before_mib: dict[int, int | None]
+    gpu_status: str
+    num_processes: int
+    command: str
+    overrides: tuple[str, ...]
+    started_at: str
+    detached: DetachedProcess
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def log_path(self) -> str:
+        """``logs.json.txt`` of the run."""
+        return posixpath.join(self.run_dir, LOG_NAME)
+
+    @property
+    def output_path(self) -> str:
+        """The process's stdout and stderr."""
+        return self.detached.log_path
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return posixpath.join(self.run_dir, CHECKPOINT_DIR)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["spec"] = self.spec.to_dict()
+        data["detached"] = self.detached.to_dict()
+        data["gpu_memory_before_mib"] = {str(k): v for k, v in self.gpu_memory_before_mib.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunHandle":
+        values = dict(data)
+        values["spec"] = RunSpec.from_dict(values["spec"])
+        values["detached"] = DetachedProcess.from_dict(values["detached"])
+        values["gpu_ids"] = tuple(values["gpu_ids"])
+        values["overrides"] = tuple(values["overrides"])
+        values["gpu_memory_before_mib"] = {int(k): v for k, v in values["gpu_memory_before_mib"].items()}
+        return cls(**values)
+
+    def metadata(self) -> dict[str, Any]:
+        """Flat values for asset metadata."""
+        return {
+            "run_name": self.name,
+            "run_dir": self.run_dir,
+            "launch_index": self.launch_index,
+            "pid": self.detached.pid,
+            "pgid": self.detached.leader.pgid,
+            "method": self.detached.method,
+            "tmux_session": self.detached.tmux_session or "",
+            "gpu_ids": ",".join(map(str, self.gpu_ids)) or "cpu",
+            "gpu_status": self.gpu_status,
+            "num_processes": self.num_processes,
+            "command": self.command,
+            "started_at": self.started_at,
+        }
+
+
+def _state_dir(run_dir: str, index: int) -> str:
+    return posixpath.join(run_dir, STATE_DIR, f"launch-{index}")
+
+
+def launch_indices(server: GpuServer, run_dir: str) -> list[int]:
+    """Indices of the launches recorded in a run directory (sorted)."""
+    out = []
+    for entry in server.listdir(posixpath.join(run_dir, STATE_DIR)):
+        m = re.fullmatch(r"launch-(\d+)", entry)
+        if m:
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def load_handle(server: GpuServer, name: str, launch_index: int | None = None) -> RunHandle:
+    """The record of run ``name``'s latest launch (or of ``launch_index``).
+
+    Raises:
+        RunError: ``run_not_found`` when the run was never launched on this server.
+    """
+    run_dir = run_dir_for(server, name)
+    indices = launch_indices(server, run_dir)
+    if launch_index is None:
+        for index in reversed(indices):
+            path = posixpath.join(_state_dir(run_dir, index), HANDLE_NAME)
+            if server.size(path):
+                launch_index = index
+                break
+    if launch_index is None:
+        raise RunError(f"run {name!r} was never launched on this server", path=run_dir, code="run_not_found")
+    path = posixpath.join(_state_dir(run_dir, launch_index), HANDLE_NAME)
+    try:
+        return RunHandle.from_dict(json.loads(server.read_text(path)))
+    except RemoteError as exc:
+        raise RunError(f"run {name!r} has no launch record {launch_index}", path=path, code="run_not_found") from exc
+
+
+def _mkdir_exclusive(server: GpuServer, path: str) -> bool:
+    """Create ``path`` (parents first); False when it exists already (atomic on POSIX)."""
+    server.mkdir(posixpath.dirname(path))
+    return server.run(["mkdir", "--", path]).ok
+
+
+def find_active_runs(server: GpuServer, prefix: str) -> list[RunHandle]:
+    """Handles of runs whose name starts with ``prefix`` and whose latest launch is still running."""
+    out = []
+    for entry in server.listdir(runs_root(server)):
+        if not entry.startswith(prefix):
+            continue
+        try:
+            handle = load_handle(server, entry)
+        except (RunError, RemoteError, ValueError, KeyError, TypeError):
+            continue
+        status = server.detached_status(handle.detached)
+        if not status.finished and not status.vanished:
+            out.append(handle)
+    return out
+
+
+def run_disk_usage(server: GpuServer, run_dir: str) -> dict[str, int]:
+    """``{"run_dir_bytes": ..., "free_bytes": ...}``: the run directory's size and the free disk under it."""
+    du = server.run(["du", "-s", "-B1", "--", server.abspath(run_dir)])
+    used = int(du.stdout.split()[0]) if du.ok and du.stdout.split() and du.stdout.split()[0].isdigit() else -1
+    return {"run_dir_bytes": used, "free_bytes": server.free_disk(run_dir)}
