@@ -1,6 +1,6 @@
 """Benchmark: openpi norm stats of a LeRobot v2.1 dataset vs decoding its video (not a test).
 
-Writes a synthetic LeRobot dataset with :class:`dpflow_core.lerobot.LeRobotWriter`
+Writes a synthetic LeRobot dataset with :class:`dpflow_core.export.LeRobotWriter`
 (smooth 7-D state tracks, textured H.264 frames), then times:
 
 * ``compute_openpi_norm_stats`` (parquet columns only) -- first run and the
@@ -31,7 +31,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dpflow_core import lerobot as lr  # noqa: E402
+from dpflow_core import export as lr  # noqa: E402
 
 
 def synthetic(k: int, n: int, h: int, w: int, texture: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,9 +1,9 @@
 """Assets of the LeRobot export: ``lerobot_dataset`` (LeRobot v2.1) and ``norm_stats`` (openpi).
 
-Thin wrappers over :func:`dpflow_core.lerobot.export_lerobot` and
-:func:`dpflow_core.lerobot.write_openpi_norm_stats`. The dataset folder is
+Thin wrappers over :func:`dpflow_core.export.export_lerobot` and
+:func:`dpflow_core.export.write_openpi_norm_stats`. The dataset folder is
 content-addressed (``<work folder>/lerobot/<task>/<export key>``, see
-:func:`dpflow_core.lerobot.export_key`), so a
+:func:`dpflow_core.export.export_key`), so a
 re-materialization of the same inputs and options finds its export and reuses
 it, and different options never overwrite an earlier export.
 """
@@ -15,7 +15,7 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from dpflow_core import lerobot
+from dpflow_core import export as lerobot
 from dpflow_core.errors import DpflowError
 from dpflow_core.files import default_workdir
 from dpflow_core.topics import DAS_DEFAULT, TopicMap

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.spatial.transform import Rotation
 
-from dpflow_core import lerobot as lr
+from dpflow_core import export as lr
 from dpflow_core.errors import ConversionError, DatasetError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -262,7 +262,7 @@ def test_writer_refuses_an_existing_folder_and_cleans_up_on_error(tmp_path):
 
 
 def test_chunks_follow_chunks_size(tmp_path, monkeypatch):
-    monkeypatch.setattr(lr, "CHUNKS_SIZE", 2)
+    monkeypatch.setattr(lr.writer, "CHUNKS_SIZE", 2)
     out = tmp_path / "ds"
     result, *_ = write_dataset(out, lengths=(5, 6, 7), freqs=(30, 30, 30))
     info = json.loads((out / "meta/info.json").read_text())
@@ -452,7 +452,7 @@ _NO_NETWORK_CHILD = textwrap.dedent(
             raise OSError("network disabled in this test")
     socket.socket = NoSocket
     socket.create_connection = lambda *a, **k: (attempts.append(a), NoSocket())[1]
-    from dpflow_core.lerobot import compute_openpi_norm_stats
+    from dpflow_core.export import compute_openpi_norm_stats
     stats = compute_openpi_norm_stats(sys.argv[1])
     print(json.dumps({"attempts": len(attempts), "state_mean": stats["state"].mean.tolist(),
                       "actions_q99": stats["actions"].q99.tolist()}))

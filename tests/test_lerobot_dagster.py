@@ -9,7 +9,7 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from dpflow_core import lerobot as lr
+from dpflow_core import export as lr
 from dpflow_core.pairing import pair_recordings, write_manifest
 from dpflow_core.samples import SampleSpec, write_task
 from dpflow_dagster import assets_lerobot

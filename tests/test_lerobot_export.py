@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from dpflow_core import lerobot as lr
+from dpflow_core import export as lr
 from dpflow_core.conversion import align_episode
 from dpflow_core.errors import ConversionError
 from dpflow_core.pairing import load_manifest, pair_recordings, write_manifest

@@ -96,7 +96,7 @@ def norm_stats_cmd(
 ) -> None:
     """Compute per-key mean/std/min/max/q01/q99 of a dataset's low-dimensional members."""
     if fmt == "openpi":
-        from dpflow_core.lerobot import write_openpi_norm_stats
+        from dpflow_core.export import write_openpi_norm_stats
 
         typer.echo(str(write_openpi_norm_stats(dataset, output, overwrite=overwrite)))
         return

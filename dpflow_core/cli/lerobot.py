@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from dpflow_core import lerobot
+from dpflow_core import export as lerobot
 from dpflow_core.cli import app
 
 

@@ -1,0 +1,66 @@
+"""LeRobot v2.1 export and openpi-style norm stats (formats.md section 4).
+
+pi0 / openpi and LeRobot users train from a LeRobot dataset, and their chain is
+convert -> LeRobot dataset -> compute norm stats -> train. The statistics step
+needs the converted dataset's own metadata: run on recordings that were never
+converted (or on another format version) it fails late or appears to hang while
+a Hub download is attempted. Here the chain is explicit:
+
+* :func:`export_lerobot` decodes and aligns each accepted episode of a pairing
+  manifest with :func:`dpflow_core.conversion.align_episode` (the same code as
+  the ``dataset.npz`` conversion, in worker processes) and writes a LeRobot
+  v2.1 dataset with :class:`LeRobotWriter`::
+
+      meta/info.json              codebase_version "v2.1", fps, features, totals, path templates
+      meta/episodes.jsonl         {"episode_index", "tasks": [str], "length"}
+      meta/tasks.jsonl            {"task_index", "task"}
+      meta/episodes_stats.jsonl   {"episode_index", "stats": {feature: {min, max, mean, std, count}}}
+      data/chunk-000/episode_000000.parquet
+      videos/chunk-000/observation.images.camera0/episode_000000.mp4   (H.264, yuv420p)
+
+  Layout, keys and per-episode statistics follow LeRobot's v2.1 dataset code
+  (``lerobot/datasets/utils.py``, ``compute_stats.py`` and ``video_utils.py`` of
+  lerobot 0.3.x): ``timestamp = frame_index / fps`` so that LeRobot's check that
+  consecutive timestamps are ``1/fps`` apart (tolerance 1e-4 s) holds, and each
+  video frame is stored at exactly that time. ``fps`` is the measured frequency
+  of the recordings (1 / the median frame interval, the rule of the npz's
+  ``frequency_hz``), not a nominal rate.
+
+* :func:`compute_openpi_norm_stats` reads only the parquet columns of the state
+  and the actions (never a video) and returns openpi's ``norm_stats.json``
+  content: mean, std, q01, q99 per dimension. It validates ``meta/info.json``
+  first and fails at once, naming the file and the field, when the dataset was
+  not converted, has another ``codebase_version``, inconsistent features or no
+  frames. Nothing here opens a network connection.
+
+The state of every frame is ``[eef position (m, 3), eef rotation vector (rad, 3),
+gripper width (m, 1)]`` (7 float32); the action follows :data:`ACTION_RULES`.
+
+Modules: :mod:`~dpflow_core.export.features` (layout, keys, state and action),
+:mod:`~dpflow_core.export.video`, :mod:`~dpflow_core.export.writer`, :mod:`~dpflow_core.export.export`
+(the job), :mod:`~dpflow_core.export.validation` and :mod:`~dpflow_core.export.openpi` (norm stats).
+Their public names are re-exported here.
+"""
+
+from __future__ import annotations
+
+from dpflow_core.export.features import (
+    ACTION_KEY, ACTION_RULES, CAMERA_KEY, CHUNKS_SIZE, CODEBASE_VERSION, DATA_PATH, EPISODES_PATH,
+    EPISODES_STATS_PATH, INDEX_FEATURES, INFO_PATH, OPENPI_NORM_KEYS, PROVENANCE_PATH, ROBOT_TYPE, STATE_KEY,
+    STATE_NAMES, TASKS_PATH, VIDEO_PATH, episode_actions, episode_state, measured_fps,
+)
+from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
+from dpflow_core.export.writer import LeRobotExport, LeRobotWriter, feature_stats, image_stats
+from dpflow_core.export.export import export_key, export_lerobot, load_export, parse_image_size
+from dpflow_core.export.validation import LeRobotLayout, read_lowdim, validate_lerobot_dataset
+from dpflow_core.export.openpi import NormStats, compute_openpi_norm_stats, norm_stats_of, write_openpi_norm_stats
+
+__all__ = [
+    "ACTION_KEY", "ACTION_RULES", "CAMERA_KEY", "CHUNKS_SIZE", "CODEBASE_VERSION", "DATA_PATH", "EPISODES_PATH",
+    "EPISODES_STATS_PATH", "INDEX_FEATURES", "INFO_PATH", "OPENPI_NORM_KEYS", "PROVENANCE_PATH", "ROBOT_TYPE",
+    "STATE_KEY", "STATE_NAMES", "TASKS_PATH", "VIDEO_PATH", "LeRobotExport", "LeRobotLayout", "LeRobotWriter",
+    "NormStats", "VideoSpec", "compute_openpi_norm_stats", "encode_video", "episode_actions", "episode_state",
+    "export_key", "export_lerobot", "feature_stats", "image_stats", "load_export", "measured_fps", "norm_stats_of",
+    "parse_image_size", "read_lowdim", "retime_video", "validate_lerobot_dataset", "video_info",
+    "write_openpi_norm_stats",
+]

@@ -1,0 +1,307 @@
+"""The export job: a pairing manifest in, a LeRobot v2.1 dataset out.
+
+Takes a manifest and options (image size, action rule, task text, workers); aligns each accepted
+episode with the conversion's own alignment (worker processes) and writes it with
+:class:`~dpflow_core.export.writer.LeRobotWriter` under a content-addressed key; gives a
+:class:`LeRobotExport` (path, episodes, frames, fps in Hz).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from dpflow_core import __version__
+from dpflow_core.conversion import (
+    CONVERTER_VERSION, INVALID_POSE_POLICIES, align_job_episode, alignment_job, load_inputs,
+)
+from dpflow_core.errors import ConversionError, DatasetError, DpflowError
+from dpflow_core.export.features import ACTION_RULES, CAMERA_KEY, CODEBASE_VERSION, PROVENANCE_PATH, episode_state
+from dpflow_core.export.validation import _read_json, validate_lerobot_dataset
+from dpflow_core.export.video import VideoSpec
+from dpflow_core.export.writer import LeRobotExport, LeRobotWriter
+from dpflow_core.topics import DAS_DEFAULT, TopicMap
+
+
+def _align_job(job: dict) -> dict:
+    """Worker: align one episode with ``align_episode``; frames go to a ``.npy`` memory map.
+
+    Returns the arrays except the frames (``rgb_path``/``rgb_rows`` locate them),
+    or ``{"ok": False, "code", "reason"}``; frames never travel through the pipe.
+    """
+    stem = job["stem"]
+    try:
+        ep = align_job_episode(job, job["rgb_dir"])
+        if hasattr(ep.rgb, "flush"):
+            ep.rgb.flush()
+        return {
+            "ok": True,
+            "stem": stem,
+            "timestamps_s": ep.timestamps_s,
+            "state": episode_state(ep.eef_pos, ep.eef_rot_axis_angle, ep.gripper_width),
+            "rgb_path": str(ep.rgb_path),
+            "rgb_rows": ep.rgb_rows,
+            "report": ep.report,
+        }
+    except DpflowError as exc:
+        return {"ok": False, "stem": stem, "code": exc.code, "reason": str(exc)}
+
+
+def _aligned_in_order(jobs: list[dict], workers: int) -> Iterator[dict]:
+    """Results of :func:`_align_job` in job order; at most ``2 * workers`` jobs in flight
+    (bounding the decoded frames waiting on disk)."""
+    if workers <= 1 or len(jobs) <= 1:
+        yield from map(_align_job, jobs)
+        return
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["dpflow_core.export.export"])
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        pending: deque = deque()
+        it = iter(jobs)
+        for job in it:
+            pending.append((job, pool.submit(_align_job, job)))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            job, fut = pending.popleft()
+            try:
+                yield fut.result()
+            except Exception as exc:  # noqa: BLE001 - a dead worker rejects its episode, not the export
+                yield {"ok": False, "stem": job["stem"], "code": "internal_error", "reason": f"{type(exc).__name__}: {exc}"}
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append((nxt, pool.submit(_align_job, nxt)))
+
+
+def parse_image_size(value: str) -> tuple[int, int] | None:
+    """``"W,H"`` (or ``"WxH"``) -> (W, H); ``"native"`` -> None (the camera's resolution).
+
+    Raises:
+        ConversionError: for anything else (``bad_option``).
+    """
+    if value.strip().lower() == "native":
+        return None
+    try:
+        w, h = (int(v) for v in value.lower().replace("x", ",").split(","))
+    except ValueError as exc:
+        raise ConversionError(f"image size must be 'W,H' or 'native', got {value!r}", code="bad_option") from exc
+    return w, h
+
+
+def _export_key(inputs: Any, options: dict) -> str:
+    doc = {
+        "codebase_version": CODEBASE_VERSION,
+        "converter_version": CONVERTER_VERSION,
+        "options": options,
+        "inputs": sorted([e.stem, e.sha256] for e in inputs.episodes),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> str:
+    """Content address of the export :func:`export_lerobot` would make (64 hex digits).
+
+    SHA-256 of the accepted inputs' stems and ``_vio.mcap`` hashes, the options
+    that change the output (same keywords and defaults as :func:`export_lerobot`),
+    the converter version and the LeRobot format version. Use it to name an
+    output folder: equal keys mean the same export of the same bytes.
+    """
+    inputs = load_inputs(manifest)
+    defaults = {
+        "action_rule": "next_state", "image_size": None, "invalid_pose_policy": "trim",
+        "min_overlap_fraction": 0.5, "frequency_tolerance": 0.05, "topics": DAS_DEFAULT, "video": VideoSpec(),
+    }
+    unknown = set(options) - set(defaults)
+    if unknown:
+        raise ConversionError(f"unknown export options {sorted(unknown)}", code="bad_option")
+    o = {**defaults, **options}
+    size = o["image_size"]
+    return _export_key(
+        inputs,
+        {
+            "task": task_text if task_text is not None else inputs.task or Path(inputs.root or "dataset").name,
+            "action_rule": o["action_rule"],
+            "image_size": None if size is None else [int(size[0]), int(size[1])],
+            "invalid_pose_policy": o["invalid_pose_policy"],
+            "min_overlap_fraction": o["min_overlap_fraction"],
+            "frequency_tolerance": o["frequency_tolerance"],
+            "topics": {"camera": o["topics"].camera, "pose": o["topics"].pose, "gripper": o["topics"].gripper},
+            "video": dataclasses.asdict(o["video"]),
+        },
+    )
+
+
+def load_export(dataset_dir: str | Path) -> LeRobotExport:
+    """The summary of a dataset written by :class:`LeRobotWriter`, read back from its metadata.
+
+    Raises:
+        DatasetError: ``meta/info.json`` or ``meta/dpflow.json`` is missing or
+            malformed, or the version is not :data:`CODEBASE_VERSION`.
+    """
+    layout = validate_lerobot_dataset(dataset_dir)
+    path = layout.root / PROVENANCE_PATH
+    if not path.is_file():
+        raise DatasetError(f"{PROVENANCE_PATH} not found: not written by dpflow", path, code="missing_metadata")
+    record = _read_json(path, PROVENANCE_PATH)
+    info = layout.info
+    try:
+        videos = [k for k, ft in info["features"].items() if ft.get("dtype") == "video"]
+        h, w = info["features"][videos[0]]["shape"][:2]
+        return LeRobotExport(
+            path=layout.root.absolute(),
+            fps=float(info["fps"]),
+            n_episodes=int(info["total_episodes"]),
+            total_frames=int(info["total_frames"]),
+            video_keys=videos,
+            image_size=[int(w), int(h)],
+            action_rule=record["action_rule"],
+            task=record["options"]["task"] if "options" in record else record.get("task", ""),
+            stems=[e["stem"] for e in record["episodes"]],
+            skipped=dict(record.get("skipped", {})),
+            export_key=record.get("export_key"),
+        )
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise DatasetError(f"metadata lacks a field: {exc!r}", path, code="bad_metadata") from exc
+
+
+def export_lerobot(
+    manifest: Any,
+    out_dir: str | Path,
+    task_text: str | None = None,
+    action_rule: str = "next_state",
+    image_size: tuple[int, int] | None = None,
+    invalid_pose_policy: str = "trim",
+    min_overlap_fraction: float = 0.5,
+    frequency_tolerance: float = 0.05,
+    topics: TopicMap = DAS_DEFAULT,
+    verify_sha256: bool = True,
+    workers: int = 0,
+    video: VideoSpec = VideoSpec(),
+    reuse_existing: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> LeRobotExport:
+    """Export the accepted episodes of a pairing manifest as a LeRobot v2.1 dataset.
+
+    The manifest is read by :func:`dpflow_core.conversion.load_inputs` and each
+    episode decoded and aligned by :func:`dpflow_core.conversion.align_episode`,
+    exactly as for ``dataset.npz``, in worker processes: inputs are checked
+    against the manifest's size and SHA-256 first. Its state is
+    :func:`episode_state`, its actions :func:`episode_actions`, its camera0
+    frames the video :data:`CAMERA_KEY`. Episodes that cannot be aligned, or
+    whose frequency is off (see :meth:`LeRobotWriter.finish`), are skipped with
+    their reason; ``fps`` is :func:`measured_fps`. ``meta/dpflow.json`` records
+    the manifest, every input's SHA-256 and every alignment report.
+
+    Args:
+        manifest: a pairing manifest (path, ``Manifest``, dict; see ``load_inputs``).
+        out_dir: dataset folder to create; must not exist.
+        task_text: the task text; default the manifest's task (the task folder name).
+        action_rule: one of :data:`ACTION_RULES`.
+        image_size: (W, H) of the videos, even numbers; None keeps the camera's size.
+        invalid_pose_policy, min_overlap_fraction, topics: see ``align_episode``.
+        frequency_tolerance: see :meth:`LeRobotWriter.finish`.
+        verify_sha256: hash each input and compare with the manifest.
+        workers: alignment worker processes; 0 = the number of CPU cores.
+        video: encoder settings.
+        reuse_existing: when ``out_dir`` holds an export with the same
+            :func:`export_key` (same input hashes and options), return it
+            (``reused=True``) instead of failing.
+        progress: called as ``progress(stem, done, total)`` after each episode.
+
+    Returns:
+        The export summary.
+
+    Raises:
+        PairingError: the manifest is missing or malformed.
+        ConversionError: ``out_dir`` exists (``output_exists``; with
+            ``reuse_existing``: holds another export), an option is
+            invalid (``bad_option``), or no episode survived (``no_valid_episodes``).
+    """
+    if action_rule not in ACTION_RULES:
+        raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
+    if invalid_pose_policy not in INVALID_POSE_POLICIES:
+        raise ConversionError(
+            f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
+        )
+    if image_size is not None:
+        w, h = (int(v) for v in image_size)
+        if w % 2 or h % 2:
+            raise ConversionError(f"image size {w}x{h} must be even (H.264 yuv420p)", code="bad_option")
+        image_size = (w, h)
+    inputs = load_inputs(manifest)
+    task = task_text if task_text is not None else inputs.task or Path(inputs.root or "dataset").name
+    options = {
+        "task": task,
+        "action_rule": action_rule,
+        "image_size": None if image_size is None else list(image_size),
+        "invalid_pose_policy": invalid_pose_policy,
+        "min_overlap_fraction": min_overlap_fraction,
+        "frequency_tolerance": frequency_tolerance,
+        "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
+        "video": dataclasses.asdict(video),
+    }
+    key = _export_key(inputs, options)
+    if Path(out_dir).exists():
+        if reuse_existing:
+            existing = load_export(out_dir)
+            if existing.export_key == key:
+                return dataclasses.replace(existing, reused=True)
+            raise ConversionError(
+                f"output folder holds another export (export_key {existing.export_key}, this one {key})",
+                out_dir,
+                code="output_exists",
+            )
+        raise ConversionError("output folder already exists; choose a new one (nothing is overwritten)", out_dir, code="output_exists")
+    source = inputs.manifests[0] if inputs.manifests else None
+    if not inputs.episodes:
+        raise ConversionError(f"no valid episodes: the manifest accepts none ({len(inputs.rejected)} rejected)",
+                              source, code="no_valid_episodes")
+    skipped: dict[str, str] = {}
+    n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
+    with LeRobotWriter(out_dir, task, action_rule, video=video) as writer:
+        rgb_dir = writer.staging_dir / "frames"
+        rgb_dir.mkdir()
+        jobs = [
+            alignment_job(e, image_size, topics, invalid_pose_policy, min_overlap_fraction, verify_sha256)
+            | {"rgb_dir": str(rgb_dir)}
+            for e in inputs.episodes
+        ]
+        files = {e.stem: e.files for e in inputs.episodes}
+        for done, result in enumerate(_aligned_in_order(jobs, n_workers), 1):
+            stem = result["stem"]
+            if result["ok"]:
+                a, b = result["rgb_rows"]
+                rgb_path = Path(result["rgb_path"])
+                frames = np.load(rgb_path, mmap_mode="r")[a:b]
+                writer.add_episode(
+                    result["state"], {CAMERA_KEY: frames}, result["timestamps_s"], stem,
+                    record={"files": files[stem], "alignment": result["report"]},
+                )
+                del frames
+                rgb_path.unlink()
+            else:
+                skipped[stem] = f"{result['code']}: {result['reason']}"
+            if progress is not None:
+                progress(stem, done, len(jobs))
+        if not len(writer):
+            raise ConversionError(f"no valid episodes: {len(jobs)} found, all rejected: {skipped}", source, code="no_valid_episodes")
+        provenance = {
+            "export_key": key,
+            "manifests": inputs.manifests,
+            "root": inputs.root,
+            "options": options,
+            "converter_version": CONVERTER_VERSION,
+            "dpflow_version": __version__,
+            "rejected_by_pairing": inputs.rejected,
+            "skipped": skipped,
+        }
+        return writer.finish(frequency_tolerance, provenance)

@@ -1,0 +1,423 @@
+"""The LeRobot v2.1 writer: episodes in, a dataset folder out.
+
+Takes one episode at a time (state, action, timestamps, frames, task text); gives the ``meta/``
+files, one parquet file and one video per episode, and per-episode statistics (min, max, mean, std,
+count, as lerobot's ``compute_stats.py``) in ``meta/episodes_stats.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dpflow_core.errors import ConversionError
+from dpflow_core.export.features import (
+    ACTION_KEY, ACTION_RULES, CHUNKS_SIZE, CODEBASE_VERSION, DATA_PATH, EPISODES_PATH, EPISODES_STATS_PATH,
+    INDEX_FEATURES, INFO_PATH, PROVENANCE_PATH, ROBOT_TYPE, STATE_KEY, STATE_NAMES, TASKS_PATH, VIDEO_PATH,
+    _atomic_write_text, episode_actions, measured_fps,
+)
+from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
+
+
+@dataclass(frozen=True)
+class LeRobotExport:
+    """Result of writing a LeRobot dataset.
+
+    Attributes:
+        path: the dataset folder.
+        fps: frame rate written to ``meta/info.json`` (Hz, the measured frequency).
+        n_episodes, total_frames: totals.
+        video_keys: video feature keys.
+        image_size: [W, H] of the videos, pixels.
+        action_rule: one of :data:`ACTION_RULES`.
+        task: the task text of every episode.
+        stems: the recording stem of each episode, by episode index.
+        skipped: stem -> reason, for episodes left out (not aligned, or off the dataset's frequency).
+        export_key: content address of the export (:func:`export_key`), when made from a manifest.
+        reused: True when :func:`export_lerobot` found this export already in place.
+    """
+
+    path: Path
+    fps: float
+    n_episodes: int
+    total_frames: int
+    video_keys: list[str]
+    image_size: list[int]
+    action_rule: str
+    task: str
+    stems: list[str]
+    skipped: dict[str, str] = field(default_factory=dict)
+    export_key: str | None = None
+    reused: bool = False
+
+    def contract(self) -> dict:
+        """The ``lerobot_dataset`` asset value (plain dict)."""
+        return {
+            "path": str(self.path),
+            "codebase_version": CODEBASE_VERSION,
+            "fps": self.fps,
+            "n_episodes": self.n_episodes,
+            "total_frames": self.total_frames,
+            "video_keys": list(self.video_keys),
+            "image_size": list(self.image_size),
+            "action_rule": self.action_rule,
+            "task": self.task,
+            "export_key": self.export_key,
+        }
+
+
+def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    """LeRobot per-episode statistics of a low-dimensional feature.
+
+    Args:
+        values: (N,) or (N, D) numbers.
+
+    Returns:
+        ``min``, ``max``, ``mean``, ``std`` (population), each (D,) — (1,) for a
+        1-D column — and ``count`` = [N].
+    """
+    v = np.asarray(values)
+    v2 = v.reshape(len(v), -1)
+    stats = {
+        "min": v2.min(axis=0),
+        "max": v2.max(axis=0),
+        "mean": v2.mean(axis=0, dtype=np.float64),
+        "std": v2.std(axis=0, dtype=np.float64),
+    }
+    stats["count"] = np.array([len(v)], dtype=np.int64)
+    return stats
+
+
+def image_stats(frames: np.ndarray) -> dict[str, np.ndarray]:
+    """LeRobot per-episode statistics of a camera, over every pixel of every frame.
+
+    Args:
+        frames: (N, H, W, 3) uint8 RGB.
+
+    Returns:
+        ``min``, ``max``, ``mean``, ``std`` per channel, each (3, 1, 1) float64
+        scaled to [0, 1] (value / 255), and ``count`` = [N]. Exact: computed
+        from per-channel histograms of the uint8 values.
+    """
+    f = np.asarray(frames)
+    if f.dtype != np.uint8 or f.ndim != 4 or f.shape[-1] != 3:
+        raise ConversionError(f"frames must be (N, H, W, 3) uint8, got {f.shape} {f.dtype}")
+    levels = np.arange(256, dtype=np.float64)
+    out = {k: np.zeros((3, 1, 1)) for k in ("min", "max", "mean", "std")}
+    for c in range(3):
+        hist = np.bincount(f[..., c].ravel(), minlength=256).astype(np.float64)
+        n = hist.sum()
+        present = np.flatnonzero(hist)
+        mean = float(hist @ levels) / n
+        var = float(hist @ (levels - mean) ** 2) / n
+        out["min"][c, 0, 0] = present[0] / 255.0
+        out["max"][c, 0, 0] = present[-1] / 255.0
+        out["mean"][c, 0, 0] = mean / 255.0
+        out["std"][c, 0, 0] = math.sqrt(var) / 255.0
+    out["count"] = np.array([len(f)], dtype=np.int64)
+    return out
+
+
+def _jsonable(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
+    return {key: {k: np.asarray(v).tolist() for k, v in s.items()} for key, s in stats.items()}
+
+
+def _list_column(values: np.ndarray) -> pa.Array:
+    v = np.ascontiguousarray(values, dtype=np.float32)
+    offsets = np.arange(0, v.size + 1, v.shape[1], dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(v.reshape(-1)))
+
+
+@dataclass
+class _Episode:
+    stem: str
+    state: np.ndarray
+    action: np.ndarray
+    timestamps_s: np.ndarray
+    image_stats: dict[str, dict[str, np.ndarray]]
+    staged_videos: dict[str, Path]
+    record: dict
+
+    @property
+    def frequency_hz(self) -> float:
+        return 1.0 / float(np.median(np.diff(self.timestamps_s)))
+
+
+class LeRobotWriter:
+    """Writes a LeRobot v2.1 dataset, episode by episode, atomically.
+
+    Everything is written into a temporary folder beside ``out_dir`` and renamed
+    to ``out_dir`` by :meth:`finish`; :meth:`abort` (or leaving a ``with`` block
+    on an exception) removes it. Videos are encoded as episodes arrive; the
+    low-dimensional data (state, action, frame times: about 64 bytes a frame)
+    stays in memory until :meth:`finish`, because ``fps`` (measured over all
+    episodes, :func:`measured_fps`) defines the timestamps; the videos are then
+    re-timed without re-encoding.
+
+    Args:
+        out_dir: the dataset folder to create; must not exist.
+        task: the task text of every episode (``meta/tasks.jsonl``).
+        action_rule: one of :data:`ACTION_RULES`.
+        robot_type: ``robot_type`` in ``meta/info.json``.
+        video: encoder settings.
+
+    Raises:
+        ConversionError: when ``out_dir`` exists, ``task`` is empty or the rule is unknown.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        task: str,
+        action_rule: str = "next_state",
+        robot_type: str = ROBOT_TYPE,
+        video: VideoSpec = VideoSpec(),
+    ):
+        self.out_dir = Path(out_dir).absolute()
+        if self.out_dir.exists():
+            raise ConversionError(
+                "output folder already exists; choose a new one (nothing is overwritten)", self.out_dir, code="output_exists"
+            )
+        if not task or not task.strip():
+            raise ConversionError("task text is empty", code="bad_option")
+        if action_rule not in ACTION_RULES:
+            raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
+        self.task = task
+        self.action_rule = action_rule
+        self.robot_type = robot_type
+        self.video = video
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir = self.out_dir.with_name(f".{self.out_dir.name}.tmp-{os.getpid()}")
+        if self.tmp_dir.exists():
+            shutil.rmtree(self.tmp_dir)
+        self.staging_dir = self.tmp_dir / ".staging"
+        self.staging_dir.mkdir(parents=True)
+        self._episodes: list[_Episode] = []
+        self._camera_shapes: dict[str, tuple[int, int]] = {}
+
+    def __enter__(self) -> "LeRobotWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def __len__(self) -> int:
+        return len(self._episodes)
+
+    def add_episode(
+        self,
+        state: np.ndarray,
+        cameras: Mapping[str, np.ndarray],
+        timestamps_s: np.ndarray,
+        stem: str = "",
+        record: dict | None = None,
+    ) -> None:
+        """Add one episode; its videos are encoded now.
+
+        Args:
+            state: (N, 7) state of each frame (:func:`episode_state`), N >= 2.
+            cameras: video key -> (N, H, W, 3) uint8 RGB frames; every episode
+                must have the same keys and frame sizes.
+            timestamps_s: (N,) float64 capture times of the frames, seconds,
+                strictly increasing (only their intervals are used: the frame rate).
+            stem: the recording stem (kept in the export summary).
+            record: JSON-ready facts about the episode for ``meta/dpflow.json``.
+
+        Raises:
+            ConversionError: on too few frames, mismatched arrays, times not
+                increasing, a changed camera set or frame size.
+        """
+        where = f"episode {len(self._episodes)} ({stem or 'no stem'})"
+        state = np.asarray(state, dtype=np.float32)
+        t = np.asarray(timestamps_s, dtype=np.float64)
+        if state.ndim != 2 or state.shape[1] != len(STATE_NAMES) or len(state) < 2:
+            raise ConversionError(f"{where}: state must be (N>=2, {len(STATE_NAMES)}), got {state.shape}", code="too_short")
+        if t.shape != (len(state),) or not np.all(np.diff(t) > 0):
+            raise ConversionError(f"{where}: timestamps must be ({len(state)},) and strictly increasing, got {t.shape}")
+        if not cameras:
+            raise ConversionError(f"{where}: no camera frames")
+        if self._camera_shapes and set(cameras) != set(self._camera_shapes):
+            raise ConversionError(f"{where}: cameras {sorted(cameras)} differ from {sorted(self._camera_shapes)}")
+        for key, frames in cameras.items():
+            if frames.ndim != 4 or len(frames) != len(state) or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+                raise ConversionError(f"{where}: camera {key} has {frames.shape} {frames.dtype}, expected ({len(state)}, H, W, 3) uint8")
+            hw = (int(frames.shape[1]), int(frames.shape[2]))
+            if self._camera_shapes.get(key, hw) != hw:
+                raise ConversionError(f"{where}: camera {key} frame size {hw} differs from {self._camera_shapes[key]}")
+        staged: dict[str, Path] = {}
+        stats: dict[str, dict[str, np.ndarray]] = {}
+        provisional_fps = 1.0 / float(np.median(np.diff(t)))
+        for key, frames in cameras.items():
+            staged[key] = self.staging_dir / f"{key}-{len(self._episodes):06d}.mp4"
+            encode_video(staged[key], frames, provisional_fps, self.video)
+            stats[key] = image_stats(frames)
+            self._camera_shapes[key] = (int(frames.shape[1]), int(frames.shape[2]))
+        action = episode_actions(state, self.action_rule)
+        self._episodes.append(_Episode(stem, state, action, t, stats, staged, dict(record or {})))
+
+    def abort(self) -> None:
+        """Remove the temporary folder; nothing is left behind."""
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+    def _features(self, video_infos: dict[str, dict]) -> dict:
+        names = list(STATE_NAMES)
+        features: dict[str, dict] = {
+            STATE_KEY: {"dtype": "float32", "shape": [len(names)], "names": names},
+            ACTION_KEY: {"dtype": "float32", "shape": [len(names)], "names": names},
+        }
+        for key, (h, w) in self._camera_shapes.items():
+            features[key] = {
+                "dtype": "video",
+                "shape": [h, w, 3],
+                "names": ["height", "width", "channels"],
+                "info": video_infos[key],
+            }
+        for key, dtype in INDEX_FEATURES.items():
+            features[key] = {"dtype": dtype, "shape": [1], "names": None}
+        return features
+
+    def _drop_off_rate(self, tolerance: float) -> dict[str, str]:
+        """Drop episodes whose frequency is off the median episode frequency (the npz conversion's rule)."""
+        ref = float(np.median([e.frequency_hz for e in self._episodes]))
+        kept, dropped = [], {}
+        for e in self._episodes:
+            dev = abs(e.frequency_hz - ref) / ref
+            if dev > tolerance:
+                dropped[e.stem] = (
+                    f"frequency_mismatch: measured {e.frequency_hz:.3f} Hz differs from the dataset's {ref:.3f} Hz "
+                    f"by {dev:.1%} (tolerance {tolerance:.1%})"
+                )
+                for p in e.staged_videos.values():
+                    p.unlink(missing_ok=True)
+            else:
+                kept.append(e)
+        self._episodes = kept
+        return dropped
+
+    def finish(self, frequency_tolerance: float = 0.05, provenance: dict | None = None) -> LeRobotExport:
+        """Write parquet files, videos and metadata, then rename into place.
+
+        Episodes whose frequency differs from the median episode frequency by
+        more than ``frequency_tolerance`` (relative) are left out (one ``fps``
+        cannot describe them) and listed in ``skipped``. ``fps`` is
+        :func:`measured_fps` of the episodes kept.
+
+        Args:
+            frequency_tolerance: relative tolerance, in (0, 1).
+            provenance: written to ``meta/dpflow.json`` with each episode's
+                ``record`` and the skipped episodes; LeRobot's loaders ignore that file.
+
+        Returns:
+            The export summary.
+
+        Raises:
+            ConversionError: when no episode is left, or ``out_dir`` appeared meanwhile.
+        """
+        if not 0 < frequency_tolerance < 1:
+            raise ConversionError(f"frequency_tolerance must be in (0, 1), got {frequency_tolerance}", code="bad_option")
+        if not self._episodes:
+            self.abort()
+            raise ConversionError("no episode to write: the dataset would be empty", self.out_dir, code="no_valid_episodes")
+        skipped = self._drop_off_rate(frequency_tolerance)
+        fps = measured_fps([e.timestamps_s for e in self._episodes])
+        root = self.tmp_dir
+        (root / "meta").mkdir(exist_ok=True)
+        episodes_lines, stats_lines, records = [], [], []
+        first_video: dict[str, Path] = {}
+        start = 0
+        for ep_index, ep in enumerate(self._episodes):
+            n = len(ep.state)
+            chunk = ep_index // CHUNKS_SIZE
+            frame_index = np.arange(n, dtype=np.int64)
+            columns = {
+                "timestamp": (frame_index / fps).astype(np.float32),
+                "frame_index": frame_index,
+                "episode_index": np.full(n, ep_index, dtype=np.int64),
+                "index": np.arange(start, start + n, dtype=np.int64),
+                "task_index": np.zeros(n, dtype=np.int64),
+            }
+            table = pa.table(
+                {
+                    STATE_KEY: _list_column(ep.state),
+                    ACTION_KEY: _list_column(ep.action),
+                    **{k: pa.array(v) for k, v in columns.items()},
+                }
+            )
+            data_path = root / DATA_PATH.format(episode_chunk=chunk, episode_index=ep_index)
+            data_path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, data_path)
+            for key, staged in ep.staged_videos.items():
+                video_path = root / VIDEO_PATH.format(episode_chunk=chunk, video_key=key, episode_index=ep_index)
+                video_path.parent.mkdir(parents=True, exist_ok=True)
+                written = retime_video(staged, video_path, fps)
+                if written != n:
+                    raise ConversionError(f"episode {ep_index}: video {key} holds {written} frames, expected {n}", staged)
+                staged.unlink()
+                first_video.setdefault(key, video_path)
+            stats = {STATE_KEY: feature_stats(ep.state), ACTION_KEY: feature_stats(ep.action), **ep.image_stats}
+            stats.update({k: feature_stats(v) for k, v in columns.items()})
+            episodes_lines.append(json.dumps({"episode_index": ep_index, "tasks": [self.task], "length": n}))
+            stats_lines.append(json.dumps({"episode_index": ep_index, "stats": _jsonable(stats)}))
+            records.append({"episode_index": ep_index, "stem": ep.stem, "frames": n,
+                            "frequency_hz": ep.frequency_hz, **ep.record})
+            start += n
+        n_episodes = len(self._episodes)
+        features = self._features({k: video_info(p, fps) for k, p in first_video.items()})
+        info = {
+            "codebase_version": CODEBASE_VERSION,
+            "robot_type": self.robot_type,
+            "total_episodes": n_episodes,
+            "total_frames": start,
+            "total_tasks": 1,
+            "total_videos": n_episodes * len(self._camera_shapes),
+            "total_chunks": (n_episodes + CHUNKS_SIZE - 1) // CHUNKS_SIZE,
+            "chunks_size": CHUNKS_SIZE,
+            "fps": fps,
+            "splits": {"train": f"0:{n_episodes}"},
+            "data_path": DATA_PATH,
+            "video_path": VIDEO_PATH,
+            "features": features,
+        }
+        _atomic_write_text(root / EPISODES_PATH, "\n".join(episodes_lines) + "\n")
+        _atomic_write_text(root / EPISODES_STATS_PATH, "\n".join(stats_lines) + "\n")
+        _atomic_write_text(root / TASKS_PATH, json.dumps({"task_index": 0, "task": self.task}) + "\n")
+        _atomic_write_text(root / INFO_PATH, json.dumps(info, indent=4) + "\n")
+        record = {
+            **(provenance or {}),
+            "fps": fps,
+            "action_rule": self.action_rule,
+            "frequency_tolerance": frequency_tolerance,
+            "episodes": records,
+            "skipped": {**(provenance or {}).get("skipped", {}), **skipped},
+        }
+        _atomic_write_text(root / PROVENANCE_PATH, json.dumps(record, indent=2, default=str) + "\n")
+        shutil.rmtree(self.staging_dir)
+        try:
+            os.rename(root, self.out_dir)
+        except OSError as exc:
+            self.abort()
+            raise ConversionError(f"cannot move the dataset into place: {exc}", self.out_dir, code="output_exists") from exc
+        h, w = next(iter(self._camera_shapes.values()))
+        return LeRobotExport(
+            path=self.out_dir,
+            fps=fps,
+            n_episodes=n_episodes,
+            total_frames=start,
+            video_keys=list(self._camera_shapes),
+            image_size=[w, h],
+            action_rule=self.action_rule,
+            task=self.task,
+            stems=[e.stem for e in self._episodes],
+            skipped=record["skipped"],
+            export_key=record.get("export_key"),
+        )
