@@ -3,7 +3,7 @@
 Layout (``formats.md`` section 2, the layout of the UMI / Diffusion Policy
 family): every episode concatenated along time in ``data__<key>`` members,
 cumulative episode ends in ``meta__episode_ends``, and a JSON document in
-``meta__info_json``. Conversion writes it with ``np.savez`` (members stored,
+``meta__info_json``. Conversion writes it with :mod:`dpflow_core.replay_buffer.writer` (members stored,
 not compressed); validation, norm statistics, the trainer and evaluation all
 read it through :class:`ReplayBuffer`.
 

@@ -1,0 +1,43 @@
+"""Conversion of paired episodes into the ``dataset.npz`` replay buffer.
+
+Two levels:
+
+* :func:`align_episode` decodes one ``<STEM>_vio.mcap`` camera stream (PyAV,
+  FFmpeg's H.264 decoder), resizes the frames with area averaging, and aligns
+  pose and gripper width on the camera capture times (``header.timestamp``):
+  position linearly, orientation by spherical linear interpolation (scipy
+  ``Slerp``), gripper width linearly. Streams are trimmed to their overlap and
+  ``pose_valid == false`` stretches are trimmed or rejected. The LeRobot export
+  reuses this function.
+* :func:`convert` runs :func:`align_episode` over the accepted episodes of a
+  pairing manifest in worker processes and streams the result into one
+  uncompressed ``.npz`` (layout: formats.md section 2) while hashing it, then
+  writes the ``dataset.json`` sidecar and ``norm_stats.json``.
+
+The output is never overwritten: it is written to ``.<name>.partial-<pid>`` in
+the destination folder, fsynced and linked into place (``os.link`` fails when
+the name exists), so a kill at any moment leaves no new file or a complete one.
+
+Modules: :mod:`~dpflow_core.conversion.align` (one episode), :mod:`~dpflow_core.conversion.inputs`
+(manifest in, episodes and keys out), :mod:`~dpflow_core.conversion.jobs` (the job runner),
+:mod:`~dpflow_core.conversion.install` (outputs into place) and :mod:`~dpflow_core.conversion.convert`;
+the zip writer lives beside the reader in :mod:`dpflow_core.replay_buffer`. The names other code
+uses are re-exported here.
+"""
+
+from __future__ import annotations
+
+from dpflow_core.conversion.align import (
+    CONVERTER_VERSION, INVALID_POSE_POLICIES, LOWDIM_KEYS, _SWS_FLAGS, AlignedEpisode, align_episode,
+)
+from dpflow_core.conversion.inputs import (
+    ConversionInputs, EpisodeInput, dataset_key, load_inputs, norm_stats_path_for, sidecar_path_for,
+)
+from dpflow_core.conversion.jobs import align_job_episode, alignment_job
+from dpflow_core.conversion.convert import METADATA_VERSION, ConversionResult, convert
+
+__all__ = [
+    "CONVERTER_VERSION", "INVALID_POSE_POLICIES", "LOWDIM_KEYS", "METADATA_VERSION", "_SWS_FLAGS", "AlignedEpisode",
+    "ConversionInputs", "ConversionResult", "EpisodeInput", "align_episode", "align_job_episode", "alignment_job",
+    "convert", "dataset_key", "load_inputs", "norm_stats_path_for", "sidecar_path_for",
+]

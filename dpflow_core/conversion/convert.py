@@ -1,0 +1,407 @@
+"""Conversion: a pairing manifest in, ``dataset.npz`` with its ``dataset.json`` sidecar and ``norm_stats.json`` out.
+
+Runs the alignment jobs, streams the episodes into one uncompressed npz while hashing it
+(:mod:`dpflow_core.replay_buffer.writer`), validates it, computes norm stats and installs the three
+files; gives a :class:`ConversionResult` (paths, SHA-256, size in bytes, frequency in Hz, counts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import av
+import numpy as np
+
+from dpflow_core import __version__
+from dpflow_core.conversion.align import (
+    CONVERTER_VERSION, INVALID_POSE_POLICIES, LOWDIM_KEYS, _LOWDIM_WIDTH, _check_image_size,
+)
+from dpflow_core.conversion.inputs import (
+    _conversion_options, _key, _topic_map, load_inputs, norm_stats_path_for, sidecar_path_for,
+)
+from dpflow_core.conversion.install import _backup_name, _install, _remove_stale, _write_json_atomic
+from dpflow_core.conversion.jobs import _run_jobs, alignment_job
+from dpflow_core.errors import ConversionError
+from dpflow_core.files import fsync_dir
+from dpflow_core.replay_buffer.writer import NpzMember, npy_data_offset, write_npz
+from dpflow_core.topics import TopicMap
+
+
+#: Schema version of the metadata JSON (``meta__info_json`` member and sidecar).
+METADATA_VERSION = 1
+
+
+# --------------------------------------------------------------------------- convert
+
+
+@dataclass
+class ConversionResult:
+    """What :func:`convert` produced.
+
+    Attributes:
+        path: the ``dataset.npz``.
+        sha256: SHA-256 (hex) of ``path``, computed while writing.
+        size_bytes: size of ``path``.
+        sidecar_path: the metadata JSON beside it (``dataset.json``).
+        norm_stats_path: the ``norm_stats.json`` beside it.
+        frequency_hz: measured dataset frequency (1 / median frame interval).
+        n_episodes: episodes in the dataset; total_steps: T.
+        image_size: (W, H) pixels.
+        rejected: episodes left out, with stage, code and reason.
+        wall_time_s: seconds the conversion took.
+        metadata: the metadata document (as in the sidecar).
+        reused: True when an identical existing dataset was returned instead.
+    """
+
+    path: Path
+    sha256: str
+    size_bytes: int
+    sidecar_path: Path
+    norm_stats_path: Path
+    frequency_hz: float
+    n_episodes: int
+    total_steps: int
+    image_size: tuple[int, int]
+    rejected: list[dict]
+    wall_time_s: float
+    metadata: dict
+    reused: bool = False
+
+    @property
+    def frames_per_s(self) -> float:
+        """Converted frames per second of wall time."""
+        return self.total_steps / self.wall_time_s if self.wall_time_s > 0 else float("nan")
+
+    def contract(self) -> dict:
+        """The ``dataset_npz`` asset value (plain dict; see the data contract)."""
+        return {
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "size_bytes": self.size_bytes,
+            "sidecar_path": str(self.sidecar_path),
+            "norm_stats_path": str(self.norm_stats_path),
+            "frequency_hz": self.frequency_hz,
+            "n_episodes": self.n_episodes,
+            "total_steps": self.total_steps,
+            "image_size": list(self.image_size),
+        }
+
+
+def _result_from_sidecar(out: Path, sidecar: Path, norm: Path, meta: dict, reused: bool) -> ConversionResult:
+    return ConversionResult(
+        path=out,
+        sha256=meta["sha256"],
+        size_bytes=int(meta["size_bytes"]),
+        sidecar_path=sidecar,
+        norm_stats_path=norm,
+        frequency_hz=float(meta["frequency_hz"]),
+        n_episodes=int(meta["n_episodes"]),
+        total_steps=int(meta["total_steps"]),
+        image_size=tuple(meta["image_size"]),
+        rejected=list(meta.get("rejected", [])),
+        wall_time_s=float(meta.get("wall_time_s", 0.0)),
+        metadata=meta,
+        reused=reused,
+    )
+
+
+def _reject_reasons(rejected: list[dict], limit: int = 20) -> str:
+    parts = [f"{r['stem']}: {r['reason']}" for r in rejected[:limit]]
+    if len(rejected) > limit:
+        parts.append(f"... {len(rejected) - limit} more")
+    return "; ".join(parts)
+
+
+def convert(
+    manifest_or_paths: Any,
+    out_path: str | Path,
+    image_size: tuple[int, int] = (224, 224),
+    workers: int = 0,
+    backup: bool = False,
+    invalid_pose_policy: str = "trim",
+    min_overlap_fraction: float = 0.5,
+    frequency_tolerance: float = 0.05,
+    topics: TopicMap | None = None,
+    verify_sha256: bool = True,
+    reuse_existing: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> ConversionResult:
+    """Convert the accepted episodes of a pairing manifest into one ``dataset.npz``.
+
+    Each episode goes through :func:`align_episode` in a worker process and is
+    written to temporary ``.npy`` files beside the output; the parent then
+    streams them, in manifest order, into an uncompressed zip (formats.md
+    section 2 members, plus ``meta__info_json``: the metadata as 1-D uint8 JSON)
+    while computing its SHA-256. Memory stays bounded by one episode per worker.
+    The dataset frequency is 1 / the median frame interval over all episodes;
+    an episode whose own frequency differs from the median episode frequency by
+    more than ``frequency_tolerance`` (relative) is rejected with the numbers.
+
+    Metadata (the same document in ``meta__info_json`` and in the sidecar):
+    episode count, total steps, episode lengths (min/mean/max) and per-episode
+    reports (length, frequency, trimmed seconds, gaps, pose-invalid handling),
+    measured frequency, image size, member shapes and dtypes, value ranges, the
+    input manifest (stems and file SHA-256), rejected episodes with reasons,
+    options, converter version and ``dataset_key``. Values known only once the
+    file is complete (``sha256``, ``size_bytes``, the final ``wall_time_s`` and
+    ``timings_s``) are null or partial in the member and filled in the sidecar.
+
+    Args:
+        manifest_or_paths: see :func:`load_inputs` (manifest, dict, path, task folder, or a list).
+        out_path: the ``.npz`` to create. ``dataset.json`` (metadata) and
+            ``norm_stats.json`` (:func:`dpflow_core.dataset.compute_norm_stats`)
+            are written beside it (:func:`sidecar_path_for`, :func:`norm_stats_path_for`).
+        image_size: (W, H) pixels of ``data__camera0_rgb``.
+        workers: worker processes; 0 = the number of CPU cores.
+        backup: when the output exists, keep it as ``<stem>.bak-<UTC time><suffix>``
+            (hard link) and replace it atomically; otherwise an existing output is an error.
+        invalid_pose_policy, min_overlap_fraction: see :func:`align_episode`.
+        topics: topic names; default: the manifest's ``topics``, else the DAS defaults.
+        frequency_tolerance: relative tolerance of an episode's frequency.
+        verify_sha256: hash each input and compare with the manifest before converting.
+        reuse_existing: when the output exists and its sidecar records the same
+            :func:`dataset_key` and file size, return it (``reused=True``) instead of failing.
+        progress: called as ``progress(stage, done, total)`` with stage
+            ``"episodes"`` (episodes aligned) or ``"write"`` (bytes written).
+
+    Returns:
+        The output paths, hash and figures.
+
+    Raises:
+        ConversionError: the output (or its sidecar / norm stats) exists
+            (``output_exists``); no episode survived (``no_valid_episodes``: "no
+            valid episodes: N found, N rejected: reasons"); a bad option or manifest.
+        PairingError: a manifest file is missing or malformed, or a task folder cannot be paired.
+        DatasetError: the written dataset fails validation or its norm stats
+            cannot be computed (zero-variance dimension, non-finite values); the
+            output is then not created.
+    """
+    started = time.perf_counter()
+    image_size = _check_image_size(image_size)
+    if invalid_pose_policy not in INVALID_POSE_POLICIES:
+        raise ConversionError(
+            f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
+        )
+    if not 0 < frequency_tolerance < 1:
+        raise ConversionError(f"frequency_tolerance must be in (0, 1), got {frequency_tolerance}", code="bad_option")
+    out = Path(out_path).absolute()
+    if out.suffix != ".npz":
+        raise ConversionError("output must end in .npz", out, code="bad_option")
+    folder = out.parent
+    sidecar, norm_path = sidecar_path_for(out), norm_stats_path_for(out)
+    inputs = load_inputs(manifest_or_paths)
+    topics = topics or _topic_map(inputs)
+    options = _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics)
+    key = _key(inputs, options)
+
+    existing = [p for p in (out, sidecar, norm_path) if p.exists()]
+    if existing and reuse_existing and out.exists() and sidecar.exists() and norm_path.exists():
+        try:
+            meta = json.loads(sidecar.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConversionError(f"existing sidecar is unreadable: {exc}", sidecar, code="output_exists") from exc
+        if meta.get("dataset_key") == key and meta.get("size_bytes") == out.stat().st_size:
+            return _result_from_sidecar(out, sidecar, norm_path, meta, reused=True)
+        raise ConversionError(
+            "output exists and is a different dataset (its sidecar records another input/option key or size)",
+            out,
+            code="output_exists",
+        )
+    if existing and not backup:
+        raise ConversionError(
+            f"refusing to overwrite existing {', '.join(p.name for p in existing)}; choose another path or pass --backup",
+            out,
+            code="output_exists",
+        )
+    n_found = len(inputs.episodes) + len(inputs.rejected)
+    if not inputs.episodes:
+        raise ConversionError(
+            f"no valid episodes: {n_found} found, {len(inputs.rejected)} rejected: {_reject_reasons(inputs.rejected)}",
+            inputs.manifests[0] if inputs.manifests else None,
+            code="no_valid_episodes",
+        )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stale = _remove_stale(folder, (out.name, sidecar.name, norm_path.name))
+    pid = os.getpid()
+    partial = folder / f".{out.name}.partial-{pid}"
+    work = folder / f".{out.name}.work-{pid}"
+    made: list[Path] = []
+    try:
+        work.mkdir()
+        n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
+        jobs = [
+            alignment_job(e, image_size, topics, invalid_pose_policy, min_overlap_fraction, verify_sha256)
+            | {"dir": str(work / f"{i:06d}")}
+            for i, e in enumerate(inputs.episodes)
+        ]
+        t_jobs = time.perf_counter()
+        results = _run_jobs(jobs, n_workers, progress)
+        timings = {"episodes": round(time.perf_counter() - t_jobs, 3)}
+        rejected = list(inputs.rejected)
+        ok = []
+        for r in results:
+            if r["ok"]:
+                ok.append(r)
+            else:
+                rejected.append({"stem": r["stem"], "stage": "conversion", "path": r["path"], "code": r["code"],
+                                 "reason": r["reason"]})
+
+        if ok:
+            ref_hz = float(np.median([r["report"]["frequency_hz"] for r in ok]))
+            kept = []
+            for r in ok:
+                f_hz = r["report"]["frequency_hz"]
+                dev = abs(f_hz - ref_hz) / ref_hz
+                if dev > frequency_tolerance:
+                    rejected.append({
+                        "stem": r["stem"], "stage": "conversion", "path": r["report"]["path"], "code": "frequency_mismatch",
+                        "reason": f"measured {f_hz:.3f} Hz differs from the dataset's {ref_hz:.3f} Hz by {dev:.1%} "
+                                  f"(tolerance {frequency_tolerance:.1%})",
+                    })
+                else:
+                    kept.append(r)
+            ok = kept
+        if not ok:
+            raise ConversionError(
+                f"no valid episodes: {n_found} found, {len(rejected)} rejected: {_reject_reasons(rejected)}",
+                inputs.manifests[0] if inputs.manifests else None,
+                code="no_valid_episodes",
+            )
+
+        dts = np.concatenate([np.diff(np.load(r["files"]["timestamp"])) for r in ok])
+        frequency_hz = float(1.0 / np.median(dts))
+        lengths = np.array([r["n"] for r in ok], dtype=np.int64)
+        episode_ends = np.cumsum(lengths).astype(np.int64)
+        total = int(episode_ends[-1])
+        w, h = image_size
+
+        members = [NpzMember("meta__episode_ends", episode_ends.shape, np.dtype(np.int64), data=episode_ends.tobytes())]
+        for k in ("timestamp", *LOWDIM_KEYS):
+            dtype = np.dtype(np.float64 if k == "timestamp" else np.float32)
+            shape = (total,) if k == "timestamp" else (total, _LOWDIM_WIDTH[k])
+            pieces = []
+            for r in ok:
+                f_ = r["files"][k]
+                pieces.append((f_, npy_data_offset(f_), r["n"] * dtype.itemsize * (1 if k == "timestamp" else _LOWDIM_WIDTH[k]), False))
+            members.append(NpzMember("data__" + k, shape, dtype, pieces))
+        row = h * w * 3
+        rgb_pieces = []
+        for r in ok:
+            a, b = r["rgb_rows"]
+            rgb_pieces.append((r["rgb_path"], npy_data_offset(r["rgb_path"]) + a * row, (b - a) * row, True))
+        members.append(NpzMember("data__camera0_rgb", (total, h, w, 3), np.dtype(np.uint8), rgb_pieces))
+
+        stamp = datetime.now(timezone.utc)
+        meta = _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale)
+        meta["workers"] = n_workers
+        meta["timings_s"] = dict(timings)
+        meta["wall_time_s"] = round(time.perf_counter() - started, 3)
+        info = json.dumps(meta).encode()
+        members.append(NpzMember("meta__info_json", (len(info),), np.dtype(np.uint8), data=info))
+
+        made.append(partial)
+        t_write = time.perf_counter()
+        sha256, size = write_npz(partial, members, progress)
+        shutil.rmtree(work, ignore_errors=True)
+        timings["write"] = round(time.perf_counter() - t_write, 3)
+
+        from dpflow_core.dataset import compute_norm_stats
+
+        t_stats = time.perf_counter()
+        stats = compute_norm_stats(partial, sha256=sha256)
+        timings["norm_stats"] = round(time.perf_counter() - t_stats, 3)
+        meta["timings_s"] = {**timings, "total": round(time.perf_counter() - started, 3)}
+        meta["sha256"], meta["size_bytes"] = sha256, size
+        meta["wall_time_s"] = round(time.perf_counter() - started, 3)
+        norm_tmp = _write_json_atomic(norm_path, stats)
+        made.append(norm_tmp)
+        side_tmp = _write_json_atomic(sidecar, meta)
+        made.append(side_tmp)
+
+        suffix = stamp.strftime("%Y%m%dT%H%M%SZ")
+        # The npz goes last: when it exists, its sidecar and norm stats exist too.
+        for tmp, final in ((norm_tmp, norm_path), (side_tmp, sidecar), (partial, out)):
+            _install(tmp, final, _backup_name(final, suffix) if backup else None)
+            made.remove(tmp)
+            if not backup and final is not out:
+                made.append(final)
+        fsync_dir(folder)
+        made.clear()
+    finally:
+        for p in made:
+            # Reached only on failure: remove what this call created, never a pre-existing output.
+            p.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return _result_from_sidecar(out, sidecar, norm_path, meta, reused=False)
+
+
+def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale) -> dict:
+    ranges: dict[str, dict] = {}
+    for r in ok:
+        for k, v in r["ranges"].items():
+            if k not in ranges:
+                ranges[k] = {"min": v["min"], "max": v["max"]}
+            else:
+                ranges[k]["min"] = np.minimum(ranges[k]["min"], v["min"]).tolist()
+                ranges[k]["max"] = np.maximum(ranges[k]["max"], v["max"]).tolist()
+    by_stem = {e.stem: e for e in inputs.episodes}
+    episodes, start = [], 0
+    for r in ok:
+        rep = r["report"]
+        episodes.append({
+            "stem": r["stem"],
+            "start": start,
+            "length": r["n"],
+            "frequency_hz": rep["frequency_hz"],
+            "duration_s": rep["duration_s"],
+            "trimmed_s": rep["trimmed_s"],
+            "coverage": rep["coverage"],
+            "gaps": rep["gaps"],
+            "pose_gaps": rep["pose_gaps"],
+            "pose_invalid": rep["pose_invalid"],
+            "leading_undecodable_packets": rep["leading_undecodable_packets"],
+            "undecodable_packets": rep["undecodable_packets"],
+            "convert_seconds": round(r["seconds"], 3),
+            "worker_peak_rss_mb": round(r["peak_rss_mb"], 1),
+        })
+        start += r["n"]
+    return {
+        "metadata_version": METADATA_VERSION,
+        "format": "replay_buffer_npz",
+        "converter": {"name": "dpflow.conversion", "version": CONVERTER_VERSION, "dpflow_version": __version__,
+                      "pyav": av.__version__, "numpy": np.__version__},
+        "created_at": stamp.isoformat(timespec="seconds"),
+        "task": inputs.task,
+        "dataset_key": key,
+        "n_episodes": int(len(lengths)),
+        "total_steps": int(lengths.sum()),
+        "episode_lengths": {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())},
+        "frequency_hz": frequency_hz,
+        "image_size": list(image_size),
+        "pose": "camera0 optical centre from VIO; position in m, rotation vector in rad (norm <= pi)",
+        "timestamp": "seconds from each episode's first frame (camera header.timestamp)",
+        "keys": {m.name: {"shape": list(m.shape), "dtype": str(m.dtype)} for m in members},
+        "value_ranges": ranges,
+        "episodes": episodes,
+        "inputs": {
+            "manifests": inputs.manifests,
+            "root": inputs.root,
+            "episodes": [{"stem": r["stem"], "files": by_stem[r["stem"]].files} for r in ok],
+        },
+        "rejected": rejected,
+        "options": options,
+        "stale_files_removed": stale,
+        "workers": None,
+        "timings_s": None,
+        "wall_time_s": None,
+        "sha256": None,
+        "size_bytes": None,
+    }

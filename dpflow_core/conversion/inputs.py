@@ -1,0 +1,212 @@
+"""Conversion inputs and keys: a pairing manifest (or paths) in, the episodes to convert and their content key out.
+
+Takes a manifest, a dict, a manifest path, a task folder or a list of them; gives
+:class:`ConversionInputs` (accepted episodes with file SHA-256, rejected ones with reasons), the
+topic map, the ``dataset_key`` of inputs plus options, and the sidecar and norm-stats paths beside
+an output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpflow_core.conversion.align import CONVERTER_VERSION, _check_image_size
+from dpflow_core.errors import ConversionError, DpflowError
+from dpflow_core.pairing import load_manifest, pair_recordings
+from dpflow_core.topics import DAS_DEFAULT, TopicMap
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class EpisodeInput:
+    """One accepted episode of a pairing manifest.
+
+    Attributes:
+        stem: the episode's stem.
+        vio_mcap: the ``<STEM>_vio.mcap`` to convert.
+        size_bytes: its size recorded in the manifest (None when absent).
+        sha256: its SHA-256 recorded in the manifest (None when absent).
+        files: the manifest's ``files`` entry ({role: {path, size_bytes, sha256}}).
+    """
+
+    stem: str
+    vio_mcap: Path
+    size_bytes: int | None
+    sha256: str | None
+    files: dict
+
+
+@dataclass
+class ConversionInputs:
+    """Episodes to convert, gathered from one or more manifests or task folders.
+
+    Attributes:
+        episodes: accepted episodes, in manifest order.
+        rejected: episodes the pairing rejected: [{stem, path, code, reason}].
+        manifests: where the manifests came from (paths, or "<in memory>").
+        task: the task name when all manifests agree on one, else None.
+        root: the recordings root of the first manifest.
+        topics: the topic map the first manifest was paired with (its ``topics``
+            dict), or None when it records none.
+    """
+
+    episodes: list[EpisodeInput]
+    rejected: list[dict]
+    manifests: list[str]
+    task: str | None
+    root: str | None
+    topics: dict | None = None
+
+
+def _manifest_as_dict(obj: Any) -> dict:
+    if isinstance(obj, dict):
+        return obj
+    for attr in ("to_dict", "as_dict", "model_dump"):
+        if callable(getattr(obj, attr, None)):
+            return getattr(obj, attr)()
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    raise ConversionError(f"not a manifest: {type(obj).__name__}", code="bad_manifest")
+
+
+def _load_one(item: Any) -> tuple[dict, str]:
+    """A manifest dict from a Manifest object, dict, manifest JSON path or task folder."""
+    if isinstance(item, (str, os.PathLike)):
+        path = Path(item)
+        if path.is_dir():
+            return _manifest_as_dict(pair_recordings(path)), str(path)
+        if not path.exists():
+            raise ConversionError("no such file or folder (expected a pairing manifest or a task folder)", path, code="bad_manifest")
+        if not path.is_file():
+            raise ConversionError("input is neither a manifest file nor a task folder", path, code="bad_manifest")
+        return _manifest_as_dict(load_manifest(path)), str(path)
+    return _manifest_as_dict(item), "<in memory>"
+
+
+def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
+    """Gather the accepted episodes of one or more pairing manifests.
+
+    Args:
+        manifest_or_paths: a ``Manifest`` (``dpflow_core.pairing``), a manifest
+            dict (``{"manifest_version": 1, "root", "task", "accepted": [...],
+            "rejected": [...]}``), a manifest JSON path, a task folder (paired on
+            the fly), or a list of these. Only ``accepted`` entries are converted;
+            relative file paths are resolved against the manifest's ``root``.
+
+    Raises:
+        ConversionError: an input is missing or not a manifest, an accepted entry
+            lacks ``files.vio_mcap.path``, or a stem appears twice (``bad_manifest``).
+        PairingError: pairing a task folder or loading a manifest failed.
+    """
+    items = list(manifest_or_paths) if isinstance(manifest_or_paths, (list, tuple)) else [manifest_or_paths]
+    if not items:
+        raise ConversionError("no input manifest or task folder given", code="bad_manifest")
+    episodes: list[EpisodeInput] = []
+    rejected: list[dict] = []
+    sources, tasks = [], set()
+    root0 = None
+    seen: dict[str, str] = {}
+    topics = None
+    for item in items:
+        m, source = _load_one(item)
+        if not isinstance(m, dict) or "accepted" not in m:
+            raise ConversionError("manifest has no 'accepted' list", source, code="bad_manifest")
+        sources.append(source)
+        root = m.get("root")
+        root0 = root0 or root
+        topics = topics or (m.get("topics") if isinstance(m.get("topics"), dict) else None)
+        if m.get("task"):
+            tasks.add(m["task"])
+        for entry in m.get("accepted") or []:
+            stem = entry.get("stem") if isinstance(entry, dict) else None
+            vio = ((entry.get("files") or {}).get("vio_mcap") or {}) if isinstance(entry, dict) else {}
+            if not stem or not vio.get("path"):
+                raise ConversionError(f"accepted entry {entry!r} lacks stem or files.vio_mcap.path", source, code="bad_manifest")
+            if stem in seen:
+                raise ConversionError(f"stem {stem!r} appears in {seen[stem]} and {source}", source, code="bad_manifest")
+            seen[stem] = source
+            p = Path(vio["path"])
+            if not p.is_absolute() and root:
+                p = Path(root) / p
+            episodes.append(EpisodeInput(stem, p, vio.get("size_bytes"), vio.get("sha256"), dict(entry.get("files") or {})))
+        for r in m.get("rejected") or []:
+            rejected.append({"stem": r.get("stem"), "stage": "pairing", "path": r.get("path"),
+                             "code": r.get("code"), "reason": r.get("reason")})
+    return ConversionInputs(episodes, rejected, sources, tasks.pop() if len(tasks) == 1 else None, root0, topics)
+
+
+def _topic_map(inputs: ConversionInputs) -> TopicMap:
+    """The manifest's topic map when it records one (as pairing writes it), else the DAS defaults."""
+    if not inputs.topics:
+        return DAS_DEFAULT
+    try:
+        from dpflow_core.pairing import topic_map_from_dict
+    except ImportError:
+        return DAS_DEFAULT
+    try:
+        return topic_map_from_dict(inputs.topics)
+    except DpflowError as exc:
+        raise ConversionError(f"manifest topics are invalid: {exc.reason}", code="bad_manifest") from exc
+
+
+def _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics) -> dict:
+    return {
+        "image_size": list(image_size),
+        "invalid_pose_policy": invalid_pose_policy,
+        "min_overlap_fraction": min_overlap_fraction,
+        "frequency_tolerance": frequency_tolerance,
+        "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
+    }
+
+
+def dataset_key(
+    manifest_or_paths: Any,
+    image_size: tuple[int, int],
+    invalid_pose_policy: str = "trim",
+    min_overlap_fraction: float = 0.5,
+    frequency_tolerance: float = 0.05,
+    topics: TopicMap | None = None,
+) -> str:
+    """Content address of the dataset a conversion would produce (64 hex digits).
+
+    SHA-256 of the accepted inputs' stems and file hashes, the image size, the
+    options that change the output and :data:`CONVERTER_VERSION`: equal keys mean
+    the same conversion of the same bytes.
+    """
+    inputs = manifest_or_paths if isinstance(manifest_or_paths, ConversionInputs) else load_inputs(manifest_or_paths)
+    topics = topics or _topic_map(inputs)
+    return _key(inputs, _conversion_options(_check_image_size(image_size), invalid_pose_policy,
+                                            min_overlap_fraction, frequency_tolerance, topics))
+
+
+def _key(inputs: ConversionInputs, options: dict) -> str:
+    doc = {
+        "converter_version": CONVERTER_VERSION,
+        "options": options,
+        "inputs": sorted(
+            [e.stem, *(f"{role}:{(e.files.get(role) or {}).get('sha256')}" for role in sorted(e.files))]
+            for e in inputs.episodes
+        ),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def sidecar_path_for(out_path: str | Path) -> Path:
+    """The metadata sidecar beside a dataset: ``dataset.npz`` -> ``dataset.json``."""
+    out = Path(out_path)
+    return out.with_suffix(".json")
+
+
+def norm_stats_path_for(out_path: str | Path) -> Path:
+    """The norm stats file beside a dataset: ``norm_stats.json`` for ``dataset.npz``,
+    ``<stem>.norm_stats.json`` for any other name (two datasets may share a folder)."""
+    out = Path(out_path)
+    return out.with_name("norm_stats.json" if out.stem == "dataset" else f"{out.stem}.norm_stats.json")

@@ -1,0 +1,180 @@
+"""The job runner: alignment jobs for worker processes, and their results collected in order.
+
+Takes the accepted episodes and the options; gives one plain-dict job per episode (picklable), runs
+:func:`~dpflow_core.conversion.align.align_episode` on each in a process pool (bounded memory: one
+episode per worker) and gives per-episode results: temporary ``.npy`` files, report, peak RSS (MB).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import resource
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from dpflow_core.conversion.align import align_episode
+from dpflow_core.errors import ConversionError, DpflowError
+from dpflow_core.files import sha256_file
+from dpflow_core.topics import TopicMap
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def alignment_job(
+    entry: Any,
+    image_size: tuple[int, int] | None,
+    topics: TopicMap,
+    invalid_pose_policy: str,
+    min_overlap_fraction: float,
+    verify_sha256: bool,
+) -> dict:
+    """The picklable job :func:`align_job_episode` runs in a worker for one accepted episode
+    (``entry``: ``stem``, ``vio_mcap``, ``size_bytes``, ``sha256`` of :func:`load_inputs`)."""
+    return {
+        "stem": entry.stem,
+        "vio_mcap": str(entry.vio_mcap),
+        "size_bytes": entry.size_bytes,
+        "sha256": entry.sha256,
+        "verify_sha256": verify_sha256,
+        "image_size": image_size,
+        "topics": topics,
+        "invalid_pose_policy": invalid_pose_policy,
+        "min_overlap_fraction": min_overlap_fraction,
+    }
+
+
+def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode":
+    """Check one manifest entry's ``_vio.mcap`` against its recorded size and SHA-256, then
+    :func:`align_episode` it (the shared first step of the npz conversion and the LeRobot export).
+
+    Args:
+        job: ``stem``, ``vio_mcap`` (path), ``size_bytes`` and ``sha256`` from the manifest
+            (either may be None), ``verify_sha256``, ``image_size`` ((W, H) or None),
+            ``topics``, ``invalid_pose_policy``, ``min_overlap_fraction``.
+        rgb_dir: folder for the memory-mapped frames (None keeps them in RAM).
+
+    Raises:
+        ConversionError: ``missing_file``, or ``input_changed`` when size or SHA-256 differ
+            from the manifest (the file changed since pairing); and whatever
+            :func:`align_episode` raises.
+    """
+    path = Path(job["vio_mcap"])
+    if not path.is_file():
+        raise ConversionError("file not found", path, code="missing_file")
+    if job["size_bytes"] is not None and path.stat().st_size != job["size_bytes"]:
+        raise ConversionError(
+            f"size is {path.stat().st_size} bytes but the manifest records {job['size_bytes']}: "
+            "the file changed since pairing",
+            path,
+            code="input_changed",
+        )
+    if job["verify_sha256"] and job["sha256"]:
+        digest = sha256_file(path)
+        if digest != job["sha256"]:
+            raise ConversionError(
+                f"SHA-256 is {digest} but the manifest records {job['sha256']}: the file changed since pairing",
+                path,
+                code="input_changed",
+            )
+    return align_episode(
+        path,
+        tuple(job["image_size"]) if job["image_size"] is not None else None,
+        topics=job["topics"],
+        invalid_pose_policy=job["invalid_pose_policy"],
+        min_overlap_fraction=job["min_overlap_fraction"],
+        stem=job["stem"],
+        rgb_dir=rgb_dir,
+    )
+
+
+def _episode_job(job: dict) -> dict:
+    """Worker: align one episode and write its arrays as ``.npy`` files in ``job['dir']``.
+
+    Returns a small summary (paths, lengths, report, value ranges); a rejected
+    episode returns ``{"ok": False, code, reason}``. Arrays never travel through
+    the pipe.
+    """
+    started = time.perf_counter()
+    stem, path, out_dir = job["stem"], Path(job["vio_mcap"]), Path(job["dir"])
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ep = align_job_episode(job, out_dir)
+        n = len(ep)
+        arrays = {
+            "timestamp": ep.timestamps_s.astype(np.float64),
+            "robot0_eef_pos": ep.eef_pos,
+            "robot0_eef_rot_axis_angle": ep.eef_rot_axis_angle,
+            "robot0_gripper_width": ep.gripper_width,
+            "robot0_demo_start_pose": np.repeat(ep.start_pose[None], n, axis=0),
+            "robot0_demo_end_pose": np.repeat(ep.end_pose[None], n, axis=0),
+        }
+        files = {}
+        for key, arr in arrays.items():
+            files[key] = str(out_dir / f"{key}.npy")
+            np.save(files[key], np.ascontiguousarray(arr))
+        ranges = {
+            key: {"min": np.min(arr, axis=0).tolist(), "max": np.max(arr, axis=0).tolist()}
+            for key, arr in arrays.items()
+            if key != "timestamp"
+        }
+        # The parent reads the frames back with read(): the page cache makes them visible without msync.
+        ranges["camera0_rgb"] = {"min": int(ep.rgb.min()), "max": int(ep.rgb.max())}
+        return {
+            "ok": True,
+            "stem": stem,
+            "n": n,
+            "rgb_path": str(ep.rgb_path),
+            "rgb_rows": list(ep.rgb_rows),
+            "files": files,
+            "report": ep.report,
+            "ranges": ranges,
+            "seconds": time.perf_counter() - started,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+    except DpflowError as exc:
+        return {"ok": False, "stem": stem, "path": exc.path or str(path), "code": exc.code, "reason": exc.reason}
+
+
+def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list[dict]:
+    """Run episode jobs (in worker processes when ``workers`` > 1); one summary per job, in job order.
+
+    An exception inside a job (or a worker process that dies) becomes a rejection
+    of that episode with the exception's type and message; none is lost.
+    """
+    results: list[dict | None] = [None] * len(jobs)
+    done = 0
+
+    def failed(job: dict, exc: BaseException) -> dict:
+        return {"ok": False, "stem": job["stem"], "path": job["vio_mcap"], "code": "internal_error",
+                "reason": f"{type(exc).__name__}: {exc}"}
+
+    if workers <= 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs):
+            try:
+                results[i] = _episode_job(job)
+            except Exception as exc:  # noqa: BLE001 - reported per episode
+                results[i] = failed(job, exc)
+            done += 1
+            if progress:
+                progress("episodes", done, len(jobs))
+        return results  # type: ignore[return-value]
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["dpflow_core.conversion"])
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        futures = {pool.submit(_episode_job, job): i for i, job in enumerate(jobs)}
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            try:
+                results[i] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - reported per episode
+                results[i] = failed(jobs[i], exc)
+            done += 1
+            if progress:
+                progress("episodes", done, len(jobs))
+    return results  # type: ignore[return-value]

@@ -1,0 +1,149 @@
+"""The replay buffer writer: arrays in, an uncompressed ``dataset.npz`` out, hashed while it is written.
+
+Takes :class:`NpzMember` entries (in-memory bytes, or pieces of temporary ``.npy`` files copied in
+order, so memory stays bounded); gives a new zip (members stored, not compressed, ZIP64) holding
+one ``<name>.npy`` per member, in the layout :class:`~dpflow_core.replay_buffer.reader.ReplayBuffer`
+maps (formats.md section 2), and its SHA-256 (hex) and size (bytes). The file is created
+exclusively (``xb``) and fsynced before this returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import threading
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from dpflow_core.errors import ConversionError
+
+
+_COPY_CHUNK = 8 << 20
+
+
+class _HashingWriter:
+    """Write-only stream that feeds every byte to SHA-256 on its way to the file.
+
+    It cannot seek, so :mod:`zipfile` writes each member's sizes and CRC in a
+    data descriptor after the data instead of seeking back into bytes that were
+    already hashed. Every ``sync_every`` bytes a background thread runs
+    ``fdatasync`` so that the disk writes overlap hashing instead of all waiting
+    for the final ``fsync``.
+    """
+
+    def __init__(self, raw, sync_every: int = 64 << 20):
+        self.raw = raw
+        self.sha256 = hashlib.sha256()
+        self.pos = 0
+        self._sync_every = sync_every
+        self._synced_at = 0
+        self._sync_thread: threading.Thread | None = None
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self.sha256.update(view)
+        self.raw.write(view)
+        self.pos += view.nbytes
+        if self.pos - self._synced_at >= self._sync_every and not (self._sync_thread and self._sync_thread.is_alive()):
+            self._synced_at = self.pos
+            self.raw.flush()
+            self._sync_thread = threading.Thread(target=os.fdatasync, args=(self.raw.fileno(),), daemon=True)
+            self._sync_thread.start()
+        return view.nbytes
+
+    def join(self) -> None:
+        """Wait for a background ``fdatasync`` still running."""
+        if self._sync_thread is not None:
+            self._sync_thread.join()
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """The ``.npy`` version 1.0 header (magic, length, dict) of a C-order array of ``shape`` and ``dtype``."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
+    )
+    return buf.getvalue()
+
+
+@dataclass
+class NpzMember:
+    """One member of the npz: ``name`` (without ``.npy``), its array ``shape`` and ``dtype``, and its
+    payload as in-memory ``data`` or as ``pieces`` of files (path, byte offset, byte count, delete once
+    copied) concatenated in order."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    # (file, byte offset, byte count, delete the file once copied) pieces in order, or in-memory bytes
+    pieces: list[tuple[str, int, int, bool]] = field(default_factory=list)
+    data: bytes | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) if self.data is not None else sum(p[2] for p in self.pieces)
+
+
+def write_npz(path: Path, members: list[NpzMember], progress: Callable | None) -> tuple[str, int]:
+    """Stream members into a new uncompressed zip at ``path``; return (sha256 hex, size in bytes).
+
+    Raises:
+        FileExistsError: ``path`` exists.
+    """
+    total = sum(m.nbytes for m in members)
+    written = 0
+    with open(path, "xb") as f:
+        out = _HashingWriter(f)
+        with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for m in members:
+                info = zipfile.ZipInfo(m.name + ".npy", date_time=time.localtime()[:6])
+                info.compress_type = zipfile.ZIP_STORED
+                info.external_attr = 0o644 << 16
+                with zf.open(info, mode="w", force_zip64=True) as dst:
+                    dst.write(npy_header(m.shape, m.dtype))
+                    if m.data is not None:
+                        dst.write(m.data)
+                        written += len(m.data)
+                    for src_path, offset, count, drop in m.pieces:
+                        with open(src_path, "rb") as src:
+                            src.seek(offset)
+                            left = count
+                            while left:
+                                chunk = src.read(min(_COPY_CHUNK, left))
+                                if not chunk:
+                                    raise ConversionError(f"temporary file ended {left} bytes early", src_path)
+                                dst.write(chunk)
+                                left -= len(chunk)
+                                written += len(chunk)
+                                if progress:
+                                    progress("write", written, total)
+                        if drop:
+                            # Deleting a copied scratch file drops its dirty pages before they reach the disk.
+                            os.unlink(src_path)
+        f.flush()
+        out.join()
+        os.fsync(f.fileno())
+        size = f.tell()
+    if size != out.pos:
+        raise ConversionError(f"wrote {out.pos} bytes but the file holds {size}", path)
+    return out.sha256.hexdigest(), size
+
+
+def npy_data_offset(path: str) -> int:
+    """Byte offset of the array data in a ``.npy`` file (after magic and header, NEP 1 versions 1.0 and 2.0)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)
+        return f.tell()
