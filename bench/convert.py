@@ -38,8 +38,8 @@ def _entry(path: Path) -> dict:
 
 def _prepare(out: Path, n: int, seconds: float, width: int, height: int) -> Path:
     """Write ``n`` sample episodes (once) and a manifest accepting them; return the manifest path."""
-    from dpflow_core import samples
-    from dpflow_core.topics import DAS_DEFAULT
+    from dpflow_core.recordings import samples
+    from dpflow_core.recordings.topics import DAS_DEFAULT
 
     root = out / f"rec{n}" / "bench"
     manifest = out / f"manifest{n}.json"

@@ -69,7 +69,7 @@ from dpflow_core.errors import PairingError, RecordingError
 from dpflow_core.files import sha256_file
 from dpflow_core.names import validate_name
 from dpflow_core.recordings import inspect_recording
-from dpflow_core.topics import DAS_DEFAULT, TopicMap
+from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 MANIFEST_VERSION = 1
 ROLES = ("raw_mcap", "vio_mcap", "vio_json")

@@ -41,7 +41,7 @@ import numpy as np
 
 from dpflow_core.errors import DpflowError, PairingError, RecordingError
 from dpflow_core.recordings import EpisodeStreams, read_streams
-from dpflow_core.topics import DAS_DEFAULT, TopicMap
+from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 #: ``|x - median| / scale`` above which an episode is flagged (Iglewicz & Hoaglin).
 OUTLIER_Z = 3.5

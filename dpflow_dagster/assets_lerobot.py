@@ -18,7 +18,7 @@ from pydantic import Field
 from dpflow_core import export as lerobot
 from dpflow_core.errors import DpflowError
 from dpflow_core.files import default_workdir
-from dpflow_core.topics import DAS_DEFAULT, TopicMap
+from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, task_partitions
 
 

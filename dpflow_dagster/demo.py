@@ -160,7 +160,7 @@ def run_demo(
 
     out.mkdir(parents=True, exist_ok=True)
     if recordings is None:
-        from dpflow_core.samples import write_task
+        from dpflow_core.recordings.samples import write_task
 
         recordings = out / "recordings" / "pick_place"
         if not any(recordings.glob("*_vio.mcap")):

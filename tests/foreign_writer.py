@@ -1,7 +1,7 @@
 """An independent writer of Matrix Studio-style recordings, for the input tests.
 
-It shares no code with dpflow's own sample generator (``dpflow_core.samples``
-and ``dpflow_core.das_schema``): files are written with the plain
+It shares no code with dpflow's own sample generator (``dpflow_core.recordings.samples``
+and ``dpflow_core.recordings.schemas``): files are written with the plain
 ``mcap.writer.Writer`` (no mcap-protobuf-support), the protobuf schemas are a
 ``FileDescriptorSet`` built here by hand from ``descriptor_pb2`` following
 formats.md section 1, and messages are serialised with classes made from that

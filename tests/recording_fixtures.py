@@ -16,8 +16,8 @@ from mcap.records import Channel, Message, Schema
 from mcap.stream_reader import StreamReader
 from mcap.writer import IndexType, Writer
 
-from dpflow_core.samples import SampleEpisode, SampleSpec, write_episode, write_task
-from dpflow_core.topics import DAS_DEFAULT
+from dpflow_core.recordings.samples import SampleEpisode, SampleSpec, write_episode, write_task
+from dpflow_core.recordings.topics import DAS_DEFAULT
 
 #: Small, fast sample episodes: 160x120 px, 2.5 s, an IDR every 15 frames.
 SMALL = SampleSpec(seconds=2.5, width=160, height=120, gop_size=15)

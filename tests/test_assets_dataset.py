@@ -14,9 +14,9 @@ import pytest
 from partitioned import materialize as materialize_task
 from synthetic_dataset import synthetic_arrays, write_npz
 
-from dpflow_core import samples
+from dpflow_core.recordings import samples
 from dpflow_core.dataset import CHECKS
-from dpflow_core.topics import DAS_DEFAULT
+from dpflow_core.recordings.topics import DAS_DEFAULT
 from dpflow_dagster.assets_dataset import dataset_npz, dataset_npz_checks
 
 SPEC = samples.SampleSpec(seconds=2.0, width=160, height=120, gop_size=15)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from browser import chromium_page, start_dagster_dev, stop_dagster_dev  # noqa: F401  (fixture)
-from dpflow_core.samples import SampleSpec, write_task
+from dpflow_core.recordings.samples import SampleSpec, write_task
 
 #: The dataset assets, upstream first; those the definitions hold are materialized.
 DATASET_ASSETS = ("paired_episodes", "dataset_npz")

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpflow_core import samples
+from dpflow_core.recordings import samples
 from dpflow_core.conversion import CONVERTER_VERSION, align_episode, convert, dataset_key
 from dpflow_core.errors import ConversionError
 from dpflow_core.replay_buffer import ReplayBuffer
-from dpflow_core.topics import DAS_DEFAULT
+from dpflow_core.recordings.topics import DAS_DEFAULT
 
 SPEC = samples.SampleSpec(seconds=2.5, width=160, height=120, gop_size=15)
 SIZE = (64, 48)

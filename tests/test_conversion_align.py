@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from dpflow_core import samples
+from dpflow_core.recordings import samples
 from dpflow_core.conversion import align_episode
-from dpflow_core.das_schema import das_messages
+from dpflow_core.recordings.schemas import das_messages
 from dpflow_core.errors import ConversionError
-from dpflow_core.topics import DAS_DEFAULT
+from dpflow_core.recordings.topics import DAS_DEFAULT
 
 SPEC = samples.SampleSpec(seconds=3.0, width=160, height=120, gop_size=15)
 SIZE = (96, 72)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dpflow_core import samples
+from dpflow_core.recordings import samples
 from dpflow_core.conversion import convert
-from dpflow_core.topics import DAS_DEFAULT
+from dpflow_core.recordings.topics import DAS_DEFAULT
 
 SPEC = samples.SampleSpec(seconds=2.5, width=160, height=120, gop_size=15)
 

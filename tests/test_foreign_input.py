@@ -29,7 +29,7 @@ from dpflow_core.errors import PairingError, RecordingError
 from dpflow_core.pairing import load_manifest, pair_recordings
 from dpflow_core.recordings import inspect_recording, read_streams
 from dpflow_core.replay_buffer import ReplayBuffer
-from dpflow_core.topics import DAS_DEFAULT
+from dpflow_core.recordings.topics import DAS_DEFAULT
 
 SIZE = (48, 32)
 MISSING = "not a Matrix Studio recording: missing topics"

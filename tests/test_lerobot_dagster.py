@@ -11,7 +11,7 @@ import pytest
 
 from dpflow_core import export as lr
 from dpflow_core.pairing import pair_recordings, write_manifest
-from dpflow_core.samples import SampleSpec, write_task
+from dpflow_core.recordings.samples import SampleSpec, write_task
 from dpflow_dagster import assets_lerobot
 from partitioned import materialize as materialize_task
 

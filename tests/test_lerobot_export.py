@@ -16,7 +16,7 @@ from dpflow_core import export as lr
 from dpflow_core.conversion import align_episode
 from dpflow_core.errors import ConversionError
 from dpflow_core.pairing import load_manifest, pair_recordings, write_manifest
-from dpflow_core.samples import SampleSpec, write_episode, write_task
+from dpflow_core.recordings.samples import SampleSpec, write_episode, write_task
 
 SPEC = SampleSpec(seconds=2.5, width=160, height=120, gop_size=15)
 

@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 from dagster._core.instance.config import dagster_instance_config
 
-from dpflow_core.samples import SampleSpec, write_task
+from dpflow_core.recordings.samples import SampleSpec, write_task
 from pg import postgres  # noqa: F401  (the fixture)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 
 from dpflow_core.errors import DpflowError, PairingError, RecordingError
 from dpflow_core.report import OUTLIER_Z, episode_quality, flag_outliers, markdown_table, write_report
-from dpflow_core.samples import SampleSpec, write_episode, write_task
+from dpflow_core.recordings.samples import SampleSpec, write_episode, write_task
 
 FPS = 30.0
 SMALL = SampleSpec(width=160, height=120)

@@ -16,7 +16,7 @@ from dpflow_core.cli import app
 from dpflow_core.errors import RecordingError
 from dpflow_core.pairing import pair_recordings
 from dpflow_core.recordings import inspect_recording, read_streams
-from dpflow_core.samples import write_task
+from dpflow_core.recordings.samples import write_task
 from recording_fixtures import SMALL, TOPICS, write_small_task
 
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from dpflow_core.cli import app
 from dpflow_core.errors import PairingError, RecordingError
-from dpflow_core.topics import DAS_DEFAULT
+from dpflow_core.recordings.topics import DAS_DEFAULT
 
 _console = Console(stderr=True)
 
@@ -42,7 +42,7 @@ def sample_recordings(
 ) -> None:
     """Write a Matrix Studio task folder of sample recordings (the demo input and test fixtures)."""
     from dpflow_core.names import validate_name
-    from dpflow_core.samples import SampleSpec, write_task
+    from dpflow_core.recordings.samples import SampleSpec, write_task
 
     validate_name(task, "task")
     if width % 2 or height % 2:

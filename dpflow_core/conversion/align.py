@@ -19,7 +19,7 @@ from scipy.spatial.transform import Rotation, Slerp
 
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings import read_streams
-from dpflow_core.topics import DAS_DEFAULT, TopicMap
+from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
 #: Version of the conversion procedure; part of every dataset's metadata and of

@@ -31,7 +31,7 @@ from dpflow_core.conversion.jobs import _run_jobs, alignment_job
 from dpflow_core.errors import ConversionError
 from dpflow_core.files import fsync_dir
 from dpflow_core.replay_buffer.writer import NpzMember, npy_data_offset, write_npz
-from dpflow_core.topics import TopicMap
+from dpflow_core.recordings.topics import TopicMap
 
 
 #: Schema version of the metadata JSON (``meta__info_json`` member and sidecar).

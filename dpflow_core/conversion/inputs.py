@@ -19,7 +19,7 @@ from typing import Any
 from dpflow_core.conversion.align import CONVERTER_VERSION, _check_image_size
 from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.pairing import load_manifest, pair_recordings
-from dpflow_core.topics import DAS_DEFAULT, TopicMap
+from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
 # --------------------------------------------------------------------------- inputs

@@ -29,7 +29,7 @@ from dpflow_core.export.features import ACTION_RULES, CAMERA_KEY, CODEBASE_VERSI
 from dpflow_core.export.validation import _read_json, validate_lerobot_dataset
 from dpflow_core.export.video import VideoSpec
 from dpflow_core.export.writer import LeRobotExport, LeRobotWriter
-from dpflow_core.topics import DAS_DEFAULT, TopicMap
+from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
 def _align_job(job: dict) -> dict:

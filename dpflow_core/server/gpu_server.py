@@ -29,7 +29,7 @@ GPU inventory comes from ``nvidia-smi --query-gpu=... --format=csv,noheader,noun
 and ``--query-compute-apps=...``; its absence is reported as ``no_gpu``, never as
 success.
 
-This module is about 600 lines, above the 500 of the layout rule, on purpose: :class:`GpuServer` is the
+This module is over 500 lines on purpose: :class:`GpuServer` is the
 one facade every stage uses (paths, commands, files, hashes, processes, detached processes, GPUs),
 each method a few lines over the transport; splitting the class would scatter one API over mixins.
 Its parts live beside it: :mod:`~dpflow_core.server.transports`, :mod:`~dpflow_core.server.procfs`,

@@ -34,8 +34,8 @@ import numpy as np
 from mcap_protobuf.writer import Writer
 from scipy.spatial.transform import Rotation
 
-from dpflow_core.das_schema import das_messages
-from dpflow_core.topics import DAS_DEFAULT, TopicMap
+from dpflow_core.recordings.schemas import das_messages
+from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 #: Capture clock of the first sample episode (ns since the Unix epoch).
 _EPOCH_NS = 1_767_000_000_000_000_000

@@ -1,0 +1,172 @@
+"""The MCAP reader: one Matrix Studio recording in, its decoded streams out.
+
+Takes a ``.mcap`` path and a :class:`~dpflow_core.recordings.topics.TopicMap`; gives
+:class:`EpisodeStreams`: per topic the ``header.timestamp`` capture times (ns, int64, sorted) with
+the decoded values (pose position m and quaternion, gripper width m, camera H.264 packets as bytes).
+Messages are decoded with the protobuf schemas embedded in the file (mcap-protobuf-support).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mcap.exceptions import DecoderNotFoundError, McapError
+from mcap.reader import NonSeekingReader
+from mcap_protobuf.decoder import DecoderFactory
+
+from dpflow_core.errors import RecordingError
+from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
+
+
+@dataclass
+class EpisodeStreams:
+    """The streams of one ``<STEM>_vio.mcap`` needed for conversion, sorted by capture time.
+
+    Attributes:
+        path: the file read.
+        camera_ts_ns: (N,) int64 capture times (ns) of the camera access units.
+        camera_packets: N H.264 Annex-B access units (``bytes``) in capture order.
+        camera_format: the ``format`` field of the first camera message (e.g. "h264").
+        pose_ts_ns: (M,) int64 capture times of the VIO poses.
+        position_m: (M, 3) float64 camera0 optical-centre position, metres.
+        quat_xyzw: (M, 4) float64 orientation quaternion (x, y, z, w), unit norm.
+        pose_valid: (M,) bool, false where VIO lost tracking.
+        score: (M,) float32 VIO quality score.
+        gripper_ts_ns: (G,) int64; gripper_width_m: (G,) float64 metres.
+        log_time_inversions: per topic, how many messages arrived (log_time)
+            before one captured earlier; they are sorted by capture time.
+        duplicate_timestamps: per topic, how many messages repeat a capture time
+            (the later duplicates are dropped).
+        message_counts: per topic, messages read in the streaming pass.
+    """
+
+    path: Path
+    camera_ts_ns: np.ndarray
+    camera_packets: list[bytes]
+    camera_format: str
+    pose_ts_ns: np.ndarray
+    position_m: np.ndarray
+    quat_xyzw: np.ndarray
+    pose_valid: np.ndarray
+    score: np.ndarray
+    gripper_ts_ns: np.ndarray
+    gripper_width_m: np.ndarray
+    log_time_inversions: dict[str, int] = field(default_factory=dict)
+    duplicate_timestamps: dict[str, int] = field(default_factory=dict)
+    message_counts: dict[str, int] = field(default_factory=dict)
+
+
+def _order(ts: list[int], log_times: list[int]) -> tuple[np.ndarray, int, np.ndarray]:
+    """Sort indices by capture time, the count of log-time inversions, and a keep mask for duplicates."""
+    t = np.asarray(ts, dtype=np.int64)
+    lt = np.asarray(log_times, dtype=np.int64)
+    inversions = int(np.count_nonzero(np.diff(lt) < 0)) if len(lt) > 1 else 0
+    order = np.argsort(t, kind="stable")
+    keep = np.ones(len(order), dtype=bool)
+    if len(order) > 1:
+        keep[1:] = np.diff(t[order]) != 0
+    return order[keep], inversions, int(np.count_nonzero(~keep))
+
+
+def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStreams:
+    """Read the camera, pose and gripper streams of a ``<STEM>_vio.mcap``.
+
+    Args:
+        path: the ``_vio.mcap`` file.
+        topics: topic names and accepted schema names.
+
+    Returns:
+        The streams sorted by ``header.timestamp``.
+
+    Raises:
+        RecordingError: the file is missing, empty, truncated or corrupt (with
+            the byte offset reached), a channel uses a message encoding other
+            than protobuf, required topics are missing ("not a Matrix Studio
+            recording: missing topics ..."), a topic has an unexpected schema,
+            or a required topic has no messages.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecordingError("file not found", path, code="missing_file")
+    if path.stat().st_size == 0:
+        raise RecordingError("empty file", path, code="empty_file")
+    wanted = {topics.camera: "camera", topics.pose: "pose", topics.gripper: "gripper"}
+    cam_ts, cam_lt, cam_data, cam_fmt = [], [], [], ""
+    pose_ts, pose_lt, pose_vals = [], [], []
+    grip_ts, grip_lt, grip_vals = [], [], []
+    counts: dict[str, int] = {}
+    seen_schemas: dict[str, str] = {}
+    with open(path, "rb") as f:
+        reader = NonSeekingReader(f, decoder_factories=[DecoderFactory()])
+        try:
+            for schema, channel, message, decoded in reader.iter_decoded_messages(
+                topics=list(wanted), log_time_order=False
+            ):
+                topic = channel.topic
+                seen_schemas[topic] = schema.name if schema else ""
+                counts[topic] = counts.get(topic, 0) + 1
+                ts = int(decoded.header.timestamp)
+                kind = wanted[topic]
+                if kind == "camera":
+                    cam_ts.append(ts)
+                    cam_lt.append(message.log_time)
+                    cam_data.append(bytes(decoded.data))
+                    cam_fmt = cam_fmt or decoded.format
+                elif kind == "pose":
+                    p, q = decoded.pose.position, decoded.pose.orientation
+                    pose_ts.append(ts)
+                    pose_lt.append(message.log_time)
+                    pose_vals.append((p.x, p.y, p.z, q.x, q.y, q.z, q.w, decoded.pose_valid, decoded.score))
+                else:
+                    grip_ts.append(ts)
+                    grip_lt.append(message.log_time)
+                    grip_vals.append(decoded.value)
+        except DecoderNotFoundError as exc:
+            raise RecordingError(f"unknown message encoding: {exc}", path, code="unknown_encoding") from exc
+        except (McapError, EOFError, ValueError, KeyError) as exc:
+            raise RecordingError(
+                f"truncated or corrupt MCAP at byte {f.tell()} of {path.stat().st_size}: {type(exc).__name__}: {exc}",
+                path,
+                code="corrupt_mcap",
+            ) from exc
+    missing = [t for t in wanted if t not in counts]
+    if missing:
+        raise RecordingError(
+            f"not a Matrix Studio recording: missing topics {', '.join(missing)}", path, code="missing_topics"
+        )
+    accepted = {topics.camera: topics.camera_schemas, topics.pose: topics.pose_schemas, topics.gripper: topics.gripper_schemas}
+    for topic, schema_name in seen_schemas.items():
+        if schema_name not in accepted[topic]:
+            raise RecordingError(
+                f"topic {topic} has schema {schema_name!r}, expected one of {list(accepted[topic])}",
+                path,
+                code="unexpected_schema",
+            )
+
+    inversions, duplicates = {}, {}
+    c_idx, inversions[topics.camera], duplicates[topics.camera] = _order(cam_ts, cam_lt)
+    p_idx, inversions[topics.pose], duplicates[topics.pose] = _order(pose_ts, pose_lt)
+    g_idx, inversions[topics.gripper], duplicates[topics.gripper] = _order(grip_ts, grip_lt)
+    pose = np.asarray(pose_vals, dtype=np.float64).reshape(-1, 9)[p_idx]
+    quat = pose[:, 3:7]
+    norms = np.linalg.norm(quat, axis=1)
+    if np.any(norms < 1e-6):
+        raise RecordingError(f"{np.count_nonzero(norms < 1e-6)} pose messages have a zero quaternion", path, code="bad_pose")
+    return EpisodeStreams(
+        path=path,
+        camera_ts_ns=np.asarray(cam_ts, dtype=np.int64)[c_idx],
+        camera_packets=[cam_data[i] for i in c_idx],
+        camera_format=cam_fmt,
+        pose_ts_ns=np.asarray(pose_ts, dtype=np.int64)[p_idx],
+        position_m=pose[:, 0:3].copy(),
+        quat_xyzw=quat / norms[:, None],
+        pose_valid=pose[:, 7].astype(bool),
+        score=pose[:, 8].astype(np.float32),
+        gripper_ts_ns=np.asarray(grip_ts, dtype=np.int64)[g_idx],
+        gripper_width_m=np.asarray(grip_vals, dtype=np.float64)[g_idx],
+        log_time_inversions=inversions,
+        duplicate_timestamps=duplicates,
+        message_counts=counts,
+    )
