@@ -1,8 +1,10 @@
-"""Project-wide rules: dpflow_core never imports Dagster; Definitions load."""
+"""Project-wide rules: dpflow_core never imports Dagster; Definitions load; no import cycle; no module
+above 500 lines without a reason in its docstring."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +50,146 @@ def test_definitions_load():
     defs.validate_loadable(defs) if hasattr(defs, "validate_loadable") else None
     repo = defs.get_repository_def()
     assert repo is not None
+
+
+# ------------------------------------------------------------------ module graph and size
+
+MAX_MODULE_LINES = 500
+#: A module above MAX_MODULE_LINES states why in its docstring with these words.
+_SIZE_REASON = re.compile(r"\bover 500 lines\b", re.IGNORECASE)
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _core_modules(root: Path) -> dict[str, Path]:
+    return {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+
+
+def _import_targets(path: Path, name: str, known: set[str]) -> set[str]:
+    """Every dpflow module ``path`` imports, at module level or inside a function.
+
+    ``from a.b import c`` counts as importing ``a.b.c`` when that is a module, else ``a.b``.
+    Relative imports are resolved against ``name``.
+    """
+    is_pkg = path.name == "__init__.py"
+    base = name.split(".") if is_pkg else name.split(".")[:-1]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[: len(base) - node.level + 1]
+                mod = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                targets.add(sub if sub in known else mod)
+    return {t for t in targets if t in known}
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules whose code runs when it is imported.
+
+    Importing ``p.q.m`` also runs the ``__init__`` of ``p`` and ``p.q``, except the packages the
+    importer is itself inside (those are already being imported, and Python allows that).
+    """
+    modules = _core_modules(root)
+    known = set(modules)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        parts = name.split(".")
+        own = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+        edges = set()
+        for t in _import_targets(path, name, known):
+            tparts = t.split(".")
+            for i in range(1, len(tparts) + 1):
+                dep = ".".join(tparts[:i])
+                if dep in known and dep not in own:
+                    edges.add(dep)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_among_core_modules():
+    cycles = _cycles(_import_graph(REPO / "dpflow_core"))
+    assert cycles == [], f"import cycles (module-level or inside functions): {cycles}"
+
+
+def test_cycle_check_finds_a_cycle_and_accepts_sibling_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from pkg.sub.a import f\n")
+    (pkg / "sub" / "a.py").write_text("from pkg.sub.b import g\n")
+    (pkg / "sub" / "b.py").write_text("def g():\n    return 1\n")
+    (pkg / "c.py").write_text("def h():\n    from pkg.d import k\n")
+    (pkg / "d.py").write_text("from pkg import c\n")
+    graph = _import_graph(pkg)
+    assert graph["pkg.sub.a"] == {"pkg.sub.b"}
+    assert _cycles(graph) == [["pkg.c", "pkg.d"]]
+
+
+def _oversized(root: Path) -> list[str]:
+    out = []
+    for name, path in _core_modules(root).items():
+        n_lines = len(path.read_text().splitlines())
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if n_lines > MAX_MODULE_LINES and not _SIZE_REASON.search(doc):
+            out.append(f"{name} ({n_lines} lines)")
+    return out
+
+
+def test_no_core_module_above_500_lines_without_a_stated_reason():
+    assert _oversized(REPO / "dpflow_core") == []
+
+
+def test_size_check_flags_a_long_module_without_a_reason(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    body = "x = 1\n" * MAX_MODULE_LINES
+    (pkg / "long.py").write_text('"""Long."""\n' + body)
+    (pkg / "reasoned.py").write_text('"""Long: over 500 lines because it must be."""\n' + body)
+    (pkg / "short.py").write_text('"""Short."""\n' + "x = 1\n" * (MAX_MODULE_LINES - 1))
+    assert _oversized(pkg) == [f"pkg.long ({MAX_MODULE_LINES + 1} lines)"]

@@ -13,6 +13,9 @@ after each save.
 Resume is exact: a run interrupted after a checkpoint and resumed with
 ``training.resume=true`` produces the same losses, learning rates and weights
 as one that ran straight through (bit for bit on the CPU, same process count).
+
+This module is over 500 lines because the training loop, the checkpoint state it saves and the
+exact-resume guarantee above can only be checked by reading them together.
 """
 
 from __future__ import annotations
