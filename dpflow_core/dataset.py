@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from dpflow_core.errors import DatasetError
-from dpflow_core.files import sha256_file
+from dpflow_core.files import sha256_file, write_text_atomic
 from dpflow_core.replay_buffer import ReplayBuffer
 
 #: Statistics format version of ``norm_stats.json``.
@@ -133,23 +132,10 @@ def write_norm_stats(stats: dict, path: str | Path, overwrite: bool = False) -> 
     path = Path(path)
     if path.exists() and not overwrite:
         raise DatasetError("norm stats file exists; pass --overwrite (overwrite=True) to replace it", path=path, code="output_exists")
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
-            json.dump(stats, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError as exc:
-                raise DatasetError("norm stats file appeared meanwhile; left untouched", path=path,
-                                   code="output_exists") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
+        write_text_atomic(path, json.dumps(stats, indent=2) + "\n", overwrite=overwrite)
+    except FileExistsError as exc:
+        raise DatasetError("norm stats file appeared meanwhile; left untouched", path=path, code="output_exists") from exc
     return path
 
 

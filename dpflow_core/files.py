@@ -1,10 +1,20 @@
-"""Small file helpers shared by every stage: hashing and durable renames."""
+"""Small file helpers shared by every stage: the work folder, content hashes and atomic output.
+
+Every file the core writes goes through :func:`atomic_path` (or :func:`atomic_output` and
+:func:`write_text_atomic` on top of it): the bytes go to a temporary name in the destination's
+own folder, the file and then the folder are fsynced, and a rename puts it in place, so a reader
+sees either the old file or the complete new one, never a part. The content hash of a file is
+:func:`sha256_file`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import secrets
 from pathlib import Path
+from typing import IO, Iterator
 
 
 def default_workdir() -> Path:
@@ -38,3 +48,96 @@ def fsync_dir(folder: str | Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def temp_path_for(path: str | Path, suffix: str = "") -> Path:
+    """A new, unused temporary name beside ``path``: ``.<name>.tmp-<pid>-<random><suffix>`` (created empty).
+
+    The leading dot hides it from globbing readers; ``suffix`` keeps an extension a writer needs
+    (``".png"`` for matplotlib, ``".npz"``). Created with ``O_EXCL`` and mode 0666 less the umask,
+    the permissions a plain ``open(path, "w")`` would give.
+
+    Raises:
+        FileNotFoundError: the folder of ``path`` does not exist.
+    """
+    path = Path(path)
+    while True:
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, *, overwrite: bool = True, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success put what was written there at ``path``.
+
+    On leaving the block normally: the temporary file is fsynced, renamed to ``path``
+    (``os.replace``; with ``overwrite=False`` a hard link, which fails when ``path`` exists,
+    then the temporary name is removed) and the folder is fsynced. On an exception inside the
+    block the temporary file is removed and ``path`` is left as it was.
+
+    Args:
+        path: the final file. Its folder must exist.
+        overwrite: replace an existing ``path``; when false an existing file is an error.
+        suffix: extension kept on the temporary name (see :func:`temp_path_for`).
+
+    Raises:
+        FileExistsError: ``overwrite`` is false and ``path`` exists (checked before the block
+            runs and again, race-free, at the link).
+        FileNotFoundError: the folder of ``path`` does not exist.
+    """
+    path = Path(path)
+    if not overwrite and path.exists():
+        raise FileExistsError(f"{path}: exists and overwrite is false")
+    tmp = temp_path_for(path, suffix)
+    try:
+        yield tmp
+        _fsync_file(tmp)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            tmp.unlink()
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path, mode: str = "wb", *, overwrite: bool = True, suffix: str = "",
+                  encoding: str | None = None) -> Iterator[IO]:
+    """Open a temporary file beside ``path`` for writing (``mode`` ``"wb"`` or ``"w"``); install it on success.
+
+    The same guarantees as :func:`atomic_path`: on an exception inside the block nothing is
+    installed and no temporary file remains. Text mode defaults to UTF-8.
+
+    Raises:
+        ValueError: ``mode`` is not a write mode (``"w"``, ``"wb"``).
+        FileExistsError, FileNotFoundError: as :func:`atomic_path`.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_output mode must be 'w' or 'wb', got {mode!r}")
+    if "b" not in mode and encoding is None:
+        encoding = "utf-8"
+    with atomic_path(path, overwrite=overwrite, suffix=suffix) as tmp:
+        with open(tmp, mode, encoding=encoding) as fh:
+            yield fh
+            fh.flush()
+
+
+def write_text_atomic(path: str | Path, text: str, *, overwrite: bool = True) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_output`; return ``path``."""
+    with atomic_output(path, "w", overwrite=overwrite) as fh:
+        fh.write(text)
+    return Path(path)

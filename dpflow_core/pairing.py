@@ -69,7 +69,7 @@ from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
 
 from dpflow_core.errors import PairingError, RecordingError
-from dpflow_core.files import sha256_file
+from dpflow_core.files import sha256_file, write_text_atomic
 from dpflow_core.names import validate_name
 from dpflow_core.recordings import inspect_recording
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -682,13 +682,7 @@ def write_manifest(manifest: Manifest, path: str | Path, overwrite: bool = False
     if path.exists() and not overwrite:
         raise PairingError("manifest already exists (pass --overwrite (overwrite=True) to replace it)", path, code="output_exists")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(manifest.to_dict(), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_text_atomic(path, json.dumps(manifest.to_dict(), indent=2) + "\n")
 
 
 def _need(obj: Any, key: str, kind: type | tuple, where: str, path: Path) -> Any:

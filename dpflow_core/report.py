@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from dpflow_core.errors import DpflowError, PairingError, RecordingError
+from dpflow_core.files import atomic_path, write_text_atomic
 from dpflow_core.recordings import EpisodeStreams, read_streams
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
@@ -512,9 +513,8 @@ def draw_preview(quality: EpisodeQuality, data: PreviewData, out_png: str | Path
     if quality.is_outlier:
         title += "  OUTLIER: " + "; ".join(quality.outlier_reasons)
     fig.suptitle(title, fontsize=8, color="tab:red" if quality.is_outlier else "black")
-    tmp = out_png.with_name(f".{out_png.name}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, out_png)
+    with atomic_path(out_png, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png")
     return out_png
 
 
@@ -607,12 +607,6 @@ tr.outlier td {{ background: #fde8e8; }}
 """
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_report(
     manifest: str | Path | Mapping[str, Any],
     out_dir: str | Path,
@@ -652,8 +646,8 @@ def write_report(
         "episodes": [e.to_dict() for e in episodes],
         "rejected": rejected,
     }
-    _atomic_write(json_path, json.dumps(summary, indent=2, default=_json_default))
-    _atomic_write(html_path, _html(task, label, episodes, rejected, out_dir))
+    write_text_atomic(json_path, json.dumps(summary, indent=2, default=_json_default))
+    write_text_atomic(html_path, _html(task, label, episodes, rejected, out_dir))
     return ReportResult(html_path=html_path, json_path=json_path, preview_dir=preview_dir, episodes=episodes, task=task)
 
 

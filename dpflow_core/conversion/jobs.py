@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dpflow_core.conversion.align import align_episode
+from dpflow_core.conversion.align import AlignedEpisode, align_episode
 from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.files import sha256_file
 from dpflow_core.recordings.topics import TopicMap

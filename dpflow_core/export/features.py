@@ -7,8 +7,6 @@ gives the 7-float32 state ``[x, y, z, rx, ry, rz, gripper_width]`` and the actio
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -129,12 +127,3 @@ def measured_fps(timestamps_s: Iterable[np.ndarray]) -> float:
     if not median > 0:
         raise ConversionError(f"cannot measure the frame rate: median frame interval {median} s")
     return 1.0 / median
-
-
-# --------------------------------------------------------------------------- writer
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)

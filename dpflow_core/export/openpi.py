@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from dpflow_core.errors import DatasetError
-from dpflow_core.export.features import CODEBASE_VERSION, _atomic_write_text
+from dpflow_core.export.features import CODEBASE_VERSION
 from dpflow_core.export.validation import LeRobotLayout, read_lowdim, validate_lerobot_dataset
+from dpflow_core.files import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -112,5 +113,5 @@ def write_openpi_norm_stats(
             "a different norm stats file already exists (pass --overwrite (overwrite=True) to replace it)", out, code="output_exists"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(out, text)
+    write_text_atomic(out, text)
     return out

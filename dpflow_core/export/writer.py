@@ -23,9 +23,10 @@ from dpflow_core.errors import ConversionError
 from dpflow_core.export.features import (
     ACTION_KEY, ACTION_RULES, CHUNKS_SIZE, CODEBASE_VERSION, DATA_PATH, EPISODES_PATH, EPISODES_STATS_PATH,
     INDEX_FEATURES, INFO_PATH, PROVENANCE_PATH, ROBOT_TYPE, STATE_KEY, STATE_NAMES, TASKS_PATH, VIDEO_PATH,
-    _atomic_write_text, episode_actions, measured_fps,
+    episode_actions, measured_fps,
 )
 from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
+from dpflow_core.files import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -388,10 +389,10 @@ class LeRobotWriter:
             "video_path": VIDEO_PATH,
             "features": features,
         }
-        _atomic_write_text(root / EPISODES_PATH, "\n".join(episodes_lines) + "\n")
-        _atomic_write_text(root / EPISODES_STATS_PATH, "\n".join(stats_lines) + "\n")
-        _atomic_write_text(root / TASKS_PATH, json.dumps({"task_index": 0, "task": self.task}) + "\n")
-        _atomic_write_text(root / INFO_PATH, json.dumps(info, indent=4) + "\n")
+        write_text_atomic(root / EPISODES_PATH, "\n".join(episodes_lines) + "\n")
+        write_text_atomic(root / EPISODES_STATS_PATH, "\n".join(stats_lines) + "\n")
+        write_text_atomic(root / TASKS_PATH, json.dumps({"task_index": 0, "task": self.task}) + "\n")
+        write_text_atomic(root / INFO_PATH, json.dumps(info, indent=4) + "\n")
         record = {
             **(provenance or {}),
             "fps": fps,
@@ -400,7 +401,7 @@ class LeRobotWriter:
             "episodes": records,
             "skipped": {**(provenance or {}).get("skipped", {}), **skipped},
         }
-        _atomic_write_text(root / PROVENANCE_PATH, json.dumps(record, indent=2, default=str) + "\n")
+        write_text_atomic(root / PROVENANCE_PATH, json.dumps(record, indent=2, default=str) + "\n")
         shutil.rmtree(self.staging_dir)
         try:
             os.rename(root, self.out_dir)

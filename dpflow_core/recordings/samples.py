@@ -22,7 +22,6 @@ tests on the written files.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 from mcap_protobuf.writer import Writer
 from scipy.spatial.transform import Rotation
 
+from dpflow_core.files import atomic_output, write_text_atomic
 from dpflow_core.recordings.schemas import das_messages
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
@@ -315,7 +315,7 @@ def write_episode(
         "valid_pose_ratio": round(float(np.mean([m[2].pose_valid for m in pose_msgs])) if pose_msgs else 0.0, 4),
         "vio_version": "sample-1.0",
     }
-    _atomic_write_text(json_path, json.dumps(status, indent=2))
+    write_text_atomic(json_path, json.dumps(status, indent=2))
     return SampleEpisode(
         stem=stem,
         raw_mcap=raw_path,
@@ -331,19 +331,11 @@ def write_episode(
 
 
 def _write_mcap(path: Path, records: list[tuple[int, str, object]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_output(path, "wb") as f:
         writer = Writer(f)
         for log_time, topic, msg in records:
             writer.write_message(topic, msg, log_time=log_time, publish_time=msg.header.timestamp)
         writer.finish()
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def write_task(
@@ -380,5 +372,5 @@ def write_task(
         "success_mcap_files": [e.vio_mcap.name for e in written if json.loads(e.vio_json.read_text())["status"] == "success"],
         "failed_mcap_files": [e.raw_mcap.name for e in written if json.loads(e.vio_json.read_text())["status"] != "success"],
     }
-    _atomic_write_text(task_dir / "vio_result.json", json.dumps(summary, indent=2))
+    write_text_atomic(task_dir / "vio_result.json", json.dumps(summary, indent=2))
     return written

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import IO, Iterator, Literal, Mapping, Sequence
 
 from dpflow_core.errors import RemoteError
+from dpflow_core.files import atomic_path
 from dpflow_core.names import validate_name
 from dpflow_core.server.config import _SHA256_PATTERN, CommandResult, ServerConfig
 from dpflow_core.server.nvidia_smi import (
@@ -260,12 +261,8 @@ class GpuServer:
         if self.size(full) is None:
             raise RemoteError("no such file on the server", path=full, code="not_found")
         local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(self._temp_name(str(local)))
-        try:
+        with atomic_path(local) as tmp:
             self._transport.get(full, str(tmp))
-            os.replace(tmp, local)
-        finally:
-            tmp.unlink(missing_ok=True)
         return local
 
     def write_text(self, path: str, text: str, *, mode: int = 0o644) -> str:

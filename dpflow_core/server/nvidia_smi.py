@@ -8,7 +8,6 @@ Takes the text of ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` a
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from dataclasses import dataclass
 from typing import Literal
 

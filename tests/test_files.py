@@ -1,0 +1,100 @@
+"""The atomic-output and hashing helpers of dpflow_core.files."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+
+import pytest
+
+from dpflow_core.files import atomic_output, atomic_path, sha256_file, temp_path_for, write_text_atomic
+
+
+def _entries(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_atomic_output_writes_the_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "out.json"
+    with atomic_output(target, "w") as fh:
+        fh.write('{"a": 1}\n')
+        assert not target.exists()  # nothing at the final name until the block ends
+    assert target.read_text() == '{"a": 1}\n'
+    assert _entries(tmp_path) == ["out.json"]
+
+
+def test_an_exception_inside_leaves_the_old_file_intact_and_no_temporary(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old contents")
+    with pytest.raises(RuntimeError, match="writer failed"):
+        with atomic_output(target, "wb") as fh:
+            fh.write(b"new, half written")
+            raise RuntimeError("writer failed")
+    assert target.read_bytes() == b"old contents"
+    assert _entries(tmp_path) == ["out.bin"]
+
+
+def test_an_exception_leaves_no_file_when_there_was_none(tmp_path):
+    with pytest.raises(ValueError):
+        with atomic_path(tmp_path / "new.png", suffix=".png") as tmp:
+            assert tmp.name.startswith(".new.png.tmp-") and tmp.suffix == ".png" and tmp.parent == tmp_path
+            tmp.write_bytes(b"\x89PNG")
+            raise ValueError("no")
+    assert _entries(tmp_path) == []
+
+
+def test_overwrite_false_refuses_an_existing_file_and_keeps_it(tmp_path):
+    target = tmp_path / "manifest.json"
+    target.write_text("first")
+    with pytest.raises(FileExistsError, match="manifest.json"):
+        write_text_atomic(target, "second", overwrite=False)
+    assert target.read_text() == "first"
+    assert _entries(tmp_path) == ["manifest.json"]
+
+
+def test_overwrite_false_loses_a_race_without_clobbering(tmp_path):
+    target = tmp_path / "stats.json"
+    with pytest.raises(FileExistsError):
+        with atomic_output(target, "w", overwrite=False) as fh:
+            fh.write("mine")
+            target.write_text("theirs")  # another writer got there first
+    assert target.read_text() == "theirs"
+    assert _entries(tmp_path) == ["stats.json"]
+
+
+def test_overwrite_true_replaces(tmp_path):
+    target = tmp_path / "a.txt"
+    target.write_text("old")
+    assert write_text_atomic(target, "new") == target
+    assert target.read_text() == "new"
+
+
+def test_temporary_gets_the_permissions_of_a_plain_open(tmp_path):
+    old = os.umask(0o022)
+    try:
+        tmp = temp_path_for(tmp_path / "x")
+        plain = tmp_path / "plain"
+        plain.write_text("")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(tmp.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode) == 0o644
+    assert temp_path_for(tmp_path / "x") != tmp
+
+
+def test_missing_folder_and_bad_mode_are_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        write_text_atomic(tmp_path / "no" / "such.txt", "x")
+    with pytest.raises(ValueError, match="mode"):
+        with atomic_output(tmp_path / "a", "a"):
+            pass
+
+
+def test_sha256_file_matches_hashlib_over_several_blocks(tmp_path):
+    data = os.urandom(3 * 1024 + 17)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    assert sha256_file(path, chunk_bytes=1024) == hashlib.sha256(data).hexdigest()
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert sha256_file(empty) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
