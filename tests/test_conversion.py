@@ -19,6 +19,7 @@ import pytest
 
 from dpflow_core.recordings import samples
 from dpflow_core.conversion import CONVERTER_VERSION, align_episode, convert, dataset_key
+from dpflow_core.conversion.convert import RUN_ONLY_EPISODE_KEYS, RUN_ONLY_KEYS
 from dpflow_core.errors import ConversionError
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.recordings.topics import DAS_DEFAULT
@@ -120,11 +121,13 @@ def test_hash_size_and_metadata(converted):
     member = json.loads(np.load(result.path)["meta__info_json"].tobytes())
     assert side["sha256"] == result.sha256 and side["size_bytes"] == result.size_bytes
     assert member["sha256"] is None and member["size_bytes"] is None
-    assert set(side) == set(member)
-    # only what is known after writing differs: hash, size, total and per-phase wall time
-    for k in set(side) - {"sha256", "size_bytes", "wall_time_s", "timings_s"}:
+    # what describes this run, not the dataset, is in the sidecar only
+    assert set(side) == set(member) | set(RUN_ONLY_KEYS) and not set(member) & set(RUN_ONLY_KEYS)
+    for k in set(member) - {"sha256", "size_bytes", "episodes"}:
         assert side[k] == member[k], k
-    assert member["timings_s"]["episodes"] == side["timings_s"]["episodes"]
+    assert [{k: v for k, v in e.items() if k not in RUN_ONLY_EPISODE_KEYS} for e in side["episodes"]] == member["episodes"]
+    assert all(set(RUN_ONLY_EPISODE_KEYS) <= set(e) for e in side["episodes"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", side["created_at"]) and side["workers"] == 2
     assert set(side["timings_s"]) == {"episodes", "write", "norm_stats", "total"}
     lengths = np.diff(np.r_[0, np.load(result.path)["meta__episode_ends"]])
     assert side["n_episodes"] == 3 and side["total_steps"] == int(lengths.sum())
@@ -156,6 +159,21 @@ def test_one_worker_gives_the_same_arrays(converted, task, tmp_path):
     for name in a.files:
         if name != "meta__info_json":
             np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_converting_twice_gives_a_byte_identical_dataset(converted, task, tmp_path):
+    """Same manifest, same options (another worker count and folder): the same bytes, so the same SHA-256."""
+    result, eps = converted
+    root, _ = task
+    again = convert(manifest_for(eps, root), tmp_path / "again" / "dataset.npz", image_size=SIZE, workers=1)
+    assert again.path.read_bytes() == result.path.read_bytes()
+    assert again.sha256 == result.sha256 == _sha(again.path)
+    with zipfile.ZipFile(again.path) as zf:
+        assert {i.date_time for i in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    # the run-specific facts are kept, in the sidecars
+    first, second = json.loads(result.sidecar_path.read_text()), json.loads(again.sidecar_path.read_text())
+    assert (first["workers"], second["workers"]) == (2, 1)
+    assert first["dataset_key"] == second["dataset_key"] and first["sha256"] == second["sha256"]
 
 
 def test_bad_episodes_are_rejected_with_reasons(task, tmp_path):

@@ -41,6 +41,20 @@ METADATA_VERSION = 1
 # --------------------------------------------------------------------------- convert
 
 
+#: Metadata of one conversion run rather than of the dataset: kept in the sidecar, left out of
+#: ``meta__info_json`` so that the dataset's bytes (and SHA-256) depend on its input and options only.
+RUN_ONLY_KEYS = ("created_at", "workers", "timings_s", "wall_time_s", "stale_files_removed")
+#: The same, per episode entry of ``episodes``.
+RUN_ONLY_EPISODE_KEYS = ("convert_seconds", "worker_peak_rss_mb")
+
+
+def _hashed_metadata(meta: dict) -> dict:
+    """``meta`` without :data:`RUN_ONLY_KEYS` (and :data:`RUN_ONLY_EPISODE_KEYS` per episode): the member's copy."""
+    doc = {k: v for k, v in meta.items() if k not in RUN_ONLY_KEYS}
+    doc["episodes"] = [{k: v for k, v in e.items() if k not in RUN_ONLY_EPISODE_KEYS} for e in meta["episodes"]]
+    return doc
+
+
 @dataclass
 class ConversionResult:
     """What :func:`convert` produced.
@@ -150,8 +164,11 @@ def convert(
     measured frequency, image size, member shapes and dtypes, value ranges, the
     input manifest (stems and file SHA-256), rejected episodes with reasons,
     options, converter version and ``dataset_key``. Values known only once the
-    file is complete (``sha256``, ``size_bytes``, the final ``wall_time_s`` and
-    ``timings_s``) are null or partial in the member and filled in the sidecar.
+    file is complete (``sha256``, ``size_bytes``) are null in the member and filled in the
+    sidecar. What differs between two runs on the same input (:data:`RUN_ONLY_KEYS`: creation
+    time, workers, timings, stale files removed, and per episode :data:`RUN_ONLY_EPISODE_KEYS`)
+    is in the sidecar only, never in the member, so converting the same manifest with the same
+    options twice gives a byte-identical ``dataset.npz`` (the zip times are fixed as well).
 
     Args:
         manifest_or_paths: see :func:`load_inputs` (manifest, dict, path, task folder, or a list).
@@ -304,7 +321,7 @@ def convert(
         meta["workers"] = n_workers
         meta["timings_s"] = dict(timings)
         meta["wall_time_s"] = round(time.perf_counter() - started, 3)
-        info = json.dumps(meta).encode()
+        info = json.dumps(_hashed_metadata(meta)).encode()
         members.append(NpzMember("meta__info_json", (len(info),), np.dtype(np.uint8), data=info))
 
         made.append(partial)

@@ -11,9 +11,9 @@ from dpflow_core.replay_buffer.reader import (
     DATA_PREFIX, DATA_SPEC, EPISODE_ENDS_MEMBER, INFO_MEMBER, META_PREFIX, REQUIRED_INFO_FIELDS, MemberLayout,
     ReplayBuffer,
 )
-from dpflow_core.replay_buffer.writer import NpzMember, npy_data_offset, npy_header, write_npz
+from dpflow_core.replay_buffer.writer import ZIP_DATE_TIME, NpzMember, npy_data_offset, npy_header, write_npz
 
 __all__ = [
     "DATA_PREFIX", "DATA_SPEC", "EPISODE_ENDS_MEMBER", "INFO_MEMBER", "META_PREFIX", "REQUIRED_INFO_FIELDS",
-    "MemberLayout", "NpzMember", "ReplayBuffer", "npy_data_offset", "npy_header", "write_npz",
+    "ZIP_DATE_TIME", "MemberLayout", "NpzMember", "ReplayBuffer", "npy_data_offset", "npy_header", "write_npz",
 ]

@@ -4,7 +4,8 @@ Takes :class:`NpzMember` entries (in-memory bytes, or pieces of temporary ``.npy
 order, so memory stays bounded); gives a new zip (members stored, not compressed, ZIP64) holding
 one ``<name>.npy`` per member, in the layout :class:`~dpflow_core.replay_buffer.reader.ReplayBuffer`
 maps (formats.md section 2), and its SHA-256 (hex) and size (bytes). The file is created
-exclusively (``xb``) and fsynced before this returns.
+exclusively (``xb``) and fsynced before this returns. The bytes depend on the members only: every
+member carries the fixed time :data:`ZIP_DATE_TIME`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import hashlib
 import io
 import os
 import threading
-import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,10 @@ from typing import Callable
 import numpy as np
 
 from dpflow_core.errors import ConversionError
+
+#: The modification time of every member: the zip format's earliest date (MS-DOS epoch), so the
+#: same members always give the same bytes; when the file was made is recorded in its sidecar.
+ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 _COPY_CHUNK = 8 << 20
@@ -108,7 +112,7 @@ def write_npz(path: Path, members: list[NpzMember], progress: Callable | None) -
         out = _HashingWriter(f)
         with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for m in members:
-                info = zipfile.ZipInfo(m.name + ".npy", date_time=time.localtime()[:6])
+                info = zipfile.ZipInfo(m.name + ".npy", date_time=ZIP_DATE_TIME)
                 info.compress_type = zipfile.ZIP_STORED
                 info.external_attr = 0o644 << 16
                 with zf.open(info, mode="w", force_zip64=True) as dst:
