@@ -254,3 +254,30 @@ def validate_dataset(
         f"(no training sample; threshold {max_short_episodes})",
         {"short_episodes": short, "lengths": lengths.tolist(), "min_train_length": min_train_length}))
     return results
+
+
+def check_recorded_sha256(npz_path: str | Path, sidecar_path: str | Path) -> CheckResult:
+    """Check ``npz_path`` against the SHA-256 its sidecar (``dataset.json``) recorded when it was written.
+
+    This catches what the structural checks of :func:`validate_dataset` cannot see, such as a
+    changed byte inside an image. Result name ``sha256_matches_sidecar``, severity ``error``;
+    a missing or unreadable sidecar, or one without ``sha256``, fails with that reason.
+
+    Never raises for a bad dataset or sidecar; an unreadable dataset fails the check.
+    """
+    npz_path, sidecar_path = Path(npz_path), Path(sidecar_path)
+    meta = {"path": str(npz_path), "sidecar_path": str(sidecar_path)}
+    try:
+        recorded = json.loads(sidecar_path.read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError) as exc:
+        return CheckResult("sha256_matches_sidecar", False, "error", f"sidecar {sidecar_path} is unreadable: {exc}", meta)
+    if not isinstance(recorded, str):
+        return CheckResult("sha256_matches_sidecar", False, "error", f"sidecar {sidecar_path} records no sha256", meta)
+    try:
+        actual = sha256_file(npz_path)
+    except OSError as exc:
+        return CheckResult("sha256_matches_sidecar", False, "error", f"dataset is unreadable: {exc}", meta)
+    ok = actual == recorded
+    text = (f"SHA-256 {actual[:16]}... equals the one recorded in {sidecar_path.name}" if ok else
+            f"SHA-256 {actual} differs from {recorded} recorded in {sidecar_path.name}: the file changed after conversion")
+    return CheckResult("sha256_matches_sidecar", ok, "error", text, meta | {"sha256": actual, "recorded_sha256": recorded})

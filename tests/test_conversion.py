@@ -296,3 +296,73 @@ def test_task_folder_input_is_paired(tmp_path):
     assert r.n_episodes == 3 and r.metadata["task"] == "wipe"
     assert [e["stem"] for e in r.metadata["episodes"]] == [e.stem for e in eps]
     assert failed.stem in {x["stem"] for x in r.rejected if x["stage"] == "pairing"}
+
+
+def _copy_dataset(result, folder: Path) -> Path:
+    folder.mkdir()
+    shutil.copy(result.path, folder / "dataset.npz")
+    shutil.copy(result.sidecar_path, folder / "dataset.json")
+    return folder / "dataset.npz"
+
+
+def _member_data_offset(npz: Path, member: str) -> int:
+    """Byte offset of a stored member's array data, read with zipfile and numpy's .npy reader."""
+    with zipfile.ZipFile(npz) as zf:
+        info = zf.getinfo(member + ".npy")
+    with open(npz, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        version = np.lib.format.read_magic(f)
+        (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)
+        return f.tell()
+
+
+def _validate(*args: str) -> subprocess.CompletedProcess:
+    dpflow = Path(sys.executable).with_name("dpflow")
+    return subprocess.run([str(dpflow), "validate", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_validate_passes_a_converted_dataset(converted, tmp_path):
+    result, _ = converted
+    proc = _validate(str(_copy_dataset(result, tmp_path / "good")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    from dpflow_core.dataset import CHECKS
+
+    assert [ln.split()[1].rstrip(":") for ln in lines[:-1]] == [*CHECKS, "sha256_matches_sidecar"]
+    assert all(ln.startswith("PASS") for ln in lines[:-1]) and lines[-1].endswith("all blocking checks passed")
+
+
+def test_validate_fails_a_changed_byte_with_the_reason(converted, tmp_path):
+    result, _ = converted
+    npz = _copy_dataset(result, tmp_path / "byte")
+    at = _member_data_offset(npz, "data__camera0_rgb") + 1000
+    with open(npz, "r+b") as f:
+        f.seek(at)
+        old = f.read(1)
+        f.seek(at)
+        f.write(bytes([old[0] ^ 0xFF]))
+    proc = _validate(str(npz))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL")]
+    assert len(fails) == 1 and fails[0].startswith("FAIL  sha256_matches_sidecar:")
+    assert _sha(npz) in fails[0] and result.sha256 in fails[0] and "changed after conversion" in fails[0]
+
+
+def test_validate_fails_a_wrong_episode_ends_with_the_reason(converted, tmp_path):
+    result, _ = converted
+    npz = _copy_dataset(result, tmp_path / "ends")
+    ends = np.load(npz)["meta__episode_ends"]
+    at = _member_data_offset(npz, "meta__episode_ends")
+    with open(npz, "r+b") as f:  # swap the first two episode ends: no longer increasing
+        f.seek(at)
+        f.write(np.array([ends[1], ends[0], *ends[2:]], dtype="<i8").tobytes())
+    proc = _validate(str(npz), "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    by_name = {c["name"]: c for c in doc["checks"]}
+    assert doc["passed"] is False
+    assert by_name["episode_ends_valid"]["passed"] is False
+    assert "episode_ends" in by_name["episode_ends_valid"]["description"]
+    assert by_name["sha256_matches_sidecar"]["passed"] is False

@@ -1,0 +1,51 @@
+"""`dpflow validate`: the blocking checks of a converted dataset, from the command line.
+
+The same checks, by the same function (:func:`dpflow_core.dataset.validate_dataset`), as the
+``dataset_npz_checks`` Dagster multi-check, plus the file's SHA-256 against its ``dataset.json``
+sidecar (:func:`dpflow_core.dataset.check_recorded_sha256`) when the sidecar is there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dpflow_core.cli import app
+from dpflow_core.dataset import MIN_TRAIN_LENGTH
+
+
+@app.command("validate")
+def validate_cmd(
+    dataset: Path = typer.Argument(..., help="The dataset.npz to check."),
+    image_size: Optional[str] = typer.Option(None, "--image-size", help="Expected frame size W,H (default: the metadata's)."),
+    min_train_length: int = typer.Option(MIN_TRAIN_LENGTH, "--min-train-length", help="Shortest episode that yields a training sample (steps)."),
+    max_short_episodes: int = typer.Option(0, "--max-short-episodes", help="Warn above this many short episodes."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
+) -> None:
+    """Check a dataset.npz; print each verdict; exit 1 when a blocking (error) check fails."""
+    from dpflow_core.cli.dataset import _parse_size
+    from dpflow_core.conversion import sidecar_path_for
+    from dpflow_core.dataset import check_recorded_sha256, validate_dataset
+
+    size = _parse_size(image_size) if image_size else None
+    results = validate_dataset(dataset, image_size=size, min_train_length=min_train_length,
+                               max_short_episodes=max_short_episodes)
+    sidecar = sidecar_path_for(dataset)
+    if sidecar.exists():
+        results.append(check_recorded_sha256(dataset, sidecar))
+    failed = [r for r in results if not r.passed and r.severity == "error"]
+    if as_json:
+        typer.echo(json.dumps({"path": str(dataset), "passed": not failed,
+                               "checks": [{"name": r.name, "passed": r.passed, "severity": r.severity,
+                                           "description": r.description} for r in results]}, indent=2))
+    else:
+        for r in results:
+            verdict = "PASS" if r.passed else ("FAIL" if r.severity == "error" else "WARN")
+            typer.echo(f"{verdict}  {r.name}: {r.description}")
+        typer.echo(f"{dataset}: " + ("all blocking checks passed" if not failed else
+                                      f"{len(failed)} blocking check(s) failed: {', '.join(r.name for r in failed)}"))
+    if failed:
+        raise typer.Exit(1)
