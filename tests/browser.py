@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import require_service
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("DPFLOW_CHROMIUM", "/usr/bin/chromium")
@@ -209,7 +210,7 @@ def chromium_page(tmp_path):
     """A Playwright page in headless Debian Chromium (1400 x 900), closed after the test."""
     reason = chromium_missing_reason()
     if reason:
-        pytest.skip(reason)
+        require_service("chromium", reason)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

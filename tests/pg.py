@@ -6,7 +6,7 @@ the tests run as root, since PostgreSQL refuses to run as root), listen on a
 free loopback port with the Unix socket in the same folder, and are stopped by
 ``pg_ctl -m fast stop`` (falling back to SIGTERM to the postmaster PID read from
 ``postmaster.pid``). ``.ci/run`` installs the ``postgresql`` package when absent;
-without it the fixture skips with that reason.
+without it the fixture skips with that reason (fails when ``CI`` is set).
 
 The cluster uses password authentication (scram-sha-256) so the Dagster
 configuration is exercised with the same environment variables as a deployment:
@@ -30,6 +30,7 @@ from glob import glob
 from pathlib import Path
 
 import pytest
+from conftest import require_service
 
 
 @dataclass
@@ -193,9 +194,9 @@ def stop_postgres(server: PgServer) -> None:
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A running private PostgreSQL server for the session (skips when PostgreSQL is not installed)."""
+    """A running private PostgreSQL server for the session (skips, or fails under CI, when PostgreSQL is not installed)."""
     if find_bin_dir() is None:
-        pytest.skip("PostgreSQL is not installed (.ci/run installs Debian's postgresql package)")
+        require_service("postgresql", "no initdb under /usr/lib/postgresql/*/bin or on PATH")
     server = start_postgres()
     try:
         yield server

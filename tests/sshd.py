@@ -17,7 +17,8 @@ with its own host key, an authorized user key generated with ``ssh-keygen``
 in a temporary folder, ``ListenAddress 127.0.0.1`` and a free port; it is
 stopped by its PID when the session ends. ``known_hosts`` holds its host key
 in the ``[127.0.0.1]:PORT`` form that OpenSSH and Paramiko look up. Tests
-that need sshd skip only when the binary is absent (CI installs it).
+that need sshd skip only when the binary is absent, and fail then when ``CI`` is set
+(:func:`conftest.require_service`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import missing_executable, require_service
 
-SSHD = "/usr/sbin/sshd"
+#: The sshd binary: ``$DPFLOW_TEST_SSHD``, else ``sshd`` on ``PATH`` (Debian: /usr/sbin), else ``None``.
+SSHD = os.environ.get("DPFLOW_TEST_SSHD") or shutil.which("sshd")
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,10 @@ def start_sshd(root: Path) -> tuple[SshdServer, subprocess.Popen]:
 
 @pytest.fixture(scope="session")
 def sshd_server():
-    """A real sshd on 127.0.0.1 for the whole session (skipped only when sshd is not installed)."""
-    if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
-        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    """A real sshd on 127.0.0.1 for the whole session (skipped, or failed under CI, when sshd is not installed)."""
+    if not SSHD or not os.path.exists(SSHD):
+        require_service("sshd", f"no sshd binary ({SSHD or 'not on PATH'}; DPFLOW_TEST_SSHD overrides)")
+    require_service("sshd", missing_executable("ssh-keygen"))
     root = Path(tempfile.mkdtemp(prefix="dpflow-sshd-"))
     server, proc = start_sshd(root)
     try:

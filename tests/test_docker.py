@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import require_service
 from dagster._core.instance.config import dagster_instance_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,7 +186,7 @@ def _compose_client() -> list[str] | None:
 def test_docker_compose_config_validates(tmp_path):
     client = _compose_client()
     if client is None:
-        pytest.skip("no docker compose client (neither `docker compose` nor `docker-compose`) on this machine")
+        require_service("docker compose", "neither `docker compose` nor `docker-compose` works on this machine")
     (tmp_path / "recordings").mkdir()
     (tmp_path / "ssh").mkdir()
     env_file = tmp_path / "empty.env"  # ignore a developer's docker/.env
