@@ -193,3 +193,44 @@ def test_size_check_flags_a_long_module_without_a_reason(tmp_path):
     (pkg / "reasoned.py").write_text('"""Long: over 500 lines because it must be."""\n' + body)
     (pkg / "short.py").write_text('"""Short."""\n' + "x = 1\n" * (MAX_MODULE_LINES - 1))
     assert _oversized(pkg) == [f"pkg.long ({MAX_MODULE_LINES + 1} lines)"]
+
+
+# ------------------------------------------------------------------ README layout section
+
+_LAYOUT_LINE = re.compile(r"^- `((?:dpflow_core|dpflow_dagster)/[A-Za-z0-9_]+(?:/|\.py))`: \S")
+
+
+def _readme_layout(text: str) -> list[str]:
+    """The entries of the README's "How the code is laid out" section, in order."""
+    section = text.split("## How the code is laid out", 1)[1].split("\n## ", 1)[0]
+    return [m.group(1) for line in section.splitlines() if (m := _LAYOUT_LINE.match(line))]
+
+
+def _top_level_entries(package: Path) -> set[str]:
+    """``pkg/name/`` for each sub-package, ``pkg/name.py`` for each module (``__init__`` left out)."""
+    out = set()
+    for p in package.iterdir():
+        if p.is_dir() and (p / "__init__.py").is_file():
+            out.add(f"{package.name}/{p.name}/")
+        elif p.suffix == ".py" and p.name != "__init__.py":
+            out.add(f"{package.name}/{p.name}")
+    return out
+
+
+def test_readme_layout_lists_every_package_and_module_once():
+    listed = _readme_layout((REPO / "README.md").read_text())
+    assert len(listed) == len(set(listed)), "an entry is listed twice"
+    actual = _top_level_entries(REPO / "dpflow_core") | _top_level_entries(REPO / "dpflow_dagster")
+    assert set(listed) == actual, {"missing": sorted(actual - set(listed)), "stale": sorted(set(listed) - actual)}
+
+
+def test_readme_layout_check_sees_a_missing_module(tmp_path):
+    pkg = tmp_path / "dpflow_core"
+    (pkg / "runs").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "runs" / "__init__.py").write_text("")
+    (pkg / "files.py").write_text("")
+    (pkg / "notes").mkdir()  # not a package
+    readme = "## How the code is laid out\n\n- `dpflow_core/runs/`: runs.\n- `dpflow_core/gone.py`: old.\n\n## Next\n"
+    assert _top_level_entries(pkg) == {"dpflow_core/runs/", "dpflow_core/files.py"}
+    assert _readme_layout(readme) == ["dpflow_core/runs/", "dpflow_core/gone.py"]
