@@ -108,6 +108,12 @@ def _wait(what: str, predicate, dev, timeout: float = 120.0):
     raise AssertionError(f"timed out waiting for {what}:\n{dev.log_tail()}")
 
 
+def _failed_and_retry_decided(dev, run_id: str) -> dict | None:
+    """The run once it shows FAILURE and carries ``dagster/will_retry``, else ``None``."""
+    run = _run(dev, run_id)
+    return run if run["status"] == "FAILURE" and "dagster/will_retry" in run["tags"] else None
+
+
 @pytest.mark.slow
 def test_a_dead_run_worker_fails_the_run_with_the_reason_and_it_is_retried_once(dev):
     run_id = _launch(dev, "slow_job")
@@ -116,7 +122,9 @@ def test_a_dead_run_worker_fails_the_run_with_the_reason_and_it_is_retried_once(
     assert _run(dev, run_id)["status"] == "STARTED"
     os.kill(pid, signal.SIGKILL)  # the run worker that this test's dagster dev started
 
-    failed = _wait("the run to be marked failed", lambda: (r := _run(dev, run_id))["status"] == "FAILURE" and r, dev)
+    # The daemon marks the run FAILURE before it decides on the retry and sets the tag:
+    # wait (bounded) for both, not for the status alone.
+    failed = _wait("the run to be marked failed and its retry decided", lambda: _failed_and_retry_decided(dev, run_id), dev)
     assert any(f"Run execution process for {run_id} was terminated by signal 9 (SIGKILL)" in m for m in failed["messages"])
     assert failed["tags"]["dagster/will_retry"] == "true"
 
@@ -129,7 +137,7 @@ def test_a_dead_run_worker_fails_the_run_with_the_reason_and_it_is_retried_once(
 
     # an asset's own failure is a verdict, not a crash: its message is kept and nothing retries it
     failing_id = _launch(dev, "failing_job")
-    failing = _wait("the failing run", lambda: (r := _run(dev, failing_id))["status"] == "FAILURE" and r, dev)
+    failing = _wait("the failing run and its retry decision", lambda: _failed_and_retry_decided(dev, failing_id), dev)
     assert failing["failures"] == ["the asset failed on purpose"]
     assert failing["tags"]["dagster/will_retry"] == "false"
     assert not [r for r in dev.runs() if r["status"] in ("STARTED", "STARTING", "QUEUED")]
