@@ -306,6 +306,8 @@ def test_obs_encoder_from_config_eval_agrees_training_differs(tmp_path, one_thre
     outside = _umi_encoder_cfg() | {"rgb_model": {"_target_": "os.system", "command": "true"}}
     with pytest.raises(InstantiationException, match="os.system"):
         build_obs_encoder(outside, meta, 2)
+    with pytest.raises(ValueError, match="image_mean and image_std need 3 values"):
+        build_obs_encoder(_umi_encoder_cfg() | {"image_std": [0.5, 0.5]}, meta, 2)
     with pytest.raises(ValueError, match="rgb_model needs a _target_"):
         build_obs_encoder({"_target_": "dpflow_core.train.policy.ObsEncoder", "rgb_model": {"base_width": 8}}, meta, 2)
 

@@ -51,7 +51,7 @@ class ObsEncoder(nn.Module):
             (0.5, 0.5: the [-1, 1] range; CLIP's statistics for CLIP weights).
 
     Raises:
-        ValueError: ``rgb_model`` without ``_target_``, or a bad crop ratio.
+        ValueError: ``rgb_model`` without ``_target_``, a bad crop ratio, mean or std.
     """
 
     def __init__(
@@ -72,6 +72,10 @@ class ObsEncoder(nn.Module):
             raise ValueError(
                 "policy.obs_encoder.rgb_model needs a _target_ (e.g. dpflow_core.train.vision.ResNet18GN), "
                 f"got {rgb_model!r}"
+            )
+        if len(image_mean) != 3 or len(image_std) != 3 or min(image_std) <= 0:
+            raise ValueError(
+                f"image_mean and image_std need 3 values (R, G, B), std > 0; got {list(image_mean)}, {list(image_std)}"
             )
         self.rgb_keys = tuple(shape_meta["rgb"])
         self.lowdim_keys = tuple(shape_meta["lowdim"])
