@@ -312,6 +312,7 @@ def test_obs_encoder_from_config_eval_agrees_training_differs(tmp_path, one_thre
         build_obs_encoder({"_target_": "dpflow_core.train.policy.ObsEncoder", "rgb_model": {"base_width": 8}}, meta, 2)
 
 
+@pytest.mark.slow  # a trainer process: about 10 s idle, more on a loaded machine
 def test_timm_umi_config_trains_through_the_trainer_entry_point(tmp_path):
     from omegaconf import OmegaConf
 
@@ -383,3 +384,19 @@ def test_every_shipped_config_composes_and_names_its_encoder():
             target = cfg.policy.obs_encoder.rgb_model._target_.rsplit(".", 1)[1]
             row = [line for line in readme.splitlines() if line.startswith(f"| `{name}` |")]
             assert len(row) == 1 and f"`{target}`" in row[0], (name, target)
+
+
+def test_timm_umi_encoder_is_vit_b16_clip_sized(one_thread):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR)):
+        cfg = compose("train_diffusion_unet_timm_umi", overrides=["task.dataset_path=x.npz"])
+    meta = {"rgb": {"camera0_rgb": [224, 224, 3]}, "lowdim": {"robot0_gripper_width": 1}}
+    enc = build_obs_encoder(OmegaConf.to_container(cfg.policy.obs_encoder), meta, n_obs_steps=2)
+    vit = enc.encoders["camera0_rgb"]
+    # timm's model card for vit_base_patch16_clip_224.openai: 86.2 M parameters, which include the
+    # 768 -> 512 image projection (393,728) that UMI's num_classes=0 drops
+    assert sum(p.numel() for p in vit.trunk.parameters()) + 768 * 512 + 512 == 86_193_152
+    assert vit.trunk.grid == (14, 14) and enc.augment["camera0_rgb"].crop_hw == (213, 213)
+    assert enc.output_dim == 2 * (768 + 1)
