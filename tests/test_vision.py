@@ -18,14 +18,8 @@ from torch import nn
 from dpflow_core.errors import WeightsError
 from dpflow_core.train.app import CONFIG_DIR
 from dpflow_core.train.policy import ObsEncoder, build_obs_encoder
-from dpflow_core.train.vision import (
-    CLIP_MEAN,
-    ImageAugment,
-    QuickGELU,
-    ResNet18GN,
-    ViTEncoder,
-    clip_to_timm,
-)
+from dpflow_core.train.vision import ImageAugment, ResNet18GN
+from dpflow_core.train.vit import CLIP_MEAN, CLIP_STD, QuickGELU, ViTEncoder, clip_to_timm
 from tests.synthetic_dataset import write_synthetic_dataset
 
 # A tiny ViT in the CLIP layout: 32x32 images, 8x8 patches (a 4x4 grid), width 32, 2 blocks.
@@ -260,12 +254,12 @@ def test_augmentation_is_random_while_training_and_deterministic_in_eval():
 def _umi_encoder_cfg(**rgb):
     return {
         "_target_": "dpflow_core.train.policy.ObsEncoder",
-        "rgb_model": {"_target_": "dpflow_core.train.vision.ViTEncoder", **{k: v for k, v in TINY_VIT.items() if k != "image_hw"}, **rgb},
+        "rgb_model": {"_target_": "dpflow_core.train.vit.ViTEncoder", **{k: v for k, v in TINY_VIT.items() if k != "image_hw"}, **rgb},
         "crop_ratio": 0.95,
         "resize_after_crop": True,
         "color_jitter": UMI_JITTER,
         "image_mean": list(CLIP_MEAN),
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "image_std": list(CLIP_STD),
     }  # fmt: skip
 
 
@@ -347,7 +341,7 @@ def test_timm_umi_config_trains_through_the_trainer_entry_point(tmp_path):
     latest = ckpt.load_checkpoint(run / "checkpoints" / "latest.ckpt")
     assert latest["global_step"] == 2
     cfg = OmegaConf.create(latest["cfg"])
-    assert cfg.policy.obs_encoder.rgb_model._target_ == "dpflow_core.train.vision.ViTEncoder"
+    assert cfg.policy.obs_encoder.rgb_model._target_ == "dpflow_core.train.vit.ViTEncoder"
     assert cfg.policy.noise_scheduler.num_train_timesteps == 50 and cfg.optimizer.lr == 3.0e-4
     # the ViT started from the file: after 2 AdamW steps at lr <= 3e-4 each weight is within ~2 lr of it,
     # while a random start differs by far more

@@ -34,7 +34,7 @@ class ObsEncoder(nn.Module):
 
     Each image key has its own image model, built from ``rgb_model`` (a Hydra
     config with ``_target_``, e.g. :class:`~dpflow_core.train.vision.ResNet18GN`
-    or :class:`~dpflow_core.train.vision.ViTEncoder`, instantiated once per key
+    or :class:`~dpflow_core.train.vit.ViTEncoder`, instantiated once per key
     with ``image_hw`` set to the size it receives). Frames go through
     :class:`~dpflow_core.train.vision.ImageAugment` (random crop and colour
     jitter while training, centre crop otherwise), are normalised with
