@@ -65,3 +65,9 @@ class RunError(DpflowError):
     """A smoke or training run failed, or one of its checks did."""
 
     code = "run_error"
+
+
+class WeightsError(DpflowError):
+    """Pretrained weights are missing, unreadable, or do not fit the model (names or shapes)."""
+
+    code = "bad_weights"

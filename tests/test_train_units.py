@@ -25,7 +25,11 @@ from dpflow_core.train.unet import ConditionalUnet1D
 from tests.synthetic_dataset import write_synthetic_dataset
 
 TINY_POLICY = {
-    "obs_encoder": {"base_width": 8, "feature_dim": 16, "crop_ratio": 0.875},
+    "obs_encoder": {
+        "_target_": "dpflow_core.train.policy.ObsEncoder",
+        "rgb_model": {"_target_": "dpflow_core.train.vision.ResNet18GN", "base_width": 8, "feature_dim": 16},
+        "crop_ratio": 0.875,
+    },
     "unet": {"down_dims": [16, 32], "kernel_size": 3, "n_groups": 8, "diffusion_step_embed_dim": 16},
     "noise_scheduler": {
         "num_train_timesteps": 10,

@@ -11,8 +11,9 @@ Accepts the overrides of the Diffusion Policy / UMI ``train.py`` family::
 
 Config groups: task, training, dataloader, val_dataloader, checkpoint,
 logging, optimizer, ema (files under ``conf/``); ``--config-name`` picks
-``train_diffusion_unet_image`` (default: 224x224, To=2, horizon 16) or
-``tiny`` (CPU tests). The composed config is in struct mode: an unknown or
+``train_diffusion_unet_image`` (default: 224x224, To=2, horizon 16, ResNet-18-GN),
+``train_diffusion_unet_timm_umi`` (UMI's ViT-B/16 CLIP workspace), ``demo``
+(the 2-core demo) or ``tiny`` (CPU tests). The composed config is in struct mode: an unknown or
 misspelled key fails before any work, and adding (``+key``) or deleting
 (``~key``) trainer keys is refused as well. A :class:`~dpflow_core.errors.DpflowError`
 ends the process with one ``error:`` line and exit status 2.
@@ -34,7 +35,7 @@ from dpflow_core.errors import DpflowError
 #: checkout and from an installed wheel, however the module was started).
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 DEFAULT_CONFIG_NAME = "train_diffusion_unet_image"
-CONFIG_NAMES = (DEFAULT_CONFIG_NAME, "tiny")
+CONFIG_NAMES = (DEFAULT_CONFIG_NAME, "train_diffusion_unet_timm_umi", "demo", "tiny")
 
 
 def _process_rank() -> int:

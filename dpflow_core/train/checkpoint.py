@@ -401,6 +401,7 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu", use_ema: b
         int(cfg.n_action_steps),
         payload["shape_meta"],
         payload["normalizer"],
+        load_pretrained=False,  # the checkpoint holds the weights; the pretrained file may not be here
     )
     policy.load_state_dict(payload["policy" if use_ema else "model"])
     return policy.to(device).eval(), cfg, spec

@@ -10,7 +10,7 @@ Both schedulers come from ``diffusers`` and share one set of betas.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,54 +21,82 @@ from torch import nn
 from dpflow_core.train.data import ObsActionSpec
 from dpflow_core.train.normalizer import LinearNormalizer
 from dpflow_core.train.unet import ConditionalUnet1D
-from dpflow_core.train.vision import ResNet18GN
+from dpflow_core.train.vision import ImageAugment
 
 
-def _crop(images: torch.Tensor, crop_hw: tuple[int, int], random: bool) -> torch.Tensor:
-    """Crop ``(N, C, H, W)`` to ``crop_hw``: a random window per image, or the centre."""
-    n, c, h, w = images.shape
-    ch, cw = crop_hw
-    if (ch, cw) == (h, w):
-        return images
-    if not random:
-        top, left = (h - ch) // 2, (w - cw) // 2
-        return images[:, :, top : top + ch, left : left + cw]
-    top = torch.randint(0, h - ch + 1, (n,), device=images.device)
-    left = torch.randint(0, w - cw + 1, (n,), device=images.device)
-    rows = (top[:, None] + torch.arange(ch, device=images.device))[:, None, :, None].expand(n, c, ch, w)
-    out = images.gather(2, rows)
-    cols = (left[:, None] + torch.arange(cw, device=images.device))[:, None, None, :].expand(n, c, ch, cw)
-    return out.gather(3, cols)
+#: Where ``_target_`` of the encoder config may point (Hydra's execution whitelist):
+#: the config names a class, it cannot run arbitrary code.
+ENCODER_TARGETS = ("dpflow_core.train.*",)
 
 
 class ObsEncoder(nn.Module):
     """Observation history -> one feature vector per sample.
 
-    Each image key has its own :class:`ResNet18GN`; frames are cropped (randomly
-    while training, centred otherwise) and encoded one by one. Low-dimensional
-    keys are normalised (by the policy's normaliser, passed to ``forward``) and
-    concatenated. Output: ``(B, To * (n_rgb * F + sum D))``.
+    Each image key has its own image model, built from ``rgb_model`` (a Hydra
+    config with ``_target_``, e.g. :class:`~dpflow_core.train.vision.ResNet18GN`
+    or :class:`~dpflow_core.train.vit.ViTEncoder`, instantiated once per key
+    with ``image_hw`` set to the size it receives). Frames go through
+    :class:`~dpflow_core.train.vision.ImageAugment` (random crop and colour
+    jitter while training, centre crop otherwise), are normalised with
+    ``image_mean`` / ``image_std`` and encoded one by one. Low-dimensional keys
+    are normalised (by the policy's normaliser, passed to ``forward``) and
+    concatenated. Output: ``(B, To * (n_rgb * F + sum D))`` float.
+
+    Args:
+        shape_meta: ``{"rgb": {key: [H, W, 3]}, "lowdim": {key: D}, ...}``.
+        n_obs_steps: To.
+        rgb_model: Hydra config of the per-camera model (``_target_`` and its kwargs).
+        crop_ratio, resize_after_crop, color_jitter: of :class:`~dpflow_core.train.vision.ImageAugment`.
+        image_mean, image_std: per RGB channel, applied to pixels in [0, 1]
+            (0.5, 0.5: the [-1, 1] range; CLIP's statistics for CLIP weights).
+
+    Raises:
+        ValueError: ``rgb_model`` without ``_target_``, a bad crop ratio, mean or std.
     """
 
     def __init__(
         self,
         shape_meta: Mapping[str, Any],
         n_obs_steps: int,
-        base_width: int = 64,
-        feature_dim: int | None = None,
+        rgb_model: Mapping[str, Any],
         crop_ratio: float = 1.0,
+        resize_after_crop: bool = False,
+        color_jitter: Mapping[str, float] | None = None,
+        image_mean: Sequence[float] = (0.5, 0.5, 0.5),
+        image_std: Sequence[float] = (0.5, 0.5, 0.5),
     ):
         super().__init__()
-        if not 0 < crop_ratio <= 1:
-            raise ValueError(f"crop_ratio must be in (0, 1], got {crop_ratio}")
+        from hydra.utils import instantiate
+
+        if not isinstance(rgb_model, Mapping) or "_target_" not in rgb_model:
+            raise ValueError(
+                "policy.obs_encoder.rgb_model needs a _target_ (e.g. dpflow_core.train.vision.ResNet18GN), "
+                f"got {rgb_model!r}"
+            )
+        if len(image_mean) != 3 or len(image_std) != 3 or min(image_std) <= 0:
+            raise ValueError(
+                f"image_mean and image_std need 3 values (R, G, B), std > 0; got {list(image_mean)}, {list(image_std)}"
+            )
         self.rgb_keys = tuple(shape_meta["rgb"])
         self.lowdim_keys = tuple(shape_meta["lowdim"])
         self.n_obs_steps = n_obs_steps
-        self.encoders = nn.ModuleDict({k: ResNet18GN(base_width, feature_dim) for k in self.rgb_keys})
-        self.crop_hw = {
-            k: (max(1, int(round(h * crop_ratio))), max(1, int(round(w * crop_ratio))))
-            for k, (h, w, _) in shape_meta["rgb"].items()
-        }
+        self.augment = nn.ModuleDict(
+            {
+                k: ImageAugment((h, w), crop_ratio, resize_after_crop, color_jitter)
+                for k, (h, w, _) in shape_meta["rgb"].items()
+            }
+        )
+        self.crop_hw = {k: a.crop_hw for k, a in self.augment.items()}
+        self.encoders = nn.ModuleDict(
+            {
+                k: instantiate(
+                    dict(rgb_model), image_hw=self.augment[k].output_hw, _execution_whitelist_=list(ENCODER_TARGETS)
+                )
+                for k in self.rgb_keys
+            }
+        )
+        self.register_buffer("image_mean", torch.tensor(list(image_mean), dtype=torch.float32).view(1, 3, 1, 1), False)
+        self.register_buffer("image_std", torch.tensor(list(image_std), dtype=torch.float32).view(1, 3, 1, 1), False)
         per_step = sum(e.feature_dim for e in self.encoders.values()) + sum(shape_meta["lowdim"].values())
         self.output_dim = per_step * n_obs_steps
 
@@ -79,8 +107,8 @@ class ObsEncoder(nn.Module):
             x = obs[key]  # (B, To, H, W, 3) uint8
             b, to = x.shape[:2]
             batch = b
-            x = x.reshape(b * to, *x.shape[2:]).permute(0, 3, 1, 2).float() * (2.0 / 255.0) - 1.0
-            x = _crop(x, self.crop_hw[key], random=self.training)
+            x = x.reshape(b * to, *x.shape[2:]).permute(0, 3, 1, 2).float() / 255.0
+            x = (self.augment[key](x) - self.image_mean) / self.image_std
             feats.append(self.encoders[key](x).reshape(b, to, -1))
         for key in self.lowdim_keys:
             x = obs[key].float()
@@ -94,8 +122,43 @@ class ObsEncoder(nn.Module):
         return out.reshape(batch, -1)
 
 
+def build_obs_encoder(
+    cfg: Mapping[str, Any], shape_meta: Mapping[str, Any], n_obs_steps: int, load_pretrained: bool = True
+) -> nn.Module:
+    """Instantiate ``policy.obs_encoder`` (``_target_``: :class:`ObsEncoder` or a compatible class).
+
+    ``load_pretrained=False`` sets the image model's ``pretrained_path`` to None:
+    a checkpoint being loaded brings its own weights, so the pretrained file
+    need not exist where the policy is loaded.
+
+    Raises:
+        ValueError: the section has no ``_target_``.
+        hydra.errors.InstantiationException: a ``_target_`` outside
+            :data:`ENCODER_TARGETS`, or bad arguments for it.
+    """
+    from hydra.utils import instantiate
+
+    cfg = dict(cfg)
+    if "_target_" not in cfg:
+        raise ValueError(
+            "policy.obs_encoder needs a _target_ (e.g. dpflow_core.train.policy.ObsEncoder); "
+            f"got the keys {sorted(cfg)}"
+        )
+    rgb_model = cfg.get("rgb_model")
+    if not load_pretrained and isinstance(rgb_model, Mapping) and "pretrained_path" in rgb_model:
+        cfg["rgb_model"] = {**rgb_model, "pretrained_path": None}
+    return instantiate(
+        cfg,
+        shape_meta=shape_meta,
+        n_obs_steps=n_obs_steps,
+        _recursive_=False,
+        _convert_="all",
+        _execution_whitelist_=list(ENCODER_TARGETS),
+    )
+
+
 class DiffusionUnetImagePolicy(nn.Module):
-    """Diffusion Policy with a ResNet-18-GN image encoder and a FiLM 1-D U-Net.
+    """Diffusion Policy with an image encoder from the config (ResNet-18-GN by default) and a FiLM 1-D U-Net.
 
     Args:
         shape_meta: ``{"rgb": {key: [H, W, 3]}, "lowdim": {key: D}, "action_dim": Da}``
@@ -104,12 +167,14 @@ class DiffusionUnetImagePolicy(nn.Module):
         horizon: H, actions predicted per call.
         n_obs_steps: To, observation frames per call.
         n_action_steps: how many of the H actions ``predict_action`` returns as ``"action"``.
-        obs_encoder: kwargs of :class:`ObsEncoder` (``base_width``, ``feature_dim``, ``crop_ratio``).
+        obs_encoder: Hydra config of the observation encoder (``_target_``: :class:`ObsEncoder`,
+            its ``rgb_model`` and augmentation; see :func:`build_obs_encoder`).
         unet: kwargs of :class:`ConditionalUnet1D` (``down_dims``, ``kernel_size``, ``n_groups``,
             ``diffusion_step_embed_dim``).
         noise_scheduler: kwargs of ``diffusers.DDPMScheduler`` (``num_train_timesteps``,
             ``beta_start``, ``beta_end``, ``beta_schedule``, ``clip_sample``, ``prediction_type``).
         num_inference_steps: DDIM steps in ``predict_action``.
+        load_pretrained: False skips the image model's ``pretrained_path`` (loading a checkpoint).
     """
 
     def __init__(
@@ -123,6 +188,7 @@ class DiffusionUnetImagePolicy(nn.Module):
         unet: Mapping[str, Any],
         noise_scheduler: Mapping[str, Any],
         num_inference_steps: int = 16,
+        load_pretrained: bool = True,
     ):
         super().__init__()
         if not 1 <= n_action_steps <= horizon:
@@ -133,7 +199,7 @@ class DiffusionUnetImagePolicy(nn.Module):
         self.action_dim = int(shape_meta["action_dim"])
         self.num_inference_steps = int(num_inference_steps)
         self.normalizer = LinearNormalizer(normalizer_stats)
-        self.obs_encoder = ObsEncoder(shape_meta, n_obs_steps, **dict(obs_encoder))
+        self.obs_encoder = build_obs_encoder(obs_encoder, shape_meta, n_obs_steps, load_pretrained)
         self.model = ConditionalUnet1D(self.action_dim, self.obs_encoder.output_dim, **dict(unet))
         sched = dict(noise_scheduler)
         self.noise_scheduler = DDPMScheduler(**sched)
@@ -198,8 +264,13 @@ def build_policy(
     n_action_steps: int,
     shape_meta: Mapping[str, Any],
     normalizer_stats: Mapping[str, Mapping[str, Any]],
+    load_pretrained: bool = True,
 ) -> DiffusionUnetImagePolicy:
-    """Build the policy from the ``policy`` section of the trainer config."""
+    """Build the policy from the ``policy`` section of the trainer config.
+
+    ``load_pretrained=False`` (when a checkpoint's weights follow) does not read
+    the image model's ``pretrained_path``.
+    """
     return DiffusionUnetImagePolicy(
         shape_meta=shape_meta,
         normalizer_stats=normalizer_stats,
@@ -210,4 +281,5 @@ def build_policy(
         unet=policy_cfg["unet"],
         noise_scheduler=policy_cfg["noise_scheduler"],
         num_inference_steps=policy_cfg["num_inference_steps"],
+        load_pretrained=load_pretrained,
     )

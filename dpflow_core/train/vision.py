@@ -1,16 +1,34 @@
-"""Image encoder: a ResNet-18-shaped CNN with GroupNorm, trained from scratch.
+"""Image model and augmentation of the observation encoder.
 
-Layout of He et al. (Deep Residual Learning, CVPR 2016), 18-layer variant: a
-7x7/2 stem with 3x3/2 max-pooling, four stages of two basic blocks with
-widths ``w, 2w, 4w, 8w``, global average pooling. As in Diffusion Policy, every
-BatchNorm is a GroupNorm (``channels // 16`` groups): batch statistics and
-their running averages interact badly with the EMA of the weights and with
-small per-process batches. Nothing is downloaded; weights start random.
+The per-camera model is built from the ``policy.obs_encoder.rgb_model``
+section of the trainer config (``_target_``, ``hydra.utils.instantiate``):
+
+- :class:`ResNet18GN` (here): the layout of He et al. (Deep Residual Learning,
+  CVPR 2016), 18-layer variant, with every BatchNorm a GroupNorm as in
+  Diffusion Policy (Chi et al., RSS 2023). The default, and what runs on a CPU.
+- :class:`~dpflow_core.train.vit.ViTEncoder`: ViT-B/16 in the CLIP layout, as
+  UMI's timm encoder (Chi et al., RSS 2024), loading timm / CLIP weights by key name.
+
+Both take ``(N, 3, H, W)`` float images already normalised by the observation
+encoder and return ``(N, feature_dim)``. ``pretrained_path`` loads weights from a
+local file; without it the weights start random. Nothing is ever downloaded.
+
+:class:`ImageAugment` holds the augmentation of UMI's timm encoder: a random
+crop (then a resize back to the input size, for models of a fixed input size)
+and colour jitter (``kornia.augmentation.ColorJitter``, torchvision's
+semantics) while training; centre crop and no jitter in eval mode, so
+evaluation is deterministic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
 from torch import nn
+
+from dpflow_core.train.weights import load_weights_by_name, read_state_dict
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -40,18 +58,34 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18GN(nn.Module):
-    """ResNet-18-style encoder with GroupNorm.
+    """ResNet-18-style encoder with GroupNorm (``channels // 16`` groups).
+
+    As in Diffusion Policy, GroupNorm replaces BatchNorm: batch statistics and
+    their running averages interact badly with the EMA of the weights and with
+    small per-process batches.
 
     Args:
         base_width: channels of the first stage (64 in ResNet-18).
         feature_dim: size of the output feature; None keeps the pooled
             ``8 * base_width`` features, otherwise a linear layer projects them.
+        image_hw: the input's ``(H, W)``, passed by the observation encoder to
+            every image model; unused here, global pooling takes any size.
+        pretrained_path: a state dict of this module (its own parameter names),
+            loaded strictly; None: random (Kaiming) initialisation.
 
-    Input ``(N, 3, H, W)`` float (about [-1, 1]); output ``(N, feature_dim)``.
-    Any H, W of at least 32 pixels works (global pooling).
+    Input ``(N, 3, H, W)`` float (about [-1, 1]); output ``(N, feature_dim)`` float.
+
+    Raises:
+        WeightsError: ``pretrained_path`` missing or not matching this module.
     """
 
-    def __init__(self, base_width: int = 64, feature_dim: int | None = None):
+    def __init__(
+        self,
+        base_width: int = 64,
+        feature_dim: int | None = None,
+        image_hw: Sequence[int] | None = None,
+        pretrained_path: str | None = None,
+    ):
         super().__init__()
         w = int(base_width)
         self.stem = nn.Sequential(
@@ -73,7 +107,78 @@ class ResNet18GN(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        if pretrained_path is not None:
+            load_weights_by_name(self, read_state_dict(pretrained_path), pretrained_path)
 
     def forward(self, x):
         x = self.stages(self.stem(x))
         return self.proj(self.pool(x).flatten(1))
+
+
+def crop(images: torch.Tensor, crop_hw: Sequence[int], random: bool) -> torch.Tensor:
+    """Crop ``(N, C, H, W)`` to ``crop_hw``: a random window per image, or the centre."""
+    n, c, h, w = images.shape
+    ch, cw = crop_hw
+    if (ch, cw) == (h, w):
+        return images
+    if not random:
+        top, left = (h - ch) // 2, (w - cw) // 2
+        return images[:, :, top : top + ch, left : left + cw]
+    top = torch.randint(0, h - ch + 1, (n,), device=images.device)
+    left = torch.randint(0, w - cw + 1, (n,), device=images.device)
+    rows = (top[:, None] + torch.arange(ch, device=images.device))[:, None, :, None].expand(n, c, ch, w)
+    out = images.gather(2, rows)
+    cols = (left[:, None] + torch.arange(cw, device=images.device))[:, None, None, :].expand(n, c, ch, cw)
+    return out.gather(3, cols)
+
+
+class ImageAugment(nn.Module):
+    """Random crop and colour jitter while training; centre crop in eval mode.
+
+    Args:
+        image_hw: the input's ``(H, W)``.
+        crop_ratio: side of the crop as a share of the image's, in (0, 1]
+            (UMI: 0.95).
+        resize: after cropping, resize back to ``image_hw`` (bilinear,
+            antialiased), as UMI's encoder does (``RandomCrop`` then ``Resize``);
+            False keeps the cropped size (Diffusion Policy's ResNet).
+        color_jitter: None, or ``{brightness, contrast, saturation, hue}`` with
+            the meaning of ``torchvision.transforms.ColorJitter`` (UMI: 0.3, 0.4,
+            0.5, 0.08), applied by ``kornia.augmentation.ColorJitter`` with
+            factors drawn per image, training only.
+
+    ``forward``: ``(N, 3, H, W)`` float RGB in [0, 1] -> ``(N, 3, *output_hw)``,
+    in [0, 1]. Randomness comes from torch's global generator (saved in checkpoints).
+
+    Raises:
+        ValueError: ``crop_ratio`` outside (0, 1].
+    """
+
+    def __init__(
+        self,
+        image_hw: Sequence[int],
+        crop_ratio: float = 1.0,
+        resize: bool = False,
+        color_jitter: Mapping[str, float] | None = None,
+    ):
+        super().__init__()
+        if not 0 < crop_ratio <= 1:
+            raise ValueError(f"crop_ratio must be in (0, 1], got {crop_ratio}")
+        h, w = (int(s) for s in image_hw)
+        self.image_hw = (h, w)
+        self.crop_hw = (max(1, int(round(h * crop_ratio))), max(1, int(round(w * crop_ratio))))
+        self.resize = bool(resize)
+        self.output_hw = self.image_hw if self.resize else self.crop_hw
+        self.jitter = None
+        if color_jitter:
+            from kornia.augmentation import ColorJitter
+
+            self.jitter = ColorJitter(**{k: float(v) for k, v in dict(color_jitter).items()}, p=1.0)
+
+    def forward(self, x):
+        x = crop(x, self.crop_hw, random=self.training)
+        if self.resize and tuple(x.shape[-2:]) != self.image_hw:
+            x = F.interpolate(x, size=self.image_hw, mode="bilinear", align_corners=False, antialias=True)
+        if self.training and self.jitter is not None:
+            x = self.jitter(x)
+        return x
