@@ -1,104 +1,347 @@
-"""Offline evaluation on held-out episodes: metrics, the constant baseline, plots, refusals."""
+"""Offline evaluation on held-out episodes: baselines and metrics against closed-form ground truth,
+the gate, untrained policies failing it (sample and epsilon prediction), refusals, plots."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from synthetic_dataset import write_synthetic_dataset
+from scipy.spatial.transform import Rotation
+from synthetic_dataset import synthetic_arrays, write_npz, write_synthetic_dataset
 
 from dpflow_core.errors import DatasetError, RunError
-from dpflow_core.evaluation import evaluate_checkpoint, held_out_split, read_loss_curve
+from dpflow_core.evaluation import (
+    ABS_ACTION_KEYS,
+    PREDICTORS,
+    EvaluationResult,
+    constant_velocity_baseline,
+    evaluate_checkpoint,
+    geodesic_error,
+    gripper_event_errors,
+    held_out_split,
+    hold_baseline,
+    mean_baseline,
+    read_loss_curve,
+    score_predictions,
+    threshold_crossings,
+)
+from dpflow_core.train.data import ObsActionSpec, action_indices, sequence_index, split_episodes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def train_in_process(dataset: Path, run_dir: Path, *overrides: str) -> Path:
-    """Train the built-in trainer's demo config in this process; return ``latest.ckpt``."""
+def spec_for(horizon=5, n_obs_steps=2, latency=None, obs_ds=1, action_ds=1) -> ObsActionSpec:
+    return ObsActionSpec(
+        rgb_keys=(), lowdim_keys=ABS_ACTION_KEYS, action_keys=ABS_ACTION_KEYS, n_obs_steps=n_obs_steps,
+        horizon=horizon, obs_down_sample_steps=obs_ds, action_down_sample_steps=action_ds,
+        obs_latency_steps=latency or {},
+    )
+
+
+def one_episode(pos, rot, grip) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    buffer = {
+        "robot0_eef_pos": np.asarray(pos, np.float64),
+        "robot0_eef_rot_axis_angle": np.asarray(rot, np.float64),
+        "robot0_gripper_width": np.asarray(grip, np.float64).reshape(-1, 1),
+    }
+    return buffer, np.array([len(pos)], dtype=np.int64)
+
+
+def recorded(buffer, spec, rows):
+    idx = np.stack([action_indices(spec, *r) for r in rows])
+    return np.concatenate([buffer[k][idx] for k in ABS_ACTION_KEYS], axis=-1)
+
+
+# A uniform motion: linear in position and width, constant angular velocity (world frame) from a
+# rotation far from the identity.
+T = 30
+V = np.array([0.004, -0.002, 0.001])  # m per step
+OMEGA = np.array([0.0, 0.05, 0.02])  # rad per step (world frame)
+R0 = Rotation.from_rotvec([1.2, -0.4, 0.9])
+GV = 0.001  # m per step
+steps = np.arange(T, dtype=np.float64)
+UNIFORM = one_episode(
+    0.3 + steps[:, None] * V,
+    (Rotation.from_rotvec(steps[:, None] * OMEGA) * R0).as_rotvec(),
+    0.02 + GV * steps,
+)
+
+
+def test_constant_velocity_is_exact_on_uniform_motion_rotations_composed_on_so3():
+    buffer, ends = UNIFORM
+    spec = spec_for()
+    rows = sequence_index(ends, np.array([True]), spec)[1:]  # anchor 0 has no previous observation
+    truth = recorded(buffer, spec, rows)
+    cv = constant_velocity_baseline(buffer, spec, rows)
+    assert np.abs(cv[..., :3] - truth[..., :3]).max() < 1e-12 and np.abs(cv[..., 6] - truth[..., 6]).max() < 1e-12
+    assert geodesic_error(cv[..., 3:6], truth[..., 3:6]).max() < 1e-9
+    # Extrapolating rotation vectors as if they were vectors is measurably wrong on the same data.
+    rv = buffer["robot0_eef_rot_axis_angle"]
+    a = rows[:, 0]
+    k = np.arange(spec.horizon)
+    naive = rv[a][:, None] + k[None, :, None] * (rv[a] - rv[a - 1])[:, None]
+    assert geodesic_error(naive, truth[..., 3:6]).max() > 1e-3
+    m = score_predictions(cv, truth, gripper_threshold_m=0.03, step_s=0.1)
+    assert m.mse < 1e-20 and m.rotation_error_rad < 1e-9
+    # At the episode start both observations are the first frame: constant velocity holds.
+    first = sequence_index(ends, np.array([True]), spec)[:1]
+    assert np.allclose(constant_velocity_baseline(buffer, spec, first), hold_baseline(buffer, spec, first))
+
+
+def test_hold_errors_grow_linearly_with_the_horizon_step_and_follow_the_latency():
+    buffer, ends = UNIFORM
+    spec = spec_for(horizon=6)
+    rows = sequence_index(ends, np.array([True]), spec)
+    truth = recorded(buffer, spec, rows)
+    hold = hold_baseline(buffer, spec, rows)
+    m = score_predictions(hold, truth, gripper_threshold_m=0.5, step_s=0.1)
+    k = np.arange(6)
+    assert np.allclose(m.position_error_m_per_step, k * np.linalg.norm(V), atol=1e-12)
+    assert np.allclose(m.rotation_error_rad_per_step, k * np.linalg.norm(OMEGA), atol=1e-9)
+    assert m.gripper_error_m == pytest.approx(GV * k.mean(), abs=1e-12)
+    assert m.mse_per_key["position"] == pytest.approx(np.mean(k**2) * np.sum(V**2) / 3, rel=1e-9)
+    assert m.mse_per_key["gripper"] == pytest.approx(np.mean(k**2) * GV**2, rel=1e-9)
+
+    # The position observed 2 steps late: the hold error of step k is (k + 2) steps of motion.
+    late = spec_for(horizon=6, latency={"robot0_eef_pos": 2})
+    rows = sequence_index(ends, np.array([True]), late)[2:]  # away from the start's edge padding
+    m = score_predictions(hold_baseline(buffer, late, rows), recorded(buffer, late, rows), gripper_threshold_m=0.5, step_s=0.1)
+    assert np.allclose(m.position_error_m_per_step, (k + 2) * np.linalg.norm(V), atol=1e-12)
+    assert np.allclose(m.rotation_error_rad_per_step, k * np.linalg.norm(OMEGA), atol=1e-9)
+
+
+def test_constant_velocity_error_on_accelerated_motion_is_c_k_k_plus_1():
+    c = np.array([1e-4, -2e-4, 5e-5])
+    buffer, ends = one_episode(steps[:, None] ** 2 * c, np.tile([0.1, 0.2, 0.3], (T, 1)), np.full(T, 0.05))
+    spec = spec_for(horizon=7, action_ds=2, obs_ds=2)  # strides of 2: s = 2k / 2 observation intervals
+    rows = sequence_index(ends, np.array([True]), spec)
+    rows = rows[rows[:, 0] >= 2]
+    err = constant_velocity_baseline(buffer, spec, rows)[..., :3] - recorded(buffer, spec, rows)[..., :3]
+    # action j = a + 2k, observations a and a - 2, x = c t^2: error -c((a+2k)^2 - a^2 - k(a^2 - (a-2)^2)) = -4c(k^2 + k)
+    k = np.arange(7)
+    assert np.allclose(err, -4 * c[None, None, :] * (k**2 + k)[None, :, None], atol=1e-15)
+
+
+def test_geodesic_error_of_known_rotations_including_near_pi():
+    rng = np.random.default_rng(0)
+    base = Rotation.random(6, random_state=1)
+    angles = np.array([0.0, 1e-4, 0.5, 2.0, np.pi - 1e-3, np.pi - 1e-7])
+    axes = rng.normal(size=(6, 3))
+    axes /= np.linalg.norm(axes, axis=1, keepdims=True)
+    other = base * Rotation.from_rotvec(axes * angles[:, None])
+    assert np.allclose(geodesic_error(base.as_rotvec(), other.as_rotvec()), angles, atol=1e-6)
+    # (pi - e) n and -(pi - e) n are 2e apart on SO(3), though their vectors differ by about 2 pi.
+    e = 1e-3
+    n = np.array([0.0, 0.6, 0.8])
+    assert geodesic_error((np.pi - e) * n, -(np.pi - e) * n) == pytest.approx(2 * e, abs=1e-9)
+
+
+def test_gripper_events_and_their_timing_error():
+    step = 0.1
+    ramp = np.linspace(0.02, 0.06, 9)  # 0.005 m per step: crosses 0.0425 at step 4.5
+    assert threshold_crossings(ramp, 0.0425, step) == [(pytest.approx(0.45), 1)]
+    assert threshold_crossings(ramp[::-1], 0.0425, step) == [(pytest.approx(0.35), -1)]
+    shifted = np.clip(ramp - 0.0075, 0.02, None)  # 1.5 steps later
+    out = gripper_event_errors(shifted[None], ramp[None], 0.0425, step)
+    assert out["events"] == out["matched"] == 1 and out["false"] == 0
+    assert out["timing_error_s"] == pytest.approx(0.15)
+    # A held width never crosses: the event is missed; the wrong direction does not match.
+    held = gripper_event_errors(np.full((1, 9), 0.02), ramp[None], 0.0425, step)
+    assert (held["events"], held["matched"], held["missed"], held["false"]) == (1, 0, 1, 0) and np.isnan(held["timing_error_s"])
+    wrong = gripper_event_errors(ramp[::-1][None], ramp[None], 0.0425, step)
+    assert (wrong["matched"], wrong["missed"], wrong["false"]) == (0, 1, 1)
+
+
+def test_mean_baseline_averages_positions_and_rotations_on_so3():
+    centre = Rotation.from_rotvec([0.3, -2.9, 0.4])  # |rotvec| near pi: component means would be wrong
+    offsets = Rotation.from_rotvec(np.array([[0.2, 0, 0], [-0.2, 0, 0], [0, 0.3, 0], [0, -0.3, 0]]))
+    rots = (centre * offsets).as_rotvec()
+    pos = np.array([[0.0, 0, 0], [1, 0, 0], [0, 2, 0], [0, 0, 3]])
+    buffer, _ = one_episode(pos, rots, [0.01, 0.02, 0.03, 0.06])
+    mean = mean_baseline(buffer, np.arange(4))
+    assert np.allclose(mean[:3], [0.25, 0.5, 0.75]) and mean[6] == pytest.approx(0.03)
+    assert geodesic_error(mean[3:6], centre.as_rotvec()) < 1e-9
+
+
+def _result(policy, mean, hold, cv=1.0, margin=0.2) -> EvaluationResult:
+    mses = {"policy": policy, "mean": mean, "hold": hold, "constant_velocity": cv}
+    return EvaluationResult(
+        checkpoint_path="c", dataset_path="d", dataset_sha256="x", recorded_dataset_sha256="x", held_out_episodes=(0, 1),
+        n_episodes=2, train_episodes=3, n_samples=4, horizon=1, step_s=0.1, dimension_names=(),
+        metrics={p: {"mse": v} for p, v in mses.items()}, mean_action=(), gripper_threshold_m=0.04, margin=margin,
+        trajectory_plot="", error_plot="", loss_plot=None, out_dir="", seconds=0.0,
+    )
+
+
+def test_the_gate_needs_the_margin_below_the_best_of_mean_and_hold():
+    assert _result(0.79, mean=2.0, hold=1.0).beats_baseline
+    r = _result(0.81, mean=2.0, hold=1.0)
+    assert not r.beats_baseline and r.best_baseline == "hold" and r.required_mse == pytest.approx(0.8)
+    assert _result(0.79, mean=1.0, hold=3.0).best_baseline == "mean"
+    # Beating the mean alone, as today's demo policy does, is not enough.
+    assert not _result(0.0088, mean=0.0247, hold=0.0009, cv=0.00006).beats_baseline
+    assert not _result(float("nan"), 1.0, 1.0).beats_baseline
+    assert _result(0.95, mean=1.0, hold=1.0, margin=0.0).beats_baseline
+
+
+def test_held_out_split_refusals_and_every_shipped_config_holds_out_enough():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with pytest.raises(RunError) as err:
+        held_out_split(OmegaConf.create({"task": {"val_ratio": 0.25, "split_seed": 1}}), 1)
+    assert err.value.code == "no_held_out_episodes" and "evaluation needs held-out episodes" in err.value.reason
+    assert "1 episode" in err.value.reason
+    with pytest.raises(RunError) as err:
+        held_out_split(OmegaConf.create({"task": {"val_ratio": 0.0, "split_seed": 1}}), 4)
+    assert err.value.code == "no_held_out_episodes"
+    with pytest.raises(RunError) as err:  # an older checkpoint's split: one episode of four
+        held_out_split(OmegaConf.create({"task": {"val_ratio": 0.25, "split_seed": 1}}), 4)
+    assert err.value.code == "too_few_held_out_episodes" and "out 1 of 4" in err.value.reason
+
+    from dpflow_core.train.app import CONFIG_DIR
+
+    names = sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
+    assert {"demo", "tiny", "train_diffusion_unet_image"} <= set(names)
+    for name in names:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR)):
+            cfg = compose(name, overrides=["task.dataset_path=x"])
+        for n in range(3, 201):
+            _, val = held_out_split(cfg, n)
+            assert val.sum() >= 2 and val.sum() >= round(0.1 * n) and val.sum() < n, (name, n, val.sum())
+
+
+# End to end on checkpoints of untrained policies --------------------------------------------------
+
+
+def train_in_process(dataset: Path, run_dir: Path, *overrides: str, config: str = "tiny") -> Path:
+    """Run the built-in trainer in this process; return ``latest.ckpt``."""
     from hydra import compose, initialize_config_dir
 
     from dpflow_core.train.app import CONFIG_DIR
     from dpflow_core.train.workspace import train
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR)):
-        cfg = compose("demo", overrides=[f"task.dataset_path={dataset}", "logging.mode=disabled", *overrides])
+        cfg = compose(config, overrides=[f"task.dataset_path={dataset}", "logging.mode=disabled", *overrides])
     train(cfg, run_dir)
     return run_dir / "checkpoints" / "latest.ckpt"
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
+    # 5 episodes: round(5 x 0.25) = 1, so task.val_min_episodes=2 decides the split.
     path = tmp_path_factory.mktemp("data") / "dataset.npz"
-    return write_synthetic_dataset(path, n_episodes=8, episode_length=40, image_size=(32, 32), frequency_hz=10.0)
+    return write_synthetic_dataset(path, n_episodes=5, episode_length=40, image_size=(32, 32), frequency_hz=10.0)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, dataset) -> Path:
-    """A checkpoint that learned something: 3 epochs x 8 batches of the demo config."""
-    run_dir = tmp_path_factory.mktemp("run") / "trained"
-    return train_in_process(dataset, run_dir, "training.num_epochs=3", "training.max_train_steps=8", "dataloader.batch_size=16")
+UNTRAINED = ("optimizer.lr=0.0", "training.num_epochs=1", "training.max_train_steps=1", "training.max_val_steps=1")
 
 
-def test_metrics_baseline_and_plots(trained, dataset, tmp_path):
+@pytest.fixture(scope="module", params=["sample", "epsilon"])
+def untrained(request, tmp_path_factory, dataset) -> Path:
+    """The tiny config's policy with its initial weights (lr 0), saved as a trainer checkpoint."""
+    run_dir = tmp_path_factory.mktemp("run") / request.param
+    return train_in_process(dataset, run_dir, *UNTRAINED, f"policy.noise_scheduler.prediction_type={request.param}")
+
+
+def test_an_untrained_policy_fails_the_gate(untrained, dataset, tmp_path):
+    result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", max_samples_per_episode=10)
+    assert not result.beats_baseline, result.markdown_table()
+    assert result.policy_mse > result.required_mse
+    assert result.n_samples == 20 and result.n_episodes == 2
+
+
+def test_metrics_against_independent_computation(untrained, dataset, tmp_path):
+    import torch
+
     from dpflow_core.replay_buffer import ReplayBuffer
-    from dpflow_core.train.data import split_episodes
 
-    log = trained.parent.parent / "logs.json.txt"
-    result = evaluate_checkpoint(trained, dataset, tmp_path / "eval", log_path=log, max_samples_per_episode=12)
+    log = untrained.parent.parent / "logs.json.txt"
+    result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", log_path=log, max_samples_per_episode=12)
 
-    train_mask, val_mask = split_episodes(8, 0.25, 42)  # the demo config's task.val_ratio and split_seed
-    assert result.held_out_episodes == tuple(np.flatnonzero(val_mask)) and result.train_episodes == 6
-    assert result.n_samples == 12 * len(result.held_out_episodes) and result.horizon == 8
-    assert result.dimension_names == (
-        "position.x", "position.y", "position.z", "rotation.rx", "rotation.ry", "rotation.rz", "gripper.width",
-    )
+    train_mask, val_mask = split_episodes(5, 0.25, 42, min_val_episodes=2)  # task tiny: val_ratio, split_seed
+    assert val_mask.sum() == 2
+    assert result.held_out_episodes == tuple(np.flatnonzero(val_mask)) and result.train_episodes == 3
+    assert result.n_samples == 24 and result.n_episodes == 2 and result.horizon == 8
+    assert result.step_s == pytest.approx(0.1)
+    assert result.dataset_sha256 == result.recorded_dataset_sha256 == hashlib.sha256(dataset.read_bytes()).hexdigest()
 
-    # The baseline is the mean action over the training episodes' steps, computed here from the raw arrays.
+    # The trainer split the same way: its normaliser was fit on exactly these training episodes.
     buf = ReplayBuffer(dataset)
-    steps = np.concatenate([np.arange(buf.episode_slice(e).start, buf.episode_slice(e).stop) for e in np.flatnonzero(train_mask)])
-    raw = np.concatenate([buf[k][steps] for k in ("robot0_eef_pos", "robot0_eef_rot_axis_angle", "robot0_gripper_width")], axis=1)
-    assert np.allclose(result.baseline_action, raw.astype(np.float64).mean(axis=0), atol=1e-7)
+    train_steps = np.concatenate([np.arange(buf.episode_slice(e).start, buf.episode_slice(e).stop) for e in np.flatnonzero(train_mask)])
+    raw = np.concatenate([np.asarray(buf[k][train_steps], np.float64) for k in ABS_ACTION_KEYS], axis=1)
+    normalizer = torch.load(untrained, weights_only=True)["normalizer"]["action"]
+    assert np.allclose(normalizer["mean"].numpy(), raw.mean(axis=0), atol=1e-6)
+    assert np.allclose(result.mean_action[:3], raw[:, :3].mean(axis=0)) and result.mean_action[6] == pytest.approx(raw[:, 6].mean())
+    assert result.gripper_threshold_m == pytest.approx((raw[:, 6].min() + raw[:, 6].max()) / 2)
 
-    # Overall and per-group MSE are means of the per-dimension ones.
-    assert result.policy_mse == pytest.approx(np.mean(result.policy_mse_per_dim))
-    assert result.baseline_mse == pytest.approx(np.mean(result.baseline_mse_per_dim))
-    assert result.policy_mse_per_group["position"] == pytest.approx(np.mean(result.policy_mse_per_dim[:3]))
-    assert result.baseline_mse_per_group["gripper"] == pytest.approx(result.baseline_mse_per_dim[6])
-    assert result.beats_baseline and result.policy_mse < result.baseline_mse, result.markdown_table()
-    assert 0 < result.improvement < 1
+    # Hold and mean baselines recomputed here from the raw arrays, anchor by anchor (12 evenly spaced
+    # of the 33 anchors per 40-step episode with horizon 8, latency 0 for the poses).
+    hold_sq, mean_sq = [], []
+    for e in np.flatnonzero(val_mask):
+        sl = buf.episode_slice(e)
+        actions = np.concatenate([np.asarray(buf[k][sl], np.float64) for k in ABS_ACTION_KEYS], axis=1)
+        for a in np.linspace(0, 32, 12).round().astype(int):
+            future = actions[a : a + 8]
+            hold_sq.append((future - actions[a]) ** 2)
+            mean_sq.append((future - np.asarray(result.mean_action)) ** 2)
+    assert result.mse("hold") == pytest.approx(np.mean(hold_sq), rel=1e-9)
+    assert result.mse("mean") == pytest.approx(np.mean(mean_sq), rel=1e-6)
+    assert result.metrics["hold"]["mse_per_step"][0] == pytest.approx(0.0, abs=1e-14)
+    assert result.mse("constant_velocity") < result.mse("hold") < result.mse("mean")  # a smooth synthetic arc
+    for name in PREDICTORS:
+        m = result.metrics[name]
+        assert m["mse"] == pytest.approx(np.mean(m["mse_per_dim"])) == pytest.approx(np.mean(m["mse_per_step"]))
+        assert m["mse_per_key"]["position"] == pytest.approx(np.mean(m["mse_per_dim"][:3]))
+    assert result.beats_baseline == (result.policy_mse < 0.8 * min(result.mse("mean"), result.mse("hold")))
 
-    for plot in (result.trajectory_plot, result.loss_plot):
+    for plot in (result.trajectory_plot, result.error_plot, result.loss_plot):
         data = Path(plot).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 10_000
-    curve = read_loss_curve(log)
-    # 6 training episodes x (40 - 7) anchors = 198 samples: 13 batches of 16, capped at 8 per epoch.
-    assert len(curve["train_loss"]) == 3 * 8 and len(curve["epoch_train_loss"]) == 3 and len(curve["val_loss"]) == 3
-    assert (tmp_path / "eval" / "evaluation.json").is_file()
+    saved = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
+    assert saved["hold_mse"] == result.mse("hold") and saved["beats_baseline"] == result.beats_baseline
+    assert len(read_loss_curve(log)["epoch_train_loss"]) == 1
     with pytest.raises(RunError) as err:  # results are never overwritten unless asked
-        evaluate_checkpoint(trained, dataset, tmp_path / "eval")
+        evaluate_checkpoint(untrained, dataset, tmp_path / "eval")
     assert err.value.code == "exists"
 
 
-def test_a_policy_that_learned_nothing_does_not_beat_the_baseline(tmp_path, dataset):
-    # Untrained weights (lr 0) predicting noise (epsilon), as the GPU config does. (An untrained
-    # sample-predicting net outputs about the middle of the normaliser's range, which on a few short
-    # synthetic episodes can land closer to the held-out ones than the training mean does.)
-    untrained = train_in_process(
-        dataset, tmp_path / "untrained", "optimizer.lr=0.0", "policy.noise_scheduler.prediction_type=epsilon",
-        "training.num_epochs=1", "training.max_train_steps=1",
-    )
-    result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", max_samples_per_episode=12)
-    assert not result.beats_baseline and result.policy_mse > result.baseline_mse
+@pytest.mark.parametrize("untrained", ["sample"], indirect=True)
+def test_the_gate_passes_predictions_that_are_right(untrained, dataset, tmp_path, monkeypatch):
+    """The swap point returns the recorded actions plus 1 mm / 1 mrad noise: the gate passes."""
+    import dpflow_core.evaluation as ev
+
+    def near_truth(policy, data, rows, **_):
+        truth = ev.absolute_actions(data.buffer, ev.action_index_matrix(data.spec, data.index[rows]))
+        return truth + np.random.default_rng(0).normal(0, 1e-3, truth.shape)
+
+    monkeypatch.setattr(ev, "predict_absolute_actions", near_truth)
+    result = ev.evaluate_checkpoint(untrained, dataset, tmp_path / "eval", max_samples_per_episode=6)
+    assert result.beats_baseline and result.policy_mse == pytest.approx(1e-6, rel=0.2)
+    assert result.metrics["policy"]["rotation_error_rad"] < 3e-3
 
 
-def test_refuses_another_dataset_and_a_run_without_held_out_episodes(trained, tmp_path):
-    from omegaconf import OmegaConf
+@pytest.mark.parametrize("untrained", ["sample"], indirect=True)
+def test_refuses_a_dataset_with_another_sha256(untrained, dataset, tmp_path):
+    import torch
 
-    other = write_synthetic_dataset(tmp_path / "other.npz", n_episodes=4, episode_length=45, image_size=(32, 32))
+    # Same episode and step counts, other content: only the hash tells them apart.
+    other = write_npz(tmp_path / "other.npz", synthetic_arrays(n_episodes=5, episode_length=40, image_size=(32, 32), seed=7))
+    want = hashlib.sha256(dataset.read_bytes()).hexdigest()
+    got = hashlib.sha256(other.read_bytes()).hexdigest()
     with pytest.raises(DatasetError) as err:
-        evaluate_checkpoint(trained, other, tmp_path / "eval")
-    assert err.value.code == "dataset_mismatch" and "n_episodes=8" in err.value.reason
-    with pytest.raises(RunError) as err:
-        held_out_split(OmegaConf.create({"task": {"val_ratio": 0.0, "split_seed": 1}}), 4)
-    assert err.value.code == "no_held_out_episodes"
+        evaluate_checkpoint(untrained, other, tmp_path / "eval")
+    assert err.value.code == "dataset_mismatch" and want in err.value.reason and got in err.value.reason
+
+    # A checkpoint without the hash: the downloaded run record's is used.
+    payload = torch.load(untrained, weights_only=True)
+    del payload["dataset"]["sha256"]
+    (tmp_path / "dl").mkdir()
+    torch.save(payload, tmp_path / "dl" / "latest.ckpt")
+    (tmp_path / "dl" / "run_record.json").write_text(json.dumps({"dataset": {"sha256": want}}))
+    with pytest.raises(DatasetError) as err:
+        evaluate_checkpoint(tmp_path / "dl" / "latest.ckpt", other, tmp_path / "eval")
+    assert want in err.value.reason and got in err.value.reason and "run_record.json" in err.value.reason

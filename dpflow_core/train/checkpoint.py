@@ -13,7 +13,7 @@ cfg                 the resolved trainer config (YAML text)
 shape_meta          image shapes, low-dimensional sizes, action dimension
 spec                observation/action keys, horizons, strides, latency steps
 normalizer          statistics of every low-dimensional field and the action
-dataset             path, episodes and steps of the training dataset
+dataset             path, episodes, steps, frequency and SHA-256 of the training dataset
 model               trained weights (``state_dict`` of the policy)
 ema                 EMA settings and update count (None when EMA is off); the
                     averaged weights themselves are the ``policy`` entry

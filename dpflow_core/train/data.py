@@ -143,11 +143,15 @@ def latency_steps(latencies_s: Mapping[str, float], frequency_hz: float) -> dict
     return {key: int(round(float(sec) * frequency_hz)) for key, sec in latencies_s.items()}
 
 
-def split_episodes(n_episodes: int, val_ratio: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def split_episodes(
+    n_episodes: int, val_ratio: float, seed: int, min_val_episodes: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Split episodes into training and validation sets.
 
-    ``max(1, round(E * val_ratio))`` episodes (at most E - 1) go to validation,
-    drawn with ``numpy.random.default_rng(seed)``; none when ``val_ratio`` is 0.
+    ``max(min_val_episodes, round(E * val_ratio))`` episodes (at most E - 1) go to
+    validation, drawn with ``numpy.random.default_rng(seed)``; none when ``val_ratio``
+    is 0. ``task.val_min_episodes`` sets ``min_val_episodes`` (2 in the shipped configs,
+    the fewest an evaluation accepts).
 
     Returns:
         (train_mask, val_mask): ``(E,)`` bool arrays.
@@ -162,7 +166,7 @@ def split_episodes(n_episodes: int, val_ratio: float, seed: int) -> tuple[np.nda
     if val_ratio > 0:
         if n_episodes < 2:
             raise ValueError(f"a validation split by episode needs at least 2 episodes, got {n_episodes}")
-        n_val = min(max(1, round(n_episodes * val_ratio)), n_episodes - 1)
+        n_val = min(max(1, int(min_val_episodes), round(n_episodes * val_ratio)), n_episodes - 1)
         val_mask[np.random.default_rng(seed).choice(n_episodes, size=n_val, replace=False)] = True
     return ~val_mask, val_mask
 

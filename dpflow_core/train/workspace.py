@@ -222,7 +222,9 @@ class Workspace:
         self.frequency_hz = resolve_frequency(task.dataset_frequeny, buffer)
         try:
             self.spec = spec = spec_from_config(cfg, self.frequency_hz)
-            train_mask, val_mask = split_episodes(buffer.n_episodes, float(task.val_ratio), int(task.split_seed))
+            train_mask, val_mask = split_episodes(
+                buffer.n_episodes, float(task.val_ratio), int(task.split_seed), int(task.get("val_min_episodes", 1))
+            )
         except ValueError as exc:
             raise DatasetError(str(exc), path=buffer.path) from exc
         self.shape_meta = shape_meta(buffer, spec)
@@ -436,6 +438,14 @@ class Workspace:
         self.ema.copy_to(self.ema_policy.parameters())
         return self.ema_policy
 
+    def _dataset_sha256(self) -> str:
+        """SHA-256 of the training dataset, hashed once at the first save (evaluation checks it)."""
+        if getattr(self, "dataset_sha256", None) is None:
+            from dpflow_core.files import sha256_file
+
+            self.dataset_sha256 = sha256_file(self.buffer.path)
+        return self.dataset_sha256
+
     def _payload(self, rank_states: list[dict[str, Any]]) -> dict[str, Any]:
         scaler = self.accelerator.scaler
         return {
@@ -450,6 +460,7 @@ class Workspace:
                 "n_episodes": self.buffer.n_episodes,
                 "n_steps": self.buffer.n_steps,
                 "frequency_hz": self.buffer.frequency_hz,
+                "sha256": self._dataset_sha256(),
             },
             "model": self.policy.state_dict(),
             "ema": None
