@@ -706,8 +706,12 @@ def plot_trajectories(
             ax = axes[d, c]
             ax.plot(t, recorded[:, d], color="black", lw=1.2, label="recorded")
             for name in ("constant_velocity", "hold", "policy"):
-                for a, p in zip(anchors, preds[name]):
-                    ax.plot((a - sl.start) / freq + horizon_t, p[:, d], color=_COLOURS[name], lw=0.6, alpha=0.45)
+                # one line per predictor, its horizons separated by NaN (one artist, fast to draw)
+                xs = np.full((len(anchors), len(horizon_t) + 1), np.nan)
+                ys = np.full_like(xs, np.nan)
+                xs[:, :-1] = (anchors[:, None] - sl.start) / freq + horizon_t[None, :]
+                ys[:, :-1] = preds[name][:, :, d]
+                ax.plot(xs.ravel(), ys.ravel(), color=_COLOURS[name], lw=0.6, alpha=0.45)
             ax.plot((anchors - sl.start) / freq, preds["policy"][:, 0, d], ".", color=_COLOURS["policy"], ms=3, label="policy")
             ax.plot([], [], color=_COLOURS["hold"], lw=0.8, label="hold")
             ax.plot([], [], color=_COLOURS["constant_velocity"], lw=0.8, label="constant velocity")

@@ -118,7 +118,9 @@ _SUMMARY = {
     "smoke_run": [("smoke run directory", "run_dir")],
     "train_run": [("run directory", "run_dir"), ("global_step", "global_step")],
     "checkpoint": [("checkpoint", "path"), ("reproducibility record", "record_path")],
-    "evaluation": [("policy MSE", "policy_mse"), ("baseline MSE", "baseline_mse"), ("plots", "trajectory_plot"), ("loss curve", "loss_plot")],
+    "evaluation": [("policy MSE", "policy_mse"), ("mean baseline MSE", "mean_mse"), ("hold baseline MSE", "hold_mse"),
+                   ("constant velocity MSE", "constant_velocity_mse"), ("required MSE", "required_mse"),
+                   ("plots", "trajectory_plot"), ("errors per step", "error_plot"), ("loss curve", "loss_plot")],
     "lerobot_dataset": [("LeRobot dataset", "path")],
     "norm_stats": [("openpi norm stats", "path")],
 }

@@ -108,13 +108,18 @@ def test_smoke_train_checkpoint_evaluation_with_the_builtin_trainer(tmp_path):
         "checkpoint": at.CheckpointConfig(output_dir=str(tmp_path / "checkpoints"), stable_interval_s=0.2),
         "evaluation": at.EvaluationConfig(max_samples_per_episode=12),
     })
-    result = materialize([stub_remote_dataset(dataset, 10.0), *at.defs.assets, *at.defs.asset_checks], tmp_path, run_config)
-    assert result.success
+    result = materialize([stub_remote_dataset(dataset, 10.0), *at.defs.assets, *at.defs.asset_checks], tmp_path, run_config, raise_on_error=False)
     meta = materializations(result)
+    # A briefly trained absolute-pose policy need not beat holding the pose; the blocking check must
+    # say what the evaluation measured, and the run fails exactly when it fails.
+    beats = meta["evaluation"]["beats_baseline"].value
+    assert result.success == beats
     assert meta["smoke_run"]["finite_losses"].value == 3 and meta["smoke_run"]["gpu_ids"].value == "cpu"
     assert meta["train_run"]["global_step"].value == 23 and meta["train_run"]["attached"].value is False
     assert meta["checkpoint"]["sha256"].value == meta["checkpoint"]["remote_sha256"].value
-    assert meta["evaluation"]["policy_mse"].value < meta["evaluation"]["baseline_mse"].value
+    ev = {k: meta["evaluation"][k].value for k in ("policy_mse", "mean_mse", "hold_mse", "baseline_mse", "required_mse")}
+    assert ev["baseline_mse"] == min(ev["mean_mse"], ev["hold_mse"]) and ev["required_mse"] == pytest.approx(0.8 * ev["baseline_mse"])
+    assert beats == (ev["policy_mse"] < ev["required_mse"]) and meta["evaluation"]["n_episodes"].value == 2
     assert meta["evaluation"]["trajectories"].value.startswith("![predicted vs recorded actions](data:image/png;base64,")
     assert Path(meta["evaluation"]["loss_curve_png"].value).is_file()
 
@@ -135,8 +140,9 @@ def test_smoke_train_checkpoint_evaluation_with_the_builtin_trainer(tmp_path):
 
     checks = checks_by_name(result)
     assert {name: c.passed for name, c in checks.items()} == {
-        "released": True, "resume_continuity": True, "natural_exit": True, "sha256_match": True, "beats_baseline": True,
+        "released": True, "resume_continuity": True, "natural_exit": True, "sha256_match": True, "beats_baseline": beats,
     }
+    assert checks["beats_baseline"].metadata["hold_mse"].value == ev["hold_mse"]
     assert checks["released"].metadata["now/gpu"].value == "no GPU present"
     assert checks["natural_exit"].metadata["last_global_step"].value == 23
     assert checks["resume_continuity"].metadata["records_compared"].value == 3

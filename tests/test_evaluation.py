@@ -217,8 +217,8 @@ def test_held_out_split_refusals_and_every_shipped_config_holds_out_enough():
 # End to end on checkpoints of untrained policies --------------------------------------------------
 
 
-def train_in_process(dataset: Path, run_dir: Path, *overrides: str, config: str = "tiny") -> Path:
-    """Run the built-in trainer in this process; return ``latest.ckpt``."""
+def train_in_process(dataset: Path, run_dir: Path, *overrides: str, config: str = "demo") -> Path:
+    """Run the built-in trainer (``config``: a shipped config name) in this process; return ``latest.ckpt``."""
     from hydra import compose, initialize_config_dir
 
     from dpflow_core.train.app import CONFIG_DIR
@@ -244,7 +244,7 @@ UNTRAINED = ("optimizer.lr=0.0", "training.num_epochs=1", "training.max_train_st
 def untrained(request, tmp_path_factory, dataset) -> Path:
     """The tiny config's policy with its initial weights (lr 0), saved as a trainer checkpoint."""
     run_dir = tmp_path_factory.mktemp("run") / request.param
-    return train_in_process(dataset, run_dir, *UNTRAINED, f"policy.noise_scheduler.prediction_type={request.param}")
+    return train_in_process(dataset, run_dir, *UNTRAINED, f"policy.noise_scheduler.prediction_type={request.param}", config="tiny")
 
 
 def test_an_untrained_policy_fails_the_gate(untrained, dataset, tmp_path):

@@ -186,10 +186,12 @@ def evaluate_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (default: <checkpoint folder>/evaluation)."),
     log: Optional[Path] = typer.Option(None, "--log", help="logs.json.txt for the loss curve (default: next to the checkpoint)."),
     samples: int = typer.Option(48, "--samples-per-episode", min=1, help="Anchors per held-out episode."),
+    margin: float = typer.Option(0.2, "--margin", min=0.0, max=0.99, help="How much lower than the best of the mean and hold baselines the policy's MSE must be (0.2 = 20 %)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace earlier results in the output folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Held-out action MSE of the checkpoint's EMA policy vs the constant training-mean baseline, with plots."""
+    """Held-out errors of the checkpoint's EMA policy on absolute actions vs the mean, hold and constant-velocity
+    baselines, with plots; exit status 1 unless it beats the best of mean and hold by the margin."""
     from dpflow_core.evaluation import evaluate_checkpoint
 
     folder = checkpoint.resolve().parent
@@ -197,15 +199,14 @@ def evaluate_cmd(
         dataset = _dataset_from_record(folder)
     result = evaluate_checkpoint(
         checkpoint, dataset, output or folder / "evaluation", log_path=log or folder / "logs.json.txt",
-        max_samples_per_episode=samples, overwrite=overwrite,
+        max_samples_per_episode=samples, margin=margin, overwrite=overwrite,
     )
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(result.markdown_table())
-        typer.echo(f"plots: {result.trajectory_plot}" + (f", {result.loss_plot}" if result.loss_plot else ""))
-        _verdict("beats constant baseline", result.beats_baseline,
-                 f"held-out MSE {result.policy_mse:.6g} vs {result.baseline_mse:.6g} ({result.improvement:+.1%})")
+        typer.echo(f"plots: {result.trajectory_plot}, {result.error_plot}" + (f", {result.loss_plot}" if result.loss_plot else ""))
+        _verdict("beats baselines", result.beats_baseline, result.verdict())
     if not result.beats_baseline:
         raise typer.Exit(1)
 
