@@ -307,7 +307,7 @@ def mean_baseline(buffer: Mapping[str, np.ndarray], steps: np.ndarray) -> np.nda
 
 
 def hold_baseline(buffer: Mapping[str, np.ndarray], spec, rows: np.ndarray) -> np.ndarray:
-    """"Hold the current pose": ``(N, H, 7)``, the latest observed pose and width repeated.
+    """The hold baseline, ``(N, H, 7)``: the latest observed pose and width repeated over the horizon.
 
     Each key's latest observation is the one the policy sees (the key's observation latency
     applied, :func:`dpflow_core.train.data.obs_indices`).
@@ -316,7 +316,7 @@ def hold_baseline(buffer: Mapping[str, np.ndarray], spec, rows: np.ndarray) -> n
     out = np.empty((len(rows), spec.horizon, 7))
     for key, (_, sl) in zip(ABS_ACTION_KEYS, ACTION_GROUPS):
         latest = np.array([_observed_pair(spec, key, row)[0] for row in rows], dtype=np.int64)
-        out[..., sl] = np.asarray(buffer[key][latest], dtype=np.float64)[:, None, :] if len(rows) else 0.0
+        out[..., sl] = np.asarray(buffer[key][latest], dtype=np.float64)[:, None, :]
     return out
 
 
