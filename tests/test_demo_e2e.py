@@ -53,6 +53,7 @@ def _latest(instance: dg.DagsterInstance, key: str) -> dict:
 
 
 def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path) -> bool:
+    """Check what the demo produced along the lineage; return the evaluation gate's verdict."""
     runs = instance.get_runs()
     assert len(runs) == 1
     records = instance.get_records_for_run(runs[0].run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
