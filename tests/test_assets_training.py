@@ -109,6 +109,8 @@ def test_smoke_train_checkpoint_evaluation_with_the_builtin_trainer(tmp_path):
         "evaluation": at.EvaluationConfig(max_samples_per_episode=12),
     })
     result = materialize([stub_remote_dataset(dataset, 10.0), *at.defs.assets, *at.defs.asset_checks], tmp_path, run_config, raise_on_error=False)
+    failed = {e.step_key: e.event_specific_data.error.message for e in result.all_events if e.is_step_failure}
+    assert set(failed) <= {"evaluation_beats_baseline"}, failed
     meta = materializations(result)
     # A briefly trained absolute-pose policy need not beat holding the pose; the blocking check must
     # say what the evaluation measured, and the run fails exactly when it fails.
