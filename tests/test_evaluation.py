@@ -312,7 +312,7 @@ def test_metrics_against_independent_computation(untrained, dataset, tmp_path):
 @pytest.mark.parametrize("untrained", ["sample"], indirect=True)
 def test_the_gate_passes_predictions_that_are_right(untrained, dataset, tmp_path, monkeypatch):
     """The swap point returns the recorded actions plus 1 mm / 1 mrad noise: the gate passes."""
-    import dpflow_core.evaluation as ev
+    from dpflow_core.evaluation import evaluate as ev
 
     def near_truth(policy, data, rows, **_):
         truth = ev.absolute_actions(data.buffer, ev.action_index_matrix(data.spec, data.index[rows]))
