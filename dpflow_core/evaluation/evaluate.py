@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -333,7 +332,7 @@ def evaluate_checkpoint(
     """
     import torch
 
-    from dpflow_core.files import sha256_file
+    from dpflow_core.files import sha256_file, write_text_atomic
     from dpflow_core.replay_buffer import ReplayBuffer
     from dpflow_core.train.checkpoint import load_checkpoint, load_policy
     from dpflow_core.train.data import SequenceDataset
@@ -443,8 +442,6 @@ def evaluate_checkpoint(
         seconds=time.monotonic() - started,
         notes=tuple(notes),
     )
-    tmp = result_path.with_name(f".{result_path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    os.replace(tmp, result_path)
+    write_text_atomic(result_path, json.dumps(result.to_dict(), indent=2) + "\n", overwrite=overwrite)
     log.info("evaluation of %s: %s", checkpoint_path, result.verdict())
     return result
