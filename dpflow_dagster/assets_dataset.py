@@ -20,7 +20,7 @@ from dpflow_core.dataset import CHECKS, MIN_TRAIN_LENGTH, validate_dataset
 from dpflow_core.errors import DpflowError
 from dpflow_core.files import default_workdir
 from dpflow_core.names import validate_name
-from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, task_partitions
+from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, check_partition_metadata, task_check_spec, task_partitions
 
 
 class DatasetConfig(dg.Config):
@@ -158,7 +158,7 @@ _CHECK_DESCRIPTIONS = {
 
 @dg.multi_asset_check(
     specs=[
-        dg.AssetCheckSpec(name, asset="dataset_npz", blocking=True, description=_CHECK_DESCRIPTIONS[name])
+        task_check_spec(name, asset="dataset_npz", blocking=True, description=_CHECK_DESCRIPTIONS[name])
         for name in CHECKS
     ],
     ins={"dataset_npz": dg.AssetIn("dataset_npz")},
@@ -169,7 +169,7 @@ _CHECK_DESCRIPTIONS = {
     },
 )
 def dataset_npz_checks(context: dg.AssetCheckExecutionContext, dataset_npz: dict):
-    """Blocking checks of the converted dataset (:func:`dpflow_core.dataset.validate_dataset`)."""
+    """Blocking checks of the converted dataset (:func:`dpflow_core.dataset.validate_dataset`), for the run's task."""
     results = validate_dataset(
         dataset_npz["path"],
         image_size=tuple(dataset_npz["image_size"]),
@@ -183,7 +183,10 @@ def dataset_npz_checks(context: dg.AssetCheckExecutionContext, dataset_npz: dict
             passed=r.passed,
             severity=dg.AssetCheckSeverity.WARN if r.severity == "warn" else dg.AssetCheckSeverity.ERROR,
             description=r.description,
-            metadata={k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in r.metadata.items()},
+            metadata={
+                **check_partition_metadata(context),
+                **{k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in r.metadata.items()},
+            },
         )
 
 

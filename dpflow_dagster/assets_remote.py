@@ -12,7 +12,7 @@ import dagster as dg
 
 from dpflow_core.errors import DpflowError
 from dpflow_core.server.upload import upload_dataset, verify_remote_file
-from dpflow_dagster.partitions import OWNERS, task_partitions
+from dpflow_dagster.partitions import OWNERS, check_partition_metadata, task_asset_check, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 
 
@@ -78,13 +78,15 @@ def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_ser
     return dg.Output(result.to_remote_dataset(dataset_npz.get("frequency_hz", 0.0)), metadata=metadata)
 
 
-@dg.asset_check(
+@task_asset_check(
     asset=remote_dataset,
     name="remote_dataset_sha256_match",
     blocking=True,
     description="The file on the server hashes (SHA-256, computed there) to the local dataset's hash, same size.",
 )
-def remote_dataset_sha256_match(remote_dataset: dict, gpu_server: GpuServerResource) -> dg.AssetCheckResult:
+def remote_dataset_sha256_match(
+    context: dg.AssetCheckExecutionContext, remote_dataset: dict, gpu_server: GpuServerResource
+) -> dg.AssetCheckResult:
     """Hash ``remote_dataset["remote_path"]`` on the server; quarantine it on a mismatch."""
     with gpu_server.connect() as server:
         verification = verify_remote_file(
@@ -95,7 +97,7 @@ def remote_dataset_sha256_match(remote_dataset: dict, gpu_server: GpuServerResou
         passed=verification.match,
         severity=dg.AssetCheckSeverity.ERROR,
         description=None if verification.match else verification.describe(),
-        metadata=_verification_metadata(verification),
+        metadata={**check_partition_metadata(context), **_verification_metadata(verification)},
     )
 
 

@@ -53,7 +53,7 @@ from dpflow_core.runs import (
     smoke_spec,
 )
 from dpflow_dagster.lineage import dataset_lineage
-from dpflow_dagster.partitions import OWNERS, task_partitions
+from dpflow_dagster.partitions import OWNERS, check_partition_metadata, task_asset_check, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 
 POOL = "gpu_server"
@@ -156,28 +156,30 @@ def smoke_run(
     return dg.Output(value, metadata=metadata)
 
 
-@dg.asset_check(
+@task_asset_check(
     asset=smoke_run,
     name="released",
     blocking=True,
     description="No process of the smoke run is left (by PID, process group, start time, environment token) "
     "and its GPUs show their memory back at the pre-run level; without GPUs it says 'no GPU present'.",
 )
-def smoke_run_released(smoke_run: dict, gpu_server: GpuServerResource) -> dg.AssetCheckResult:
+def smoke_run_released(
+    context: dg.AssetCheckExecutionContext, smoke_run: dict, gpu_server: GpuServerResource
+) -> dg.AssetCheckResult:
     """Pass only when the check at the run's end and a second look now both find nothing left."""
     with gpu_server.connect() as server:
         handle = load_handle(server, smoke_run["run_name"])
         at_end = load_release_report(server, handle)
         now = check_released(server, handle, wait_s=5.0, cleanup=True)
     passed = now.passed and (at_end is None or at_end.passed)
-    metadata = {f"now/{k}": v for k, v in now.metadata().items()}
+    metadata = {**check_partition_metadata(context), **{f"now/{k}": v for k, v in now.metadata().items()}}
     if at_end is not None:
         metadata.update({f"at_end/{k}": v for k, v in at_end.metadata().items()})
     description = (at_end.message if at_end is not None and not at_end.passed else now.message)
     return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=description, metadata=metadata)
 
 
-@dg.asset_check(
+@task_asset_check(
     asset=smoke_run,
     name="resume_continuity",
     blocking=False,
@@ -185,7 +187,9 @@ def smoke_run_released(smoke_run: dict, gpu_server: GpuServerResource) -> dg.Ass
     description="On the same commit, a short run saved after its first epoch and resumed continues the "
     "uninterrupted one: same global steps and epochs, same LR, same losses.",
 )
-def smoke_run_resume_continuity(smoke_run: dict, gpu_server: GpuServerResource) -> dg.AssetCheckResult:
+def smoke_run_resume_continuity(
+    context: dg.AssetCheckExecutionContext, smoke_run: dict, gpu_server: GpuServerResource
+) -> dg.AssetCheckResult:
     """Run :func:`dpflow_core.runs.check_resume_continuity` with the smoke run's dataset and trainer."""
     base = RunSpec.from_dict(smoke_run["spec"])
     with gpu_server.connect() as server:
@@ -195,7 +199,10 @@ def smoke_run_resume_continuity(smoke_run: dict, gpu_server: GpuServerResource) 
     description = "; ".join(report.problems + report.mismatches) or (
         f"{report.compared} records from global_step {report.resume_step} continue the uninterrupted run"
     )
-    return dg.AssetCheckResult(passed=report.passed, severity=dg.AssetCheckSeverity.ERROR, description=description, metadata=report.metadata())
+    return dg.AssetCheckResult(
+        passed=report.passed, severity=dg.AssetCheckSeverity.ERROR, description=description,
+        metadata={**check_partition_metadata(context), **report.metadata()},
+    )
 
 
 # ------------------------------------------------------------------------ train_run
@@ -315,19 +322,21 @@ def train_run(
     return dg.Output(value, metadata=metadata)
 
 
-@dg.asset_check(
+@task_asset_check(
     asset=train_run,
     name="natural_exit",
     blocking=True,
     description="Exit status 0 from the wrapper's file, last logged epoch and global step equal to what the "
     "config asked, latest.ckpt present and loadable. A run stopped by a signal or killed fails with the evidence.",
 )
-def train_run_natural_exit(train_run: dict, gpu_server: GpuServerResource) -> dg.AssetCheckResult:
+def train_run_natural_exit(
+    context: dg.AssetCheckExecutionContext, train_run: dict, gpu_server: GpuServerResource
+) -> dg.AssetCheckResult:
     """Judge the run's completion with :func:`dpflow_core.runs.check_natural_exit`."""
     with gpu_server.connect() as server:
         handle = load_handle(server, train_run["run_name"], train_run.get("launch_index"))
         report = check_natural_exit(server, handle)
-    metadata: dict[str, Any] = dict(report.metadata())
+    metadata: dict[str, Any] = {**check_partition_metadata(context), **report.metadata()}
     if not report.passed:
         metadata["output_tail"] = dg.MetadataValue.text(report.output_tail[-3000:])
     if report.oom_advice:
@@ -389,19 +398,19 @@ def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, trai
     return dg.Output(result.asset_value() | {"dataset_local_path": train_run.get("dataset_local_path")}, metadata=metadata)
 
 
-@dg.asset_check(
+@task_asset_check(
     asset=checkpoint,
     name="sha256_match",
     blocking=True,
     description="The downloaded checkpoint hashes (SHA-256, computed now) to the server's hash, same size, and loads.",
 )
-def checkpoint_sha256_match(checkpoint: dict) -> dg.AssetCheckResult:
+def checkpoint_sha256_match(context: dg.AssetCheckExecutionContext, checkpoint: dict) -> dg.AssetCheckResult:
     """Verify with :func:`dpflow_core.checkpoints.verify_checkpoint`."""
     report = verify_checkpoint(checkpoint["path"], checkpoint["remote_sha256"], checkpoint["size_bytes"])
     return dg.AssetCheckResult(
         passed=report.passed, severity=dg.AssetCheckSeverity.ERROR,
         description="; ".join(report.problems) or "SHA-256 equal on both ends; the file loads",
-        metadata=report.metadata(),
+        metadata={**check_partition_metadata(context), **report.metadata()},
     )
 
 
@@ -481,7 +490,7 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, chec
     return dg.Output(value, metadata=metadata)
 
 
-@dg.asset_check(
+@task_asset_check(
     asset=evaluation,
     name="beats_baseline",
     blocking=True,
@@ -489,7 +498,7 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, chec
     "hold-the-pose baselines by the configured margin (20 % by default): a policy no better than doing nothing "
     "cannot pass as done. Constant velocity is reported beside it.",
 )
-def evaluation_beats_baseline(evaluation: dict) -> dg.AssetCheckResult:
+def evaluation_beats_baseline(context: dg.AssetCheckExecutionContext, evaluation: dict) -> dg.AssetCheckResult:
     """Read the gate's figures recorded by the evaluation."""
     figures = {k: float(evaluation[k]) for k in ("policy_mse", "mean_mse", "hold_mse", "constant_velocity_mse", "required_mse")}
     return dg.AssetCheckResult(
@@ -497,7 +506,7 @@ def evaluation_beats_baseline(evaluation: dict) -> dg.AssetCheckResult:
         description=f"held-out MSE {figures['policy_mse']:.6g} vs required < {figures['required_mse']:.6g} "
         f"({evaluation['best_baseline']} baseline {float(evaluation['baseline_mse']):.6g}, margin {float(evaluation['margin']):.0%}); "
         f"constant velocity {figures['constant_velocity_mse']:.6g}",
-        metadata={**figures, "best_baseline": str(evaluation["best_baseline"]), "margin": float(evaluation["margin"]),
+        metadata={**check_partition_metadata(context), **figures, "best_baseline": str(evaluation["best_baseline"]), "margin": float(evaluation["margin"]),
                   "improvement": float(evaluation["improvement"]), "n_samples": int(evaluation["n_samples"]),
                   "n_episodes": int(evaluation["n_episodes"])},
     )

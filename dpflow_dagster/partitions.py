@@ -15,12 +15,22 @@ configured root (``paired_episodes`` config ``root``, else
 2. ``root`` itself when its name is the task: ``root`` is that task folder
    (what earlier versions took, and what ``dpflow pair ROOT`` takes);
 3. otherwise the run fails, naming the task folders that ``root`` does hold.
+
+Every asset check follows its asset's partition (:func:`task_asset_check`,
+:func:`task_check_spec`): a check step loads and evaluates the materialized
+partition only, and its result is recorded for that task (the Checks tab shows
+the partition; each result's metadata also names the ``task``). Partitioned asset
+checks are a preview API in Dagster 1.13; only that one warning is silenced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import warnings
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import dagster as dg
 
@@ -99,3 +109,36 @@ def task_folder(root: Path, task: str) -> Path:
             f" (task folders: {', '.join(found[:20])})" if found else ""
         ) + "; set DPFLOW_RECORDINGS_ROOT or the asset's `root` config to the Matrix Studio output folder"
     raise DpflowError(reason, root, code="no_task_folder")
+
+
+@contextlib.contextmanager
+def _partitioned_check_preview() -> Iterator[None]:
+    """Silence Dagster's preview warning for ``partitions_def`` on an asset check, and nothing else."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=re.escape("Specifying a partitions_def on an AssetCheckSpec"),
+            category=dg.PreviewWarning,
+        )
+        yield
+
+
+def task_check_spec(name: str, **kwargs: Any) -> dg.AssetCheckSpec:
+    """``dg.AssetCheckSpec(name, **kwargs)`` partitioned like its asset (by :data:`task_partitions`)."""
+    with _partitioned_check_preview():
+        return dg.AssetCheckSpec(name, partitions_def=task_partitions, **kwargs)
+
+
+def task_asset_check(**kwargs: Any) -> Callable[[Callable], dg.AssetChecksDefinition]:
+    """``@dg.asset_check(**kwargs)`` partitioned like its asset: the check evaluates the run's task partition."""
+
+    def decorate(fn: Callable) -> dg.AssetChecksDefinition:
+        with _partitioned_check_preview():
+            return dg.asset_check(partitions_def=task_partitions, **kwargs)(fn)
+
+    return decorate
+
+
+def check_partition_metadata(context: dg.AssetCheckExecutionContext) -> dict[str, str]:
+    """``{"task": <partition key>}`` for a check result's metadata (empty when the run has no partition)."""
+    return {"task": context.partition_key} if context.has_partition_key else {}

@@ -111,11 +111,14 @@ def test_definitions_match_the_snapshot():
 
 
 def test_the_snapshot_states_the_rules_of_the_graph():
-    """What the snapshot must keep saying, whatever else changes: one task partition for the whole graph,
+    """What the snapshot must keep saying, whatever else changes: one task partition for the whole graph
+    and its checks,
     GPU work never automated and in the gpu_server pool, conversion behind the blocking checks."""
     snap = json.loads(SNAPSHOT.read_text())
     assets = snap["assets"]
     assert {a["partitions"] for a in assets.values()} == {"DynamicPartitionsDefinition(task)"}
+    # every check follows its asset's task partition (an unpartitioned one loads every task's value)
+    assert {c["partitions"] for a in assets.values() for c in a["checks"]} == {"DynamicPartitionsDefinition(task)"}
     assert all(a["owners"] and a["described"] and a["kinds"] for a in assets.values())
     training = {name for name, a in assets.items() if a["group"] == "training"}
     assert training == {"smoke_run", "train_run", "checkpoint", "evaluation"}
