@@ -155,6 +155,7 @@ def paired_episodes(context: dg.AssetExecutionContext, config: PairedEpisodesCon
         "rejected": len(manifest.rejected),
     }
     metadata = {
+        "path": dg.MetadataValue.path(str(path)),
         "manifest_path": dg.MetadataValue.path(str(path)),
         "root": dg.MetadataValue.path(str(manifest.root)),
         "task": manifest.task,

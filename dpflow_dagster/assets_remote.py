@@ -60,6 +60,7 @@ def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_ser
         f"{result.remote_path}: {result.method}, {result.bytes_sent} bytes sent, sha256 {result.sha256}"
     )
     metadata = {
+        "path": dg.MetadataValue.path(result.remote_path),
         "remote_path": dg.MetadataValue.path(result.remote_path),
         "host": result.host or "local",
         "task": result.task,

@@ -135,7 +135,10 @@ def smoke_run(
         )
         context.log.info(f"smoke run {spec.name} on {server.config.describe()}")
         result = run_smoke(server, spec, timeout_s=config.timeout_s)
-    metadata = {**result.metadata(), "output_tail": dg.MetadataValue.text(result.output_tail[-3000:])}
+    metadata = {
+        **result.metadata(), "path": dg.MetadataValue.path(result.handle.run_dir),
+        "output_tail": dg.MetadataValue.text(result.output_tail[-3000:]),
+    }
     if result.oom_advice:
         metadata["oom_advice"] = dg.MetadataValue.md(_lines(result.oom_advice))
     if not result.passed:
@@ -297,7 +300,7 @@ def train_run(
         )
         disk = run_disk_usage(server, handle.run_dir)
     metadata: dict[str, Any] = {
-        **handle.metadata(), **result.progress.to_metadata(), **disk,
+        **handle.metadata(), **result.progress.to_metadata(), **disk, "path": dg.MetadataValue.path(handle.run_dir),
         "attached": attached, "monitor_status": result.status, "monitor_message": result.message,
         "exit_code": result.exit_code if result.exit_code is not None else -1,
     }
@@ -379,6 +382,7 @@ def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, trai
     context.log.info(f"{result.remote_path} -> {result.local_path} ({result.size_bytes} bytes)")
     metadata = {
         "path": dg.MetadataValue.path(result.local_path),
+        "local_path": dg.MetadataValue.path(result.local_path),
         "remote_path": result.remote_path,
         "sha256": result.local_sha256,
         "remote_sha256": result.remote_sha256,
@@ -475,6 +479,7 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, chec
         "checkpoint": dg.MetadataValue.path(checkpoint["path"]),
         "train_run/run_name": checkpoint.get("run_name") or "",
         "dataset_sha256": remote_dataset.get("sha256", ""),
+        "path": dg.MetadataValue.path(result.out_dir),
         "out_dir": dg.MetadataValue.path(result.out_dir),
         **dataset_lineage(dataset),
     }

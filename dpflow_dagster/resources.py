@@ -7,6 +7,12 @@ set, :func:`default_resources` configures SSH from environment variables
 through :class:`dagster.EnvVar`, so the key file, passphrase and host never
 appear in run config, logs or metadata (Dagster shows the variable's name).
 
+``io_manager``: :class:`ProductPathIOManager`, Dagster's pickle-on-disk storage of
+the values passed between assets (the same files and layout as
+``dg.FilesystemIOManager``), except that a materialization's ``path`` metadata
+stays the product's own file or folder (dataset, run directory, checkpoint,
+LeRobot folder, report) as the asset set it, never the pickle's path.
+
 Environment variables read by :func:`default_resources`:
 ``DPFLOW_SERVER_HOST``, ``DPFLOW_SERVER_PORT``, ``DPFLOW_SERVER_USER``,
 ``DPFLOW_SERVER_KEY``, ``DPFLOW_SERVER_KEY_PASSPHRASE``, ``DPFLOW_KNOWN_HOSTS``,
@@ -18,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 from typing import Any, Iterator, Optional
 
 import dagster as dg
 from pydantic import Field
+from upath import UPath
 
 from dpflow_core.server import GpuServer, ServerConfig
 
@@ -66,6 +74,40 @@ class GpuServerResource(dg.ConfigurableResource):
             yield server
 
 
+class _ProductPathPickleIOManager(dg.UPathIOManager):
+    """Pickles under ``base_path/<asset key>/<partition>``; ``path`` metadata left to the asset."""
+
+    extension = ""
+
+    def dump_to_path(self, context: dg.OutputContext, obj: Any, path: UPath) -> None:
+        with path.open("wb") as f:
+            pickle.dump(obj, f, pickle.HIGHEST_PROTOCOL)
+
+    def load_from_path(self, context: dg.InputContext, path: UPath) -> Any:
+        with path.open("rb") as f:
+            return pickle.load(f)
+
+    def get_metadata(self, context: dg.OutputContext, obj: Any) -> dict[str, Any]:
+        # UPathIOManager sets "path" to the pickle just before merging these; the asset's own "path" wins
+        own = (context.output_metadata or {}).get("path")
+        return {} if own is None else {"path": own}
+
+
+class ProductPathIOManager(dg.ConfigurableIOManagerFactory):
+    """Dagster's filesystem pickle IO manager whose materializations keep the asset's own ``path`` metadata.
+
+    Values are pickled to ``<base_dir>/<asset key>/<partition key>`` (``base_dir`` default: the
+    instance's storage directory, ``$DAGSTER_HOME/storage``), the layout of ``dg.FilesystemIOManager``,
+    so values stored by it load unchanged.
+    """
+
+    base_dir: Optional[str] = Field(default=None, description="Folder of the pickles; default the instance's storage directory.")
+
+    def create_io_manager(self, context: dg.InitResourceContext) -> dg.UPathIOManager:
+        base = self.base_dir or context.instance.storage_directory()
+        return _ProductPathPickleIOManager(base_path=UPath(base))
+
+
 def gpu_server_from_env() -> GpuServerResource:
     """``GpuServerResource`` from the ``DPFLOW_SERVER_*`` variables (local when no host is set)."""
     if not os.environ.get("DPFLOW_SERVER_HOST"):
@@ -91,5 +133,6 @@ def gpu_server_from_env() -> GpuServerResource:
 
 
 def default_resources() -> dict[str, Any]:
-    """Resources of the embedded default: ``gpu_server`` (local unless ``DPFLOW_SERVER_HOST`` is set)."""
-    return {"gpu_server": gpu_server_from_env()}
+    """Resources of the embedded default: ``gpu_server`` (local unless ``DPFLOW_SERVER_HOST`` is set) and
+    ``io_manager`` (:class:`ProductPathIOManager`)."""
+    return {"gpu_server": gpu_server_from_env(), "io_manager": ProductPathIOManager()}

@@ -27,7 +27,7 @@ from dpflow_core.files import sha256_file
 from dpflow_dagster.assets_dataset import dataset_npz, dataset_npz_checks
 from dpflow_dagster.assets_recordings import paired_episodes
 from dpflow_dagster.assets_remote import remote_dataset, remote_dataset_sha256_match
-from dpflow_dagster.resources import GpuServerResource
+from dpflow_dagster.resources import GpuServerResource, ProductPathIOManager
 from partitioned import add_task
 from recording_fixtures import SMALL, cut_at_fraction, write_small_task
 
@@ -62,7 +62,7 @@ def _run_config(root: Path, work: Path, selection=None, width: int = 40, height:
 def _resources(work: Path) -> dict:
     return {
         "gpu_server": GpuServerResource(data_root=str(work / "server")),
-        "io_manager": dg.FilesystemIOManager(base_dir=str(work / "io")),
+        "io_manager": ProductPathIOManager(base_dir=str(work / "io")),
     }
 
 
@@ -119,14 +119,17 @@ def test_two_tasks_in_turn_then_one_again_leaves_the_other_untouched(recordings,
         for task in (first, second):
             _assert_task_checked(instance, task)
             [(_, meta)] = materializations(instance, "dataset_npz", task)
-            dataset = Path(meta["sidecar_path"]).with_suffix(".npz")
-            assert dataset.parent.parent == work / "datasets" / task
+            # the path shown is the dataset itself, not the IO manager's pickle under work/io
+            dataset = Path(meta["path"])
+            assert dataset.parent.parent == work / "datasets" / task and dataset.name == "dataset.npz"
             assert meta["sha256"] == sha256_file(dataset)
+            [(_, manifest)] = materializations(instance, "paired_episodes", task)
+            assert manifest["path"] == manifest["manifest_path"] and Path(manifest["path"]).parent == work / "manifests"
         assert instance.get_materialized_partitions(dg.AssetKey("dataset_npz")) == {first, second}
 
         before_checks = {k: v for k, v in check_results(instance).items() if k[0] == second}
         before = {a: materializations(instance, a, second) for a in DATASET_PART}
-        second_file = Path(before["dataset_npz"][0][1]["sidecar_path"]).with_suffix(".npz")
+        second_file = before["dataset_npz"][0][1]["path"]
         second_sha = sha256_file(second_file)
 
         # the first task again, with other options: a new dataset of that task only
@@ -135,8 +138,8 @@ def test_two_tasks_in_turn_then_one_again_leaves_the_other_untouched(recordings,
         assert {e.partition for e in again.get_asset_check_evaluations()} == {first}
         _assert_task_checked(instance, first, expected_runs=2)
         new, old = materializations(instance, "dataset_npz", first)
-        assert new[1]["sidecar_path"] != old[1]["sidecar_path"] and new[1]["image_size"] == "32x24"
-        assert Path(old[1]["sidecar_path"]).with_suffix(".npz").is_file(), "the earlier dataset stays"
+        assert new[1]["path"] != old[1]["path"] and new[1]["image_size"] == "32x24"
+        assert Path(old[1]["path"]).is_file(), "the earlier dataset stays"
 
         assert {k: v for k, v in check_results(instance).items() if k[0] == second} == before_checks
         assert {a: materializations(instance, a, second) for a in before} == before
@@ -159,7 +162,7 @@ def test_three_tasks_with_their_steps_interleaved(recordings, tmp_path):
             [(_, dataset)] = materializations(instance, "dataset_npz", task)
             [(_, manifest)] = materializations(instance, "paired_episodes", task)
             assert manifest["task"] == task and dataset["manifest_path"] == manifest["manifest_path"]
-            assert Path(dataset["sidecar_path"]).parent.parent == work / "datasets" / task
+            assert Path(dataset["path"]).parent.parent == work / "datasets" / task
         assert len({materializations(instance, "dataset_npz", t)[0][1]["sha256"] for t in TASKS}) == 3
 
 
@@ -172,7 +175,7 @@ def test_a_failing_check_in_one_task_does_not_block_another(recordings, tmp_path
     with dg.instance_for_test() as instance:
         assert _materialize(instance, bad, recordings, work).success
         [(_, meta)] = materializations(instance, "dataset_npz", bad)
-        cut_at_fraction(Path(meta["sidecar_path"]).with_suffix(".npz"), 0.5)
+        cut_at_fraction(meta["path"], 0.5)
         checks_then_upload = dg.AssetSelection.checks_for_assets(dataset_npz) | dg.AssetSelection.assets(remote_dataset)
         failed = _materialize(instance, bad, recordings, work, selection=checks_then_upload)
         assert not failed.success
@@ -186,6 +189,7 @@ def test_a_failing_check_in_one_task_does_not_block_another(recordings, tmp_path
         [(_, remote)] = materializations(instance, "remote_dataset", good)
         [(_, dataset)] = materializations(instance, "dataset_npz", good)
         assert remote["sha256"] == dataset["sha256"] and f"/{good}/" in remote["remote_path"]
+        assert remote["path"] == remote["remote_path"] and sha256_file(remote["path"]) == dataset["sha256"]
         results = check_results(instance)
         assert [p for _, p, _ in results[(bad, "dataset_npz", "members_length_T")]] == [True, False]
         assert [p for _, p, _ in results[(good, "dataset_npz", "members_length_T")]] == [True]
