@@ -66,6 +66,57 @@ _SERVER_ENV = {
 }
 
 
+#: The keys of a lab.yaml (``--config``) at the top level.
+LAB_KEYS = ("recordings", "out", "server", "assets")
+
+
+def _refuse(config: Optional[Path], key: object, where: str, valid) -> typer.BadParameter:
+    return typer.BadParameter(
+        f"{config}: unknown key {key!r}{where}; valid keys: {', '.join(sorted(valid))}"
+    )
+
+
+def check_lab_settings(settings: dict, config: Optional[Path]) -> None:
+    """Refuse unknown top-level and ``server:`` keys of a lab.yaml, naming the key, the file and the valid keys.
+
+    Raises:
+        typer.BadParameter: an unknown key, or ``server``/``assets`` not a mapping.
+    """
+    for key in settings:
+        if key not in LAB_KEYS:
+            raise _refuse(config, key, " at the top level", LAB_KEYS)
+    for section in ("server", "assets"):
+        if settings.get(section) is not None and not isinstance(settings[section], dict):
+            raise typer.BadParameter(f"{config}: {section!r} must be a mapping, got {settings[section]!r}")
+    for key in settings.get("server") or {}:
+        if key not in _SERVER_ENV:
+            raise _refuse(config, key, " under 'server'", _SERVER_ENV)
+
+
+def check_asset_settings(assets: dict, config: Optional[Path], job) -> None:
+    """Refuse ``assets:`` entries that name no configurable step of ``job`` or a field its config lacks.
+
+    The valid names and fields come from the job's op config schemas (the launchpad's config).
+
+    Raises:
+        typer.BadParameter: naming the key, the file and the valid keys.
+    """
+    fields_by_step = {}
+    for name, node in job.graph.node_dict.items():
+        schema = node.definition.config_schema
+        fields = getattr(schema.as_field().config_type, "fields", None) if schema is not None else None
+        if fields:
+            fields_by_step[name] = set(fields)
+    for name, values in assets.items():
+        if name not in fields_by_step:
+            raise _refuse(config, name, " under 'assets'", fields_by_step)
+        if values is not None and not isinstance(values, dict):
+            raise typer.BadParameter(f"{config}: assets.{name} must be a mapping, got {values!r}")
+        for field in values or {}:
+            if field not in fields_by_step[name]:
+                raise _refuse(config, field, f" under 'assets: {name}'", fields_by_step[name])
+
+
 def _merge(base: dict, extra: dict) -> dict:
     out = {k: dict(v) for k, v in base.items()}
     for key, values in (extra or {}).items():
@@ -104,10 +155,46 @@ def _follow(instance, run_id: str, stop: threading.Event) -> None:
                 verdict = "[green]passed[/green]" if ev.passed else "[red]FAILED[/red]"
                 console.print(f"{stamp} check {ev.asset_key.to_user_string()}:{ev.check_name} {verdict}")
             elif kind == DagsterEventType.STEP_FAILURE:
-                console.print(f"{stamp} [red]{step} failed[/red]: {record.message}")
+                console.print(f"{stamp} [red]{step} failed[/red]: {failure_reason(event)}")
         if done:
             return
         stop.wait(0.5)
+
+
+def failure_reason(event) -> str:
+    """The dpflow reason of a ``STEP_FAILURE`` event: the ``dg.Failure`` description, else the innermost
+    error's first line (``KeyError: 'path'``), never a stack trace."""
+    data = event.step_failure_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return data.user_failure_data.description
+    error = data.error
+    while error is not None and error.cause is not None:
+        error = error.cause
+    if error is None:
+        return "failed (no error recorded)"
+    return error.message.strip().replace("\n", "; ")
+
+
+def failure_summary(result, steps_in_job: set[str]) -> list[str]:
+    """One line per failed check (with its task and description), per failed step (its reason) and one
+    naming the steps of ``steps_in_job`` that did not start; empty when nothing failed."""
+    steps, checks, started = [], [], set()
+    for event in result.all_events:
+        kind = event.event_type_value
+        if kind == "STEP_FAILURE":
+            steps.append(f"step {event.step_key} failed: {failure_reason(event)}")
+        elif kind == "ASSET_CHECK_EVALUATION" and not event.asset_check_evaluation_data.passed:
+            ev = event.asset_check_evaluation_data
+            task = f" (task {ev.partition})" if ev.partition else ""
+            checks.append(f"check {ev.asset_key.to_user_string()}:{ev.check_name}{task} failed: {ev.description or 'no description'}")
+        elif kind == "STEP_START":
+            started.add(event.step_key)
+    # a step that failed because its blocking checks did is named by those checks' lines already
+    lines = checks + [line for line in steps if not (checks and "blocking asset check" in line)]
+    not_run = sorted(steps_in_job - started)
+    if lines and not_run:
+        lines.append(f"not run (an upstream step or blocking check failed): {', '.join(not_run)}")
+    return lines
 
 
 #: What the summary shows for each asset: (label, key of the asset's output dict).
@@ -153,12 +240,21 @@ def run_demo(
     if settings and not isinstance(settings, dict):
         raise typer.BadParameter(f"{config}: expected a mapping at the top level")
     settings = settings or {}
+    check_lab_settings(settings, config)
     out = Path(settings.get("out", out)).expanduser().resolve()
     recordings = recordings or (Path(settings["recordings"]).expanduser() if settings.get("recordings") else None)
     for key, value in (settings.get("server") or {}).items():
-        if key not in _SERVER_ENV:
-            raise typer.BadParameter(f"{config}: unknown server setting {key!r}; known: {sorted(_SERVER_ENV)}")
         os.environ[_SERVER_ENV[key]] = str(Path(value).expanduser()) if key in ("key_file", "known_hosts") else str(value)
+    # the definitions read these when imported; the asset settings are checked against them before any work
+    os.environ["DPFLOW_WORKDIR"] = str(out)
+    os.environ.setdefault("DPFLOW_SERVER_ROOT", str(out / "server"))
+    os.environ.setdefault("DAGSTER_HOME", str(REPO / "dagster_home"))
+    os.environ.setdefault("WANDB_MODE", "offline")
+
+    from dpflow_dagster.definitions import defs
+
+    job = defs.resolve_job_def("dpflow_pipeline")
+    check_asset_settings(settings.get("assets") or {}, config, job)
 
     out.mkdir(parents=True, exist_ok=True)
     if recordings is None:
@@ -185,23 +281,18 @@ def run_demo(
         raise typer.BadParameter(f"{recordings}: the task folder's name is the partition key: {exc.reason}") from exc
     # the output root holds the task folders; the task folder's name is the partition
     os.environ["DPFLOW_RECORDINGS_ROOT"] = str(recordings.parent)
-    os.environ["DPFLOW_WORKDIR"] = str(out)
-    os.environ.setdefault("DPFLOW_SERVER_ROOT", str(out / "server"))
-    os.environ.setdefault("DAGSTER_HOME", str(REPO / "dagster_home"))
-    os.environ.setdefault("WANDB_MODE", "offline")
     Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
 
     import dagster as dg
 
-    from dpflow_dagster.definitions import defs
     from dpflow_dagster.partitions import task_partitions
 
     asset_config = _merge(DEMO_ASSET_CONFIG, settings.get("assets") or {})
-    job = defs.resolve_job_def("dpflow_pipeline")
     ops = {node.name for node in job.graph.node_defs} | set(job.graph.node_dict)
     run_config = {
         "ops": {name: {"config": values} for name, values in asset_config.items() if name in ops},
-        "loggers": {"console": {"config": {"log_level": "WARNING"}}},
+        # the follower prints progress and failures (their reasons, without stack traces)
+        "loggers": {"console": {"config": {"log_level": "CRITICAL"}}},
     }
     instance = dg.DagsterInstance.get()
     if not instance.has_dynamic_partition(task_partitions.name, task):
@@ -219,11 +310,7 @@ def run_demo(
         stop.set()
         follower.join(timeout=10)
 
-    failed_checks = [
-        e.asset_check_evaluation_data
-        for e in result.all_events
-        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
-    ]
+    failures = failure_summary(result, set(job.graph.node_dict))
     console.print()
     _print_outputs(result, ops)
     console.print(f"Dagster instance: {os.environ['DAGSTER_HOME']}")
@@ -231,8 +318,10 @@ def run_demo(
         f"Open the UI:  DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/dagster dev -w workspace.yaml  "
         "(then http://127.0.0.1:3000)"
     )
-    if not result.success or failed_checks:
-        console.print(f"[red]dpflow demo failed[/red]: {len(failed_checks)} failed check(s)")
+    if not result.success or failures:
+        console.print(f"[red]dpflow demo failed[/red] (task {task!r}):")
+        for line in failures or ["the run failed without a failed step or check (see the run in the UI)"]:
+            console.print(f"  {line}")
         return 1
     console.print("[green]dpflow demo: every step and check passed[/green]")
     return 0

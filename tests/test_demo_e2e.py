@@ -125,20 +125,79 @@ def test_main_job_on_recordings_from_another_writer(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("server:\n  hostname: gpu01\n", "unknown server setting 'hostname'"),
+        ("server:\n  hostname: gpu01\n", "unknown key 'hostname' under 'server'; valid keys: activate, data_root, host,"),
         ("- just\n- a list\n", "expected a mapping at the top level"),
+        ("recording: /data/x\n", "unknown key 'recording' at the top level; valid keys: assets, out, recordings, server"),
+        ("assets:\n  dataset_npzz: {image_width: 64}\n", "unknown key 'dataset_npzz' under 'assets'; valid keys: checkpoint,"),
+        ("assets:\n  dataset_npz: {image_widht: 64}\n",
+         "unknown key 'image_widht' under 'assets: dataset_npz'; valid keys: frequency_tolerance, image_height, image_width,"),
     ],
 )
 def test_bad_config_file_is_refused_before_any_work(tmp_path, text, message):
     config = tmp_path / "lab.yaml"
     config.write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPFLOW_")}
+    env["COLUMNS"] = "500"  # the error box does not wrap the message
     env["DAGSTER_HOME"] = str(tmp_path / "home")
     proc = subprocess.run(
         [str(DPFLOW), "demo", "--config", str(config), "--out", str(tmp_path / "out")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode != 0
-    assert message in proc.stdout + proc.stderr
+    assert message in proc.stdout + proc.stderr and str(config) in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_readme_lab_yaml_shows_every_key_and_is_accepted():
+    """The README's lab.yaml example holds every top-level and server key, and its asset settings are valid."""
+    import re
+
+    import yaml
+
+    from dpflow_dagster import demo
+    from dpflow_dagster.definitions import defs
+
+    block = re.search(r"`lab.yaml`.*?```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    settings = yaml.safe_load(block)
+    assert set(settings) == set(demo.LAB_KEYS)
+    assert set(settings["server"]) == set(demo._SERVER_ENV)
+    demo.check_lab_settings(settings, Path("README.md"))
+    demo.check_asset_settings(settings["assets"], Path("README.md"), defs.resolve_job_def("dpflow_pipeline"))
+
+
+def test_the_readme_lists_every_environment_variable_dpflow_reads():
+    import re
+
+    code = "".join(p.read_text() for d in ("dpflow_core", "dpflow_dagster", "scripts", "docker")
+                   for p in (REPO / d).rglob("*") if p.is_file() and p.suffix in (".py", ".sh", ".yml", ".yaml", ""))
+    # markers printed by probes on the server, not variables
+    names = set(re.findall(r"DPFLOW_[A-Z][A-Z_]*[A-Z]", code)) - {"DPFLOW_FREQ", "DPFLOW_CKPT", "DPFLOW_PROBE", "DPFLOW_SERVER"}
+    readme = (REPO / "README.md").read_text()
+    assert sorted(n for n in names if f"`{n}`" not in readme) == []
+
+
+@pytest.mark.slow
+def test_a_failed_demo_names_the_failed_step_and_its_reason(tmp_path):
+    """One episode cannot be normalised: the summary says which step failed and why, names what did not
+    run, and shows no stack trace (nor a count of zero failed checks)."""
+    from dpflow_core.samples import write_task
+
+    write_task(tmp_path / "matrix_output", episodes=1, seconds=3.0, task="one_take")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPFLOW_")} | {"DAGSTER_HOME": str(home)}
+    proc = subprocess.run(
+        [str(DPFLOW), "demo", "--out", str(tmp_path / "out"), "--recordings", str(tmp_path / "matrix_output" / "one_take")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    summary = out[out.index("dpflow demo failed"):]
+    assert "dpflow demo failed (task 'one_take')" in summary
+    assert "step dataset_npz failed:" in summary and "zero variance" in summary
+    assert "not run (an upstream step or blocking check failed):" in summary and "train_run" in summary
+    assert "Traceback" not in out and "0 failed check" not in out
+    [run] = dg.DagsterInstance.from_config(str(home)).get_runs()
+    assert run.status == dg.DagsterRunStatus.FAILURE
