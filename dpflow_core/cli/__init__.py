@@ -21,6 +21,21 @@ app = typer.Typer(
     add_completion=False,
 )
 
+def _print_version(value: bool) -> None:
+    if value:
+        from dpflow_core import __version__
+
+        typer.echo(f"dpflow {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Matrix Studio recordings -> replay buffer -> GPU server -> Diffusion Policy checkpoint."""
+
+
 # Stage modules register their commands on ``app`` when imported.
 from dpflow_core.cli import recordings as _recordings  # noqa: E402,F401
 from dpflow_core.cli import dataset as _dataset  # noqa: E402,F401

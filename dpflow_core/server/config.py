@@ -26,8 +26,11 @@ _SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 
 
 def default_local_data_root() -> str:
-    """Data root of the local transport: ``$DPFLOW_SERVER_ROOT`` or ``<project>/outputs/server``."""
-    return os.environ.get("DPFLOW_SERVER_ROOT") or str(PROJECT_ROOT / "outputs" / "server")
+    """Data root of the local transport: ``$DPFLOW_SERVER_ROOT``, else ``<work folder>/server`` (the work
+    folder of :func:`dpflow_core.files.default_workdir`, where the CLI and the demo write everything else)."""
+    from dpflow_core.files import default_workdir
+
+    return os.environ.get("DPFLOW_SERVER_ROOT") or str(default_workdir() / "server")
 
 
 def default_local_repo() -> str | None:

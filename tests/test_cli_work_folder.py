@@ -1,0 +1,50 @@
+"""The CLI's defaults: one work folder for everything, ``--version``, ``pair`` on an output root of one task."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+from typer.testing import CliRunner
+
+from dpflow_core import __version__
+from dpflow_core.checkpoints import default_checkpoint_root
+from dpflow_core.cli import app
+from dpflow_core.server.config import ServerConfig, default_local_data_root
+from recording_fixtures import write_small_task
+
+runner = CliRunner()
+
+
+def test_without_a_host_uploads_and_checkpoints_share_the_work_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("DPFLOW_SERVER_ROOT", raising=False)
+    monkeypatch.delenv("DPFLOW_WORKDIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert default_local_data_root() == str(tmp_path / "outputs" / "server")
+    assert default_checkpoint_root() == tmp_path / "outputs" / "checkpoints"
+    monkeypatch.setenv("DPFLOW_WORKDIR", str(tmp_path / "work"))
+    assert ServerConfig.local().data_root == str(tmp_path / "work" / "server")
+    assert default_checkpoint_root() == tmp_path / "work" / "checkpoints"
+    monkeypatch.setenv("DPFLOW_SERVER_ROOT", str(tmp_path / "elsewhere"))
+    assert default_local_data_root() == str(tmp_path / "elsewhere")
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"dpflow {__version__}" == f"dpflow {importlib.metadata.version('dpflow')}"
+
+
+def test_pair_on_a_folder_holding_one_task_folder_uses_it_and_says_so(tmp_path):
+    root = tmp_path / "matrix_output"
+    episodes = write_small_task(root, episodes=1, seed=3, task="pick_cup")
+    result = runner.invoke(app, ["pair", str(root), "-o", str(tmp_path / "m.json")])
+    assert result.exit_code == 0, result.output
+    assert f"{root} holds one task folder: pairing {root / 'pick_cup'}" in result.output
+    manifest = json.loads((tmp_path / "m.json").read_text())
+    assert manifest["task"] == "pick_cup" and [a["stem"] for a in manifest["accepted"]] == [episodes[0].stem]
+
+    write_small_task(root, episodes=1, seed=4, task="wipe_table")
+    again = runner.invoke(app, ["pair", str(root), "-o", str(tmp_path / "m2.json")])
+    assert again.exit_code != 0 and not (tmp_path / "m2.json").exists()
+    assert "2 task folders (pick_cup, wipe_table); give one of them" in str(again.exception)
