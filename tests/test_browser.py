@@ -10,12 +10,13 @@ are saved in the test's temporary folder.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from browser import chromium_page, start_dagster_dev, stop_dagster_dev  # noqa: F401  (fixture)
+from browser import REPO, chromium_page, start_dagster_dev, stop_dagster_dev  # noqa: F401  (fixture)
 from dpflow_core.recordings.samples import SampleSpec, write_task
 
 #: The dataset assets, upstream first; those the definitions hold are materialized.
@@ -65,6 +66,16 @@ def _latest_metadata(dev, name: str) -> tuple[str, dict[str, object]]:
     return mat["runId"], values
 
 
+def _skip_newsletter(page) -> None:
+    """Dismiss the first-visit newsletter dialog when it shows."""
+    skip = page.get_by_role("button", name="Skip")
+    try:
+        skip.wait_for(state="visible", timeout=15_000)
+        skip.click()
+    except Exception:  # noqa: BLE001 - the dialog is optional; the next steps fail loudly if it blocks
+        pass
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_materialize_dataset_assets_from_the_ui(dagster_dev, chromium_page, tmp_path):
@@ -74,12 +85,7 @@ def test_materialize_dataset_assets_from_the_ui(dagster_dev, chromium_page, tmp_
     assert "paired_episodes" in selected, sorted(present)
 
     page.goto(f"{dev.url}/asset-groups")
-    skip = page.get_by_role("button", name="Skip")  # first-visit newsletter dialog
-    try:
-        skip.wait_for(state="visible", timeout=15_000)
-        skip.click()
-    except Exception:  # noqa: BLE001 - the dialog is optional; the next steps fail loudly if it blocks
-        pass
+    _skip_newsletter(page)
     page.locator("div.CodeMirror").first.click()
     page.keyboard.type(" or ".join(f"key:{name}" for name in selected))
     page.keyboard.press("Enter")
@@ -142,3 +148,70 @@ def test_materialize_dataset_assets_from_the_ui(dagster_dev, chromium_page, tmp_
     for name in ("asset_graph.png", "launch_dialog.png", "run.png", "paired_episodes.png", "episode_quality.png"):
         png = tmp_path / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000, name
+
+
+#: Two task folders of the demo-like run whose check results the Checks tab must show side by side.
+TWO_TASKS = ("pick_cup", "wipe_table")
+
+
+@pytest.fixture
+def two_tasks_home(tmp_path, monkeypatch):
+    """A DAGSTER_HOME where the dataset part of the graph (with its checks) ran for two tasks, as
+    ``dpflow demo`` runs it: the definitions' own assets, checks and IO manager on that instance."""
+    import dagster as dg
+
+    from dpflow_dagster.definitions import defs
+
+    recordings, work, home = tmp_path / "recordings", tmp_path / "work", tmp_path / "dagster_home"
+    for k, task in enumerate(TWO_TASKS):
+        write_task(recordings, episodes=2, seconds=2, seed=k, task=task, spec=SampleSpec(width=160, height=120))
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DPFLOW_RECORDINGS_ROOT", str(recordings))
+    monkeypatch.setenv("DPFLOW_WORKDIR", str(work))
+    job = defs.resolve_job_def("dpflow_pipeline").get_subset(
+        asset_selection={dg.AssetKey("paired_episodes"), dg.AssetKey("dataset_npz")})
+    run_config = {"ops": {"paired_episodes": {"config": {"quality": False}},
+                          "dataset_npz": {"config": {"image_width": 32, "image_height": 24, "workers": 1}}}}
+    steps = {}
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions("task", list(TWO_TASKS))
+        for task in TWO_TASKS:
+            result = job.execute_in_process(run_config=run_config, instance=instance, partition_key=task)
+            assert result.success
+            steps[task] = result.output_for_node("dataset_npz")["total_steps"]
+    env = {"DPFLOW_RECORDINGS_ROOT": str(recordings), "DPFLOW_WORKDIR": str(work), "WANDB_MODE": "offline"}
+    return env, steps
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_checks_tab_shows_each_tasks_check_results(two_tasks_home, chromium_page, tmp_path):
+    """After two tasks ran, a check's execution history lists one result per task (its partition, Passed,
+    the description with that task's own T) and its Partitions tab counts both as passed."""
+    env, steps = two_tasks_home
+    assert len(set(steps.values())) == 2, steps  # the two tasks' results are told apart by their T
+    dev = start_dagster_dev(tmp_path, env)
+    try:
+        page = chromium_page
+        page.goto(f"{dev.url}/assets/dataset_npz?view=checks")
+        _skip_newsletter(page)
+        page.get_by_text("episode_ends_valid").first.click()
+        page.get_by_role("tab", name="Execution history").click()
+        for task, total in steps.items():
+            row = page.locator("tr", has_text=task)
+            row.first.wait_for(state="visible")
+            assert row.count() == 1, task
+            text = row.first.inner_text()
+            assert "Passed" in text and f"last = {total}, T = {total}" in text, (task, text)
+        page.screenshot(path=str(tmp_path / "check_history.png"))
+        page.locator("button[role=tab]", has_text="Partitions").click()
+        page.get_by_text("Passed (2)").first.wait_for(state="visible")
+        for task in TWO_TASKS:
+            assert page.get_by_text(task, exact=True).count() >= 1, task
+        page.screenshot(path=str(tmp_path / "check_partitions.png"))
+    finally:
+        status = stop_dagster_dev(dev)
+    assert status == 0, f"dagster dev did not stop cleanly on TERM ({status}):\n{dev.log_tail()}"
+    for name in ("check_history.png", "check_partitions.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
