@@ -125,7 +125,7 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 #: Log lines of the filesystem IO manager, hidden from the progress display.
-_IO_MESSAGES = ("Loading file from", "Writing file at", "Loading partition", "Writing partition")
+_IO_MESSAGES = ("Loading file from", "Writing file at", "Loading partition", "Writing partition", "Loading 1 partitions")
 
 
 def _follow(instance, run_id: str, stop: threading.Event) -> None:
