@@ -43,7 +43,8 @@ def _run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, 
         [str(DPFLOW), "demo", "--out", str(out), *args],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # 1 only for a failed beats_baseline gate (checked in _assert_pipeline_products)
+    assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc, dg.DagsterInstance.from_config(str(home)), out
 
 
@@ -72,19 +73,22 @@ def _latest(instance: dg.DagsterInstance, key: str, task: str | None = None) -> 
     return {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
 
 
-def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str, runs_before: int = 0) -> None:
+def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str, runs_before: int = 0) -> bool:
     """The newest run (after ``runs_before`` others) is ``task``'s and passed every step and check, each
     result recorded for ``task``; each product is where its ``path`` metadata says; hashes agree."""
     runs = instance.get_runs()
-    assert len(runs) == runs_before + 1 and runs[0].status == dg.DagsterRunStatus.SUCCESS
+    assert len(runs) == runs_before + 1
     assert runs[0].tags.get("dagster/partition") == task
     records = instance.get_records_for_run(runs[0].run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
     evaluations = [r.event_log_entry.dagster_event.event_specific_data for r in records]
     checks = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in evaluations}
     for asset in ("dataset_npz", "remote_dataset", "smoke_run", "train_run", "checkpoint", "evaluation"):
         assert any(a == asset for a, _ in checks), f"no check of {asset} ran: {sorted(checks)}"
-    assert all(checks.values()), {k: v for k, v in checks.items() if not v}
     assert {e.partition for e in evaluations} == {task}
+    # every check passes but, possibly, the evaluation gate (see main's note on the absolute-pose demo policy)
+    beats = checks.pop(("evaluation", "beats_baseline"))
+    assert all(checks.values()), {k: v for k, v in checks.items() if not v}
+    assert runs[0].status == (dg.DagsterRunStatus.SUCCESS if beats else dg.DagsterRunStatus.FAILURE)
 
     storage = Path(instance.storage_directory()).resolve()
     for asset, pattern in _PRODUCTS.items():
@@ -110,9 +114,11 @@ def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str
     assert len(list(out.glob("checkpoints/**/*.ckpt"))) == runs_before + 1
     policy, cfg, spec = load_policy(ckpt)
     assert sum(p.numel() for p in policy.parameters()) > 0
-    policy_mse, baseline_mse = float(evaluation["policy_mse"]), float(evaluation["baseline_mse"])
-    assert math.isfinite(policy_mse) and math.isfinite(baseline_mse)
-    assert policy_mse < baseline_mse
+    figures = {k: float(evaluation[k]) for k in ("policy_mse", "mean_mse", "hold_mse", "constant_velocity_mse", "required_mse")}
+    assert all(math.isfinite(v) for v in figures.values()), figures
+    assert figures["required_mse"] == pytest.approx(0.8 * min(figures["mean_mse"], figures["hold_mse"]))
+    assert beats == (figures["policy_mse"] < figures["required_mse"]) == evaluation["beats_baseline"]
+    return beats
 
 
 @pytest.mark.slow
@@ -123,9 +129,9 @@ def test_main_job_on_sample_recordings_then_a_second_task(tmp_path):
     from dpflow_core.recordings.samples import write_task
 
     proc, instance, out = _run_demo(tmp_path, "--episodes", "4", "--seconds", "6")
-    assert "every step and check passed" in proc.stdout
     assert len(list((out / "recordings" / "pick_place").glob("*_vio.mcap"))) == 4
-    _assert_pipeline_products(instance, out, "pick_place")
+    beats = _assert_pipeline_products(instance, out, "pick_place")
+    assert ("every step and check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
     first = {asset: _latest(instance, asset, "pick_place") for asset in _PRODUCTS}
 
     # the second task costs less than the first: fewer, shorter episodes and half the training epochs
@@ -133,8 +139,8 @@ def test_main_job_on_sample_recordings_then_a_second_task(tmp_path):
     lab = tmp_path / "lab.yaml"
     lab.write_text("assets:\n  train_run: {epochs: 2}\n")
     proc, instance, out = _run_demo(tmp_path, "--recordings", str(out / "recordings" / "wipe_table"), "--config", str(lab))
-    assert "every step and check passed" in proc.stdout
-    _assert_pipeline_products(instance, out, "wipe_table", runs_before=1)
+    beats = _assert_pipeline_products(instance, out, "wipe_table", runs_before=1)
+    assert ("every step and check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
     assert {asset: _latest(instance, asset, "pick_place") for asset in _PRODUCTS} == first
     assert instance.get_materialized_partitions(dg.AssetKey("evaluation")) == {"pick_place", "wipe_table"}
 
