@@ -107,13 +107,13 @@ def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str
     evaluation = _latest(instance, "evaluation", task)
     assert evaluation["dataset_sha256"] == file_sha
 
-    from dpflow_core.train.checkpoint import load_policy
+    from dpflow_core.inference import load_policy
 
     ckpt = Path(checkpoint_meta["path"])
     assert sha256_file(ckpt) == checkpoint_meta["sha256"] == evaluation["checkpoint_sha256"]
     assert len(list(out.glob("checkpoints/**/*.ckpt"))) == runs_before + 1
-    policy, cfg, spec = load_policy(ckpt)
-    assert sum(p.numel() for p in policy.parameters()) > 0
+    policy = load_policy(ckpt)
+    assert sum(p.numel() for p in policy.network.parameters()) > 0
     figures = {k: float(evaluation[k]) for k in ("policy_mse", "mean_mse", "hold_mse", "constant_velocity_mse", "required_mse")}
     assert all(math.isfinite(v) for v in figures.values()), figures
     assert figures["required_mse"] == pytest.approx(0.8 * min(figures["mean_mse"], figures["hold_mse"]))

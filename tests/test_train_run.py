@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from dpflow_core.errors import RunError
+from dpflow_core.files import sha256_file
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train import checkpoint as ckpt
 from dpflow_core.train.app import CONFIG_DIR
-from dpflow_core.train.checkpoint import load_policy
+from dpflow_core.inference import load_policy
 from dpflow_core.train.data import SequenceDataset
 from dpflow_core.train.logs import read_json_log
 from dpflow_core.train.workspace import train
@@ -193,15 +194,21 @@ def test_offline_wandb_logs_run_directory_and_resume_guards(tmp_path, dataset, e
     assert ckpt.missing_checkpoint_entries(latest) == []
 
     # evaluation rebuilds the EMA policy and cuts samples exactly as training did
-    policy, cfg, spec = load_policy(run / "checkpoints" / "latest.ckpt")
-    assert cfg.training.max_train_steps == 3 and spec.obs_latency_steps["camera0_rgb"] == 1
-    for name, value in policy.state_dict().items():
+    policy = load_policy(run / "checkpoints" / "latest.ckpt")
+    cfg, spec = policy.cfg, policy.spec
+    # tiny: camera latency 0.1 s at 10 Hz, robot and gripper 0: low-dim state read one step after the frame
+    assert cfg.training.max_train_steps == 3 and spec.obs_latency_steps["robot0_eef_pos"] == pytest.approx(1.0)
+    assert spec.obs_pose_repr == spec.action_pose_repr == "relative"
+    assert latest["dataset"]["sha256"] == sha256_file(dataset) and latest["tx_cam_tcp"] == np.eye(4).tolist()
+    for name, value in policy.network.state_dict().items():
         assert torch.equal(value, latest["policy"][name])
     assert any(not torch.equal(latest["policy"][k], latest["model"][k]) for k in latest["model"])
     buffer = ReplayBuffer(dataset)
     samples = SequenceDataset(buffer, spec, np.ones(buffer.n_episodes, bool))
-    out = policy.predict_action(samples.collate([0, 5, 9])["obs"])
-    assert out["action_pred"].shape == (3, 8, 7) and out["action"].shape == (3, 4, 7)
+    out = policy.network.predict_action(samples.collate([0, 5, 9])["obs"])
+    assert out["action_pred"].shape == (3, 8, 10) and out["action"].shape == (3, 4, 10)
+    absolute = policy.predict_samples(buffer, samples.index[[0, 5, 9]])
+    assert absolute.shape == (3, 8, 7) and np.isfinite(absolute).all()
 
     # (in this process, to spare two start-ups) the same directory without
     # training.resume=true is refused; a checkpoint lacking an entry fails loudly on resume
@@ -332,21 +339,21 @@ def test_default_config_is_the_224_to2_horizon16_setup(tmp_path, dataset, one_th
 
     meta = {
         "rgb": {"camera0_rgb": [224, 224, 3]},
-        "lowdim": {"robot0_eef_pos": 3, "robot0_eef_rot_axis_angle": 3, "robot0_gripper_width": 1},
-        "action_dim": 7,
+        "lowdim": {"robot0_eef_pos": 3, "robot0_eef_rot_axis_angle": 6, "robot0_gripper_width": 1},
+        "action_dim": 10,
     }
     stats = {
         k: {s: np.zeros(d, np.float32) + (1.0 if s in ("max", "std") else 0.0) for s in ("min", "max", "mean", "std")}
-        for k, d in [*meta["lowdim"].items(), ("action", 7)]
+        for k, d in [*meta["lowdim"].items(), ("action", 10)]
     }
     policy = build_policy(
         OmegaConf.to_container(cfg.policy), ObsActionSpec(n_obs_steps=2, horizon=16), cfg.n_action_steps, meta, stats
     )
     obs = {"camera0_rgb": torch.randint(0, 256, (2, 2, 224, 224, 3), dtype=torch.uint8)}
     obs |= {k: torch.rand(2, 2, d) for k, d in meta["lowdim"].items()}
-    loss = policy({"obs": obs, "action": torch.rand(2, 16, 7)})
+    loss = policy({"obs": obs, "action": torch.rand(2, 16, 10)})
     assert loss.ndim == 0 and torch.isfinite(loss)
-    assert policy.obs_encoder.crop_hw["camera0_rgb"] == (213, 213) and policy.obs_encoder.output_dim == 2 * (512 + 7)
+    assert policy.obs_encoder.crop_hw["camera0_rgb"] == (213, 213) and policy.obs_encoder.output_dim == 2 * (512 + 10)
 
 
 def test_episodes_too_short_for_the_horizon_are_a_clear_error(tmp_path, one_thread):

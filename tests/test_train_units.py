@@ -13,6 +13,7 @@ from dpflow_core.train.data import (
     ObsActionSpec,
     SequenceDataset,
     latency_steps,
+    normalizer_modes,
     normalizer_stats,
     sequence_index,
     shape_meta,
@@ -71,35 +72,45 @@ def test_sequence_index_respects_episode_bounds_and_horizon(buffer):
     assert padded[:, 0].tolist() == list(range(12, 18))
 
 
-def test_samples_pad_at_edges_and_shift_by_latency(buffer):
+def test_samples_pad_at_edges_and_read_lowdim_after_the_camera(buffer):
     spec = ObsActionSpec(
         n_obs_steps=3,
         horizon=4,
         obs_down_sample_steps=2,
         action_down_sample_steps=1,
-        obs_latency_steps={"camera0_rgb": 1},
+        obs_latency_steps={"robot0_eef_pos": 1.0, "robot0_eef_rot_axis_angle": 1.0},
+        obs_pose_repr="abs",
+        action_pose_repr="abs",
         action_padding=True,
     )
     ds = SequenceDataset(buffer, spec, np.array([True, False, False]))
     pos = np.asarray(buffer["robot0_eef_pos"])
     rgb = np.asarray(buffer["camera0_rgb"])
-    first = ds[0]  # anchor 0: history is the first frame repeated
-    np.testing.assert_array_equal(first["obs"]["robot0_eef_pos"].numpy(), pos[[0, 0, 0]])
-    np.testing.assert_array_equal(first["action"][:, :3].numpy(), pos[[0, 1, 2, 3]])
-    s = ds[5]  # anchor 5: low-dim at 1, 3, 5; camera one step earlier: 0, 2, 4
-    np.testing.assert_array_equal(s["obs"]["robot0_eef_pos"].numpy(), pos[[1, 3, 5]])
-    np.testing.assert_array_equal(s["obs"]["camera0_rgb"].numpy(), rgb[[0, 2, 4]])
+    first = ds[0]  # anchor 0: history is the first frame repeated; the pose one step later
+    np.testing.assert_allclose(first["obs"]["robot0_eef_pos"].numpy(), pos[[0, 0, 1]], atol=1e-7)
+    np.testing.assert_allclose(first["action"][:, :3].numpy(), pos[[0, 1, 2, 3]], atol=1e-7)
+    s = ds[5]  # anchor 5: camera at 1, 3, 5; the pose one step after each: 2, 4, 6
+    np.testing.assert_allclose(s["obs"]["robot0_eef_pos"].numpy(), pos[[2, 4, 6]], atol=1e-7)
+    np.testing.assert_array_equal(s["obs"]["camera0_rgb"].numpy(), rgb[[1, 3, 5]])
     assert s["obs"]["camera0_rgb"].dtype == torch.uint8
-    last = ds[11]  # anchor 11, the episode's last frame: actions repeat it
-    np.testing.assert_array_equal(last["action"][:, :3].numpy(), pos[[11, 11, 11, 11]])
+    assert s["obs"]["robot0_eef_rot_axis_angle"].shape == (3, 6)  # rot6d
+    last = ds[11]  # anchor 11, the episode's last frame: actions repeat it, the shifted pose is clipped
+    np.testing.assert_allclose(last["action"][:, :3].numpy(), pos[[11, 11, 11, 11]], atol=1e-7)
+    np.testing.assert_allclose(last["obs"]["robot0_eef_pos"][-1].numpy(), pos[11], atol=1e-7)
     grip = np.asarray(buffer["robot0_gripper_width"])
-    np.testing.assert_array_equal(last["action"][:, 6].numpy(), grip[[11, 11, 11, 11], 0])
-    assert last["action"].shape == (4, 7)
+    np.testing.assert_array_equal(last["action"][:, 9].numpy(), grip[[11, 11, 11, 11], 0])
+    assert last["action"].shape == (4, 10)
 
 
 def test_latency_steps_and_split():
-    assert latency_steps({"a": 0.125, "b": 0.02}, 30.0) == {"a": 4, "b": 1}
-    assert latency_steps({"a": 0.125}, 0.0) == {"a": 0}
+    keys = ("robot0_eef_pos", "robot0_gripper_width")
+    lat = latency_steps(keys, 0.125, 0.0001, 0.02, 30.0)
+    assert lat == pytest.approx({"robot0_eef_pos": 0.1249 * 30, "robot0_gripper_width": 0.105 * 30})
+    assert latency_steps(keys, 0.125, 0.0001, 0.02, 0.0) == {"robot0_eef_pos": 0.0, "robot0_gripper_width": 0.0}
+    with pytest.raises(ValueError, match="robot_obs_latency"):
+        latency_steps(keys, 0.1, -1.0, 0.0, 30.0)
+    assert split_episodes(6, 0.1, seed=3, min_val_episodes=2)[1].sum() == 2
+    assert split_episodes(30, 0.1, seed=3, min_val_episodes=2)[1].sum() == 3
     train, val = split_episodes(20, 0.1, seed=3)
     assert val.sum() == 2 and not (train & val).any() and (train | val).all()
     assert (split_episodes(20, 0.1, seed=3)[1] == val).all()
@@ -139,27 +150,37 @@ def test_shards_are_equal_sized_and_cover_the_epoch():
     assert any("num_replicas" in d for d in shards[0].order_differences(st))
 
 
-def test_normalizer_maps_limits_to_unit_range_and_inverts(buffer):
-    spec = ObsActionSpec()
+def test_normalizer_fits_the_representation_ranges_positions_and_passes_rot6d(buffer):
+    spec = ObsActionSpec(horizon=4, obs_pose_repr="abs", action_pose_repr="abs")
     stats = normalizer_stats(buffer, spec)
     assert set(stats) == {"robot0_eef_pos", "robot0_eef_rot_axis_angle", "robot0_gripper_width", "action"}
-    norm = LinearNormalizer(stats)
-    act = torch.from_numpy(np.concatenate([np.asarray(buffer[k]) for k in spec.action_keys], axis=1))
+    # every sample's actions: episodes 0 and 2 (episode 1 is too short for H=4) minus their last 3 steps as anchors
+    rows = sequence_index(buffer.episode_ends, np.ones(3, bool), spec)
+    pos = np.asarray(buffer["robot0_eef_pos"], dtype=np.float64)
+    used = np.unique(np.clip(rows[:, :1] + np.arange(4), rows[:, 1:2], rows[:, 2:3] - 1))
+    np.testing.assert_allclose(stats["action"]["min"][:3], pos[used].min(0), rtol=1e-6)
+    np.testing.assert_allclose(stats["action"]["max"][:3], pos[used].max(0), rtol=1e-6)
+    assert stats["action"]["min"].shape == (10,) and stats["robot0_eef_rot_axis_angle"]["min"].shape == (6,)
+    norm = LinearNormalizer(stats, normalizer_modes(spec, {"robot0_eef_pos": 3, "robot0_eef_rot_axis_angle": 6,
+                                                           "robot0_gripper_width": 1}))
+    ds = SequenceDataset(buffer, spec, np.ones(3, bool))
+    act = ds.collate(range(len(ds)))["action"].reshape(-1, 10)
     y = norm.normalize("action", act)
-    varying = act.max(0).values - act.min(0).values > 1e-4
-    assert torch.allclose(y.min(0).values[varying], torch.tensor(-1.0), atol=1e-5)
-    assert torch.allclose(y.max(0).values[varying], torch.tensor(1.0), atol=1e-5)
-    # the constant rotation component maps to 0
-    assert torch.allclose(y[:, 5], torch.zeros(len(y)), atol=1e-6)
+    assert torch.allclose(y.min(0).values[:3], torch.tensor(-1.0), atol=1e-5)
+    assert torch.allclose(y.max(0).values[:3], torch.tensor(1.0), atol=1e-5)
+    assert torch.equal(y[:, 3:9], act[:, 3:9])  # rot6d passes through
     assert torch.allclose(norm.unnormalize("action", y), act, atol=1e-6)
-    # fitted on some episodes only: the statistics are those of exactly their steps
-    mask = np.zeros(len(buffer.episode_ends), dtype=bool)
-    mask[1] = True
-    start, end = int(buffer.episode_ends[0]), int(buffer.episode_ends[1])
+    gauss = LinearNormalizer(stats, {"action": ["gaussian"] * 3 + ["identity"] * 7})
+    g = gauss.normalize("action", act)
+    np.testing.assert_allclose(g[:, :3].mean(0).numpy(), 0.0, atol=1e-4)
+    np.testing.assert_allclose(g[:, :3].std(0, unbiased=False).numpy(), 1.0, atol=1e-4)
+    with pytest.raises(ValueError, match="modes"):
+        LinearNormalizer(stats, {"action": ["range"] * 3})
+    # fitted on some episodes only: the statistics are those of exactly their samples
+    mask = np.array([False, False, True])
+    start, end = int(buffer.episode_ends[1]), int(buffer.episode_ends[2])
     sub = normalizer_stats(buffer, spec, mask)
-    ref = np.asarray(buffer["robot0_eef_pos"][start:end], dtype=np.float64)
-    np.testing.assert_allclose(sub["robot0_eef_pos"]["mean"], ref.mean(0), rtol=1e-6)
-    np.testing.assert_allclose(sub["robot0_eef_pos"]["max"], ref.max(0), rtol=1e-6)
+    np.testing.assert_allclose(sub["action"]["max"][:3], pos[start:end].max(0), rtol=1e-6)
     rebuilt = LinearNormalizer(norm.stats())
     rebuilt.load_state_dict(norm.state_dict())
     assert torch.equal(rebuilt.normalize("action", act), y)
@@ -190,11 +211,14 @@ def test_policy_learns_and_predicts_in_dataset_units(buffer, one_thread):
     assert float(policy(batch).detach()) < first
     policy.eval()
     out = policy.predict_action(batch["obs"])
-    assert out["action_pred"].shape == (len(ds), 4, 7) and out["action"].shape == (len(ds), 2, 7)
-    # clipped samples unnormalise inside the dataset's range
-    lo = policy.normalizer.stats()["action"]["min"] - 1e-4
-    hi = policy.normalizer.stats()["action"]["max"] + 1e-4
-    assert ((out["action_pred"] >= lo) & (out["action_pred"] <= hi)).all()
+    assert out["action_pred"].shape == (len(ds), 4, 10) and out["action"].shape == (len(ds), 2, 10)
+    # clipped samples unnormalise inside the dataset's range; rot6d (passed through) inside [-1, 1]
+    ranged = [0, 1, 2, 9]
+    lo = policy.normalizer.stats()["action"]["min"][ranged] - 1e-4
+    hi = policy.normalizer.stats()["action"]["max"][ranged] + 1e-4
+    pred = out["action_pred"]
+    assert ((pred[..., ranged] >= lo) & (pred[..., ranged] <= hi)).all()
+    assert (pred[..., 3:9].abs() <= 1.0).all()
 
 
 def test_atomic_save_replaces_and_cleans_up(tmp_path):

@@ -93,38 +93,22 @@ def predict_absolute_actions(policy, dataset, rows: np.ndarray, *, batch_size: i
 
     This is the one function between the evaluation and the policy: everything else scores
     ``[pos m, rotvec rad, width m]`` per horizon step. Today's trainer predicts exactly those
-    keys in absolute dataset units (``spec.action_keys == ABS_ACTION_KEYS``), so its
-    ``predict_action(obs)["action_pred"]`` is returned as is; a policy with another action
-    representation plugs in here by returning absolute actions.
+    keys through :meth:`dpflow_core.inference.Policy.predict_samples`, which undoes the
+    pose representation and normalisation (what a robot runs).
 
     Args:
-        policy: the loaded policy (``predict_action(obs, generator=...)``).
+        policy: a :class:`dpflow_core.inference.Policy` (:func:`dpflow_core.inference.load_policy`).
         dataset: the :class:`~dpflow_core.train.data.SequenceDataset` of the held-out episodes.
         rows: positions in ``dataset`` (its ``index`` rows) to predict at.
         batch_size: samples per ``predict_action`` call; seed: seed of the diffusion noise;
         device: the policy's torch device.
 
     Raises:
-        RunError: when the policy's action is not the absolute 7-D one.
+        RunError: when ``policy`` is not an inference policy.
     """
-    import torch
-
-    keys = tuple(dataset.spec.action_keys)
-    if keys != ABS_ACTION_KEYS:
-        raise RunError(
-            f"the policy predicts {list(keys)}; evaluation needs absolute {list(ABS_ACTION_KEYS)} actions",
-            code="action_representation",
-        )
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    preds = []
-    for i in range(0, len(rows), batch_size):
-        batch = dataset.collate([int(r) for r in rows[i : i + batch_size]])
-        obs = {k: v.to(device) for k, v in batch["obs"].items()}
-        noise_gen = generator if str(device) == "cpu" else None
-        with torch.no_grad():
-            out = policy.predict_action(obs, generator=noise_gen)["action_pred"]
-        preds.append(out.float().cpu().numpy().astype(np.float64))
-    return np.concatenate(preds)
+    if not hasattr(policy, "predict_samples"):
+        raise RunError("evaluation needs a dpflow_core.inference.Policy (load_policy)", code="action_representation")
+    return policy.predict_samples(dataset.buffer, dataset.index[rows], batch_size=batch_size, seed=seed)
 
 
 def recorded_dataset_sha256(payload: Mapping[str, Any], checkpoint_path: str | Path) -> tuple[str | None, str | None]:
@@ -334,7 +318,8 @@ def evaluate_checkpoint(
 
     from dpflow_core.files import sha256_file, write_text_atomic
     from dpflow_core.replay_buffer import ReplayBuffer
-    from dpflow_core.train.checkpoint import load_checkpoint, load_policy
+    from dpflow_core.inference import load_policy
+    from dpflow_core.train.checkpoint import load_checkpoint
     from dpflow_core.train.data import SequenceDataset
 
     started = time.monotonic()
@@ -369,7 +354,8 @@ def evaluate_checkpoint(
                 path=buffer.path,
                 code="dataset_mismatch",
             )
-    policy, cfg, spec = load_policy(checkpoint_path, device=device, use_ema=True)
+    policy = load_policy(checkpoint_path, device=device, use_ema=True)
+    cfg, spec = policy.cfg, policy.spec
     train_mask, val_mask = held_out_split(cfg, buffer.n_episodes)
     held_out = tuple(int(e) for e in np.flatnonzero(val_mask))
     dataset = SequenceDataset(buffer, spec, val_mask)

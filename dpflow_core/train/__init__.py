@@ -14,7 +14,7 @@ Modules, in the order data flows:
 - :mod:`~dpflow_core.train.normalizer`, :mod:`~dpflow_core.train.vision`,
   :mod:`~dpflow_core.train.unet`, :mod:`~dpflow_core.train.policy`: the model;
 - :mod:`~dpflow_core.train.checkpoint`: what a checkpoint holds, atomic
-  writes, top-k, :func:`load_policy` for evaluation;
+  writes, top-k, :func:`load_network` (the raw module; robots use dpflow_core.inference);
 - :mod:`~dpflow_core.train.workspace`: the training loop;
   :mod:`~dpflow_core.train.logs`: ``logs.json.txt``.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "load_policy": "dpflow_core.train.checkpoint",
+    "load_network": "dpflow_core.train.checkpoint",
     "load_checkpoint": "dpflow_core.train.checkpoint",
     "required_checkpoint_entries": "dpflow_core.train.checkpoint",
     "missing_checkpoint_entries": "dpflow_core.train.checkpoint",

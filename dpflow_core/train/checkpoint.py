@@ -11,9 +11,11 @@ entry               content
 format              ``"dpflow-train-checkpoint"``; ``format_version`` its version
 cfg                 the resolved trainer config (YAML text)
 shape_meta          image shapes, low-dimensional sizes, action dimension
-spec                observation/action keys, horizons, strides, latency steps
+spec                observation/action keys, horizons, strides, latency steps, pose
+                    representation, ``tx_cam_tcp``, normaliser mode
 normalizer          statistics of every low-dimensional field and the action
 dataset             path, episodes, steps, frequency and SHA-256 of the training dataset
+tx_cam_tcp          the 4 x 4 camera-to-TCP transform applied to every pose
 model               trained weights (``state_dict`` of the policy)
 ema                 EMA settings and update count (None when EMA is off); the
                     averaged weights themselves are the ``policy`` entry
@@ -69,6 +71,7 @@ REQUIRED_ENTRIES: dict[str, str] = {
     "spec": "observation/action definition and latency steps",
     "normalizer": "normaliser statistics",
     "dataset": "training dataset identity",
+    "tx_cam_tcp": "camera-to-TCP transform",
     "model": "trained weights",
     "ema": "EMA settings and update count",
     "policy": "evaluation (EMA) weights",
@@ -361,11 +364,15 @@ class TopKCheckpoints:
             self.index = dict(ranked[: self.k])
 
 
-# Policy for evaluation -----------------------------------------------------------------
+# Network for inference -----------------------------------------------------------------
 
 
-def load_policy(path: str | Path, device: str | torch.device = "cpu", use_ema: bool = True):
-    """Rebuild the trained policy from a checkpoint, ready for ``predict_action``.
+def load_network(path: str | Path, device: str | torch.device = "cpu", use_ema: bool = True):
+    """Rebuild the trained network module from a checkpoint.
+
+    This is the raw module, in the network's representation (normalised
+    relative poses, rot6d); a robot or an evaluation wants
+    :func:`dpflow_core.inference.load_policy`, which wraps it.
 
     Args:
         path: a checkpoint written by the trainer (``latest.ckpt`` or a top-k file).
@@ -420,7 +427,11 @@ def spec_from_payload(payload: Mapping[str, Any]):
         horizon=int(s["horizon"]),
         obs_down_sample_steps=int(s["obs_down_sample_steps"]),
         action_down_sample_steps=int(s["action_down_sample_steps"]),
-        obs_latency_steps={k: int(v) for k, v in s["obs_latency_steps"].items()},
+        obs_latency_steps={k: float(v) for k, v in s["obs_latency_steps"].items()},
+        obs_pose_repr=str(s["obs_pose_repr"]),
+        action_pose_repr=str(s["action_pose_repr"]),
+        tx_cam_tcp=tuple(tuple(float(v) for v in row) for row in s["tx_cam_tcp"]),
+        lowdim_norm=str(s["lowdim_norm"]),
         action_padding=bool(s["action_padding"]),
     )
 
@@ -435,6 +446,10 @@ def spec_to_payload(spec) -> dict[str, Any]:
         "horizon": spec.horizon,
         "obs_down_sample_steps": spec.obs_down_sample_steps,
         "action_down_sample_steps": spec.action_down_sample_steps,
-        "obs_latency_steps": dict(spec.obs_latency_steps),
+        "obs_latency_steps": {k: float(v) for k, v in spec.obs_latency_steps.items()},
+        "obs_pose_repr": spec.obs_pose_repr,
+        "action_pose_repr": spec.action_pose_repr,
+        "tx_cam_tcp": [list(row) for row in spec.tx_cam_tcp],
+        "lowdim_norm": spec.lowdim_norm,
         "action_padding": spec.action_padding,
     }

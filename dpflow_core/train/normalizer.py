@@ -1,23 +1,29 @@
 """Per-field affine normalisation of low-dimensional observations and actions.
 
-Each field is mapped to [-1, 1] from its minimum and maximum over the dataset
-(the "limits" mode of Diffusion Policy, which suits the clipped sample range
-of the DDPM/DDIM schedulers): the midpoint goes to 0 and the range to 2. A
-range below ``range_eps`` (e.g. a gripper that never moved) counts as
-``range_eps``, so a constant signal maps to 0 and any sample in [-1, 1] maps
-back to within ``range_eps / 2`` of it. Images are not normalised here: the
-policy maps uint8 pixels to [-1, 1].
+Each dimension of a field has a mode (UMI's per-field normaliser):
+
+- ``range`` (default): mapped to [-1, 1] from its minimum and maximum over the
+  dataset (the "limits" mode of Diffusion Policy, which suits the clipped
+  sample range of the DDPM/DDIM schedulers): the midpoint goes to 0 and the
+  range to 2. A range below ``range_eps`` (e.g. a gripper that never moved)
+  counts as ``range_eps``, so a constant signal maps to 0 and any sample in
+  [-1, 1] maps back to within ``range_eps / 2`` of it;
+- ``gaussian``: ``(x - mean) / std`` (std below ``range_eps`` counts as ``range_eps``);
+- ``identity``: passed through (rot6d, whose entries already lie in [-1, 1]).
+
+Images are not normalised here: the policy maps uint8 pixels to [-1, 1].
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 STAT_NAMES = ("min", "max", "mean", "std")
+MODES = ("range", "gaussian", "identity")
 
 
 class LinearNormalizer(nn.Module):
@@ -30,13 +36,21 @@ class LinearNormalizer(nn.Module):
 
     Args:
         stats: the statistics per field.
-        range_eps: ranges below this are treated as constant.
+        modes: per field, one mode per dimension (see the module docstring); a
+            missing field is ``range`` in every dimension.
+        range_eps: ranges (and standard deviations) below this are treated as constant.
 
     Raises:
-        ValueError: when a field lacks a statistic or its arrays disagree in shape.
+        ValueError: when a field lacks a statistic, its arrays disagree in shape,
+            or its modes are unknown or not one per dimension.
     """
 
-    def __init__(self, stats: Mapping[str, Mapping[str, np.ndarray | torch.Tensor]], range_eps: float = 1e-4):
+    def __init__(
+        self,
+        stats: Mapping[str, Mapping[str, np.ndarray | torch.Tensor]],
+        modes: Mapping[str, Sequence[str]] | None = None,
+        range_eps: float = 1e-4,
+    ):
         super().__init__()
         self.fields = tuple(stats)
         self.range_eps = float(range_eps)
@@ -48,8 +62,18 @@ class LinearNormalizer(nn.Module):
             if len({v.shape for v in t.values()}) != 1:
                 raise ValueError(f"normaliser field {name!r}: statistics differ in shape")
             lo, hi = t["min"], t["max"]
+            mode = list((modes or {}).get(name) or ["range"] * lo.numel())
+            if len(mode) != lo.numel() or set(mode) - set(MODES):
+                raise ValueError(f"normaliser field {name!r}: modes {mode} must be {lo.numel()} of {MODES}")
             scale = 2.0 / torch.clamp(hi - lo, min=self.range_eps)
             offset = -scale * (hi + lo) / 2
+            gauss = torch.tensor([m == "gaussian" for m in mode])
+            ident = torch.tensor([m == "identity" for m in mode])
+            g_scale = 1.0 / torch.clamp(t["std"], min=self.range_eps)
+            scale = torch.where(gauss, g_scale, scale)
+            offset = torch.where(gauss, -t["mean"] * g_scale, offset)
+            scale = torch.where(ident, torch.ones_like(scale), scale)
+            offset = torch.where(ident, torch.zeros_like(offset), offset)
             self.register_buffer(f"{name}__scale", scale)
             self.register_buffer(f"{name}__offset", offset)
             for s in STAT_NAMES:

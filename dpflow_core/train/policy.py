@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
-from dpflow_core.train.data import ObsActionSpec
+from dpflow_core.train.data import ObsActionSpec, normalizer_modes
 from dpflow_core.train.normalizer import LinearNormalizer
 from dpflow_core.train.unet import ConditionalUnet1D
 from dpflow_core.train.vision import ImageAugment
@@ -164,6 +164,8 @@ class DiffusionUnetImagePolicy(nn.Module):
         shape_meta: ``{"rgb": {key: [H, W, 3]}, "lowdim": {key: D}, "action_dim": Da}``
             (see :func:`dpflow_core.train.data.shape_meta`).
         normalizer_stats: statistics per low-dimensional field and ``"action"``.
+        normalizer_modes: per field, ``range`` | ``gaussian`` | ``identity`` per dimension
+            (:func:`~dpflow_core.train.data.normalizer_modes`); None: ``range`` everywhere.
         horizon: H, actions predicted per call.
         n_obs_steps: To, observation frames per call.
         n_action_steps: how many of the H actions ``predict_action`` returns as ``"action"``.
@@ -189,6 +191,7 @@ class DiffusionUnetImagePolicy(nn.Module):
         noise_scheduler: Mapping[str, Any],
         num_inference_steps: int = 16,
         load_pretrained: bool = True,
+        normalizer_modes: Mapping[str, Any] | None = None,
     ):
         super().__init__()
         if not 1 <= n_action_steps <= horizon:
@@ -198,7 +201,7 @@ class DiffusionUnetImagePolicy(nn.Module):
         self.n_action_steps = int(n_action_steps)
         self.action_dim = int(shape_meta["action_dim"])
         self.num_inference_steps = int(num_inference_steps)
-        self.normalizer = LinearNormalizer(normalizer_stats)
+        self.normalizer = LinearNormalizer(normalizer_stats, normalizer_modes)
         self.obs_encoder = build_obs_encoder(obs_encoder, shape_meta, n_obs_steps, load_pretrained)
         self.model = ConditionalUnet1D(self.action_dim, self.obs_encoder.output_dim, **dict(unet))
         sched = dict(noise_scheduler)
@@ -241,10 +244,12 @@ class DiffusionUnetImagePolicy(nn.Module):
             generator: optional generator for the initial noise.
 
         Returns:
-            ``{"action_pred": (B, H, Da), "action": (B, n_action_steps, Da)}`` float32 in
-            dataset units (m, rad); ``action_pred[:, 0]`` is the action at the
-            latest observation's step, later entries follow every
-            ``action_down_sample_steps`` steps.
+            ``{"action_pred": (B, H, Da), "action": (B, n_action_steps, Da)}`` float32,
+            unnormalised but still in the network's representation (relative
+            poses, rot6d; :func:`dpflow_core.train.data.decode_action` makes them
+            absolute, :class:`dpflow_core.inference.Policy` does all of it);
+            ``action_pred[:, 0]`` is the action at the latest camera frame's
+            time, later entries follow every ``action_down_sample_steps`` steps.
         """
         cond = self.obs_encoder(obs, self.normalizer)
         b = cond.shape[0]
@@ -282,4 +287,5 @@ def build_policy(
         noise_scheduler=policy_cfg["noise_scheduler"],
         num_inference_steps=policy_cfg["num_inference_steps"],
         load_pretrained=load_pretrained,
+        normalizer_modes=normalizer_modes(spec, shape_meta["lowdim"]),
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import math
 import os
@@ -41,7 +42,9 @@ from torch.utils.data import DataLoader
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train import checkpoint as ckpt
+from dpflow_core import pose
 from dpflow_core.train.data import (
+    DEFAULT_ACTION_KEYS,
     ObsActionSpec,
     SequenceDataset,
     latency_steps,
@@ -70,18 +73,37 @@ def seed_everything(seed: int) -> None:
 
 
 def spec_from_config(cfg: DictConfig, frequency_hz: float) -> ObsActionSpec:
-    """The observation/action spec of a trainer config, latencies scaled by ``frequency_hz``."""
+    """The observation/action spec of a trainer config, latencies scaled by ``frequency_hz``.
+
+    Reads ``task.camera_obs_latency`` / ``robot_obs_latency`` / ``gripper_obs_latency``
+    (s), ``task.pose_repr``, ``task.tx_cam_tcp`` and ``task.lowdim_norm``.
+
+    Raises:
+        ValueError: for a bad representation, transform or latency.
+    """
     task = cfg.task
-    lat = latency_steps(OmegaConf.to_container(task.obs_latency_s, resolve=True), frequency_hz)
+    lowdim = tuple(task.lowdim_keys)
+    lat = latency_steps(
+        tuple(dict.fromkeys(lowdim + DEFAULT_ACTION_KEYS)),
+        float(task.camera_obs_latency),
+        float(task.robot_obs_latency),
+        float(task.gripper_obs_latency),
+        frequency_hz,
+    )
+    tx = OmegaConf.to_container(task.tx_cam_tcp, resolve=True) if task.tx_cam_tcp is not None else None
     return ObsActionSpec(
         rgb_keys=tuple(task.rgb_keys),
-        lowdim_keys=tuple(task.lowdim_keys),
+        lowdim_keys=lowdim,
         action_keys=tuple(task.action_keys),
         n_obs_steps=int(cfg.n_obs_steps),
         horizon=int(cfg.horizon),
         obs_down_sample_steps=int(task.obs_down_sample_steps),
         action_down_sample_steps=int(task.action_down_sample_steps),
         obs_latency_steps=lat,
+        obs_pose_repr=str(task.pose_repr.obs_pose_repr),
+        action_pose_repr=str(task.pose_repr.action_pose_repr),
+        tx_cam_tcp=pose.as_tuple(pose.tx_from_config(tx)),
+        lowdim_norm=str(task.lowdim_norm),
         action_padding=bool(task.action_padding),
     )
 
@@ -462,6 +484,7 @@ class Workspace:
                 "frequency_hz": self.buffer.frequency_hz,
                 "sha256": self._dataset_sha256(),
             },
+            "tx_cam_tcp": [list(r) for r in self.spec.tx_cam_tcp],
             "model": self.policy.state_dict(),
             "ema": None
             if self.ema is None
@@ -608,10 +631,13 @@ class Workspace:
             "epoch": e,
             "lr": self.lr_scheduler.get_last_lr()[0],
         }
+        if self.val_loader is not None and e % int(t.val_every) == 0:
+            # the raw weights, as Diffusion Policy validates; sampling below uses the EMA
+            self.policy.eval()
+            metrics["val_loss"] = self._validate(self.policy)
+            self.policy.train()
         policy = self._eval_policy()
         policy.eval()
-        if self.val_loader is not None and e % int(t.val_every) == 0:
-            metrics["val_loss"] = self._validate(policy)
         if e % int(t.sample_every) == 0:
             metrics["train_action_mse_error"] = self._action_mse(policy, self.train_set, self.train_sampler.batch(e, 0))
             if self.val_sampler is not None:

@@ -1,0 +1,288 @@
+"""A trained checkpoint as a robot runs it: raw observations in, absolute targets with their times out.
+
+:func:`load_policy` rebuilds the EMA policy of a trainer checkpoint and wraps
+it in :class:`Policy`, which does every step between a robot's sensors and the
+network, the same ones training did (:mod:`dpflow_core.train.data`):
+
+1. camera poses (the dataset frame) -> TCP poses (``tx_cam_tcp``), then the
+   checkpoint's pose representation (relative to the current pose, rot6d);
+2. normalisation, DDIM sampling and unnormalisation (the network);
+3. rot6d -> rotation, relative -> absolute, TCP -> the requested frame.
+
+Entry points:
+
+- :meth:`Policy.predict_action` for one robot step (or a batch of them);
+- :meth:`Policy.predict_samples` and :func:`predict_dataset` for an evaluation:
+  absolute predictions ``(N, H, 7)`` ``[pos m, rotvec rad, gripper m]`` in the
+  dataset frame for sample anchors of a replay buffer, next to the recorded
+  actions ``(N, H, 7)`` of the same anchors. Observations are cut exactly as in
+  training (latency shifts, interpolation, edge padding), so what is evaluated
+  is what a robot would run. Example::
+
+      from dpflow_core.inference import load_policy, predict_dataset
+      policy = load_policy("checkpoints/latest.ckpt")
+      result = predict_dataset(policy, ReplayBuffer("dataset.npz"), episodes=[0, 4])
+      result.predicted.shape == result.recorded.shape == (N, H, 7)
+
+Nothing here imports Dagster; torch is imported on first use of a policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpflow_core.errors import DatasetError, RunError
+from dpflow_core.replay_buffer import ReplayBuffer
+from dpflow_core.train.data import (
+    GRIPPER_KEY,
+    POS_KEY,
+    ROT_KEY,
+    ROT_WRT_START_KEY,
+    START_POSE_KEY,
+    ObsActionSpec,
+    SequenceDataset,
+    decode_action,
+    encode_obs,
+    recorded_actions,
+    sequence_index,
+)
+
+ACTION_KEYS = (POS_KEY, ROT_KEY, GRIPPER_KEY)
+
+
+class Policy:
+    """A trained Diffusion Policy with its representation and normalisation (see the module docstring).
+
+    Build it with :func:`load_policy`. Attributes: ``network`` (the torch module,
+    eval mode), ``spec`` (:class:`~dpflow_core.train.data.ObsActionSpec`), ``cfg``
+    (the resolved trainer config), ``frequency_hz`` (the dataset's, which times the
+    actions), ``checkpoint`` (its payload's ``dataset`` entry: path, SHA-256, ...).
+    """
+
+    def __init__(self, network, spec: ObsActionSpec, cfg, frequency_hz: float, dataset: Mapping[str, Any], path: Path):
+        self.network = network
+        self.spec = spec
+        self.cfg = cfg
+        self.frequency_hz = float(frequency_hz)
+        self.dataset = dict(dataset)
+        self.path = path
+
+    @property
+    def n_obs_steps(self) -> int:
+        return self.spec.n_obs_steps
+
+    @property
+    def horizon(self) -> int:
+        return self.spec.horizon
+
+    @property
+    def action_dt_s(self) -> float:
+        """Seconds between consecutive predicted actions (``action_down_sample_steps / frequency``)."""
+        return self.spec.action_down_sample_steps / self.frequency_hz
+
+    def _check_obs(self, obs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], bool]:
+        spec = self.spec
+        needed = list(spec.rgb_keys) + [POS_KEY, ROT_KEY]
+        needed += [k for k in spec.lowdim_keys if k not in needed and k != ROT_WRT_START_KEY]
+        if ROT_WRT_START_KEY in spec.lowdim_keys:
+            needed.append(START_POSE_KEY)
+        missing = [k for k in needed if k not in obs]
+        if missing:
+            raise ValueError(f"observation lacks {missing} (this policy reads {needed})")
+        batched = np.asarray(obs[POS_KEY]).ndim == 3
+        out = {}
+        for key in needed:
+            a = np.asarray(obs[key])
+            if not batched:
+                a = a[None]
+            if key == START_POSE_KEY:
+                if a.shape[1:] != (6,):
+                    raise ValueError(f"{key} must be (6,) or (B, 6) [pos m, rotvec rad], got {a.shape}")
+            elif a.shape[1] != spec.n_obs_steps:
+                raise ValueError(
+                    f"{key} holds {a.shape[1]} steps, the policy needs the last n_obs_steps={spec.n_obs_steps}"
+                )
+            if key in spec.rgb_keys:
+                if a.dtype != np.uint8 or a.ndim != 5 or a.shape[-1] != 3:
+                    raise ValueError(f"{key} must be uint8 (To, H, W, 3) RGB frames, got {a.dtype} {a.shape}")
+            elif not np.all(np.isfinite(a)):
+                raise ValueError(f"{key} holds non-finite values")
+            out[key] = a
+        return out, batched
+
+    def _run(self, obs: Mapping[str, np.ndarray], generator=None) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        lowdim, base = encode_obs(obs, self.spec)
+        device = next(self.network.parameters()).device
+        net_obs = {k: torch.from_numpy(np.ascontiguousarray(obs[k])).to(device) for k in self.spec.rgb_keys}
+        net_obs |= {k: torch.from_numpy(v).to(device) for k, v in lowdim.items()}
+        pred = self.network.predict_action(net_obs, generator=generator)["action_pred"]
+        return pred.detach().cpu().numpy(), base
+
+    def predict_action(self, obs: Mapping[str, Any], generator=None, frame: str = "tcp") -> dict[str, np.ndarray]:
+        """Absolute targets for the next ``horizon`` steps from the last ``n_obs_steps`` observations.
+
+        Args:
+            obs: raw observations, oldest step first, for one robot (``(To, ...)``)
+                or a batch (``(B, To, ...)``): each image key ``(To, H, W, 3)`` uint8
+                RGB at the size trained on; ``robot0_eef_pos`` ``(To, 3)`` m and
+                ``robot0_eef_rot_axis_angle`` ``(To, 3)`` rad, the camera pose in the
+                dataset's world frame (what Matrix Studio's VIO gives);
+                ``robot0_gripper_width`` ``(To, 1)`` m; ``robot0_demo_start_pose``
+                ``(6,)`` when the policy observes the rotation w.r.t. the episode
+                start; optionally ``timestamp`` ``(To,)`` s, the camera frames' times.
+            generator: optional ``torch.Generator`` for the initial noise.
+            frame: ``"tcp"`` (default): TCP poses (``pose @ tx_cam_tcp``), what a
+                robot controller targets; ``"dataset"``: camera poses, comparable
+                with the recordings.
+
+        Returns:
+            ``{"robot0_eef_pos": (H, 3) m, "robot0_eef_rot_axis_angle": (H, 3) rad,
+            "robot0_gripper_width": (H, 1) m, "action": (H, 7) the three concatenated,
+            "timestamp": (H,) s}`` float64 (with a leading B when ``obs`` was batched).
+            Action k is for ``t + k * action_dt_s``, ``t`` the latest camera frame's
+            time (``timestamp[-1]``, else 0).
+
+        Raises:
+            ValueError: a key missing, a wrong step count, dtype or shape, non-finite values.
+        """
+        arrays, batched = self._check_obs(obs)
+        net, base = self._run(arrays, generator)
+        action = decode_action(net, base, self.spec, frame=frame)
+        t0 = np.zeros(len(action))
+        if "timestamp" in obs:
+            ts = np.asarray(obs["timestamp"], dtype=np.float64)
+            t0 = (ts[None] if not batched else ts)[:, -1]
+        times = t0[:, None] + np.arange(self.horizon) * self.action_dt_s
+        out = {
+            POS_KEY: action[..., :3],
+            ROT_KEY: action[..., 3:6],
+            GRIPPER_KEY: action[..., 6:7],
+            "action": action,
+            "timestamp": times,
+        }
+        return out if batched else {k: v[0] for k, v in out.items()}
+
+    def predict_samples(
+        self, buffer: ReplayBuffer, rows: np.ndarray, batch_size: int = 64, seed: int = 0
+    ) -> np.ndarray:
+        """Absolute predictions ``(N, H, 7)`` float64 in the dataset frame for sample ``rows`` of ``buffer``.
+
+        ``rows``: ``(N, 3)`` ``(anchor, episode_start, episode_end)`` from
+        :func:`~dpflow_core.train.data.sequence_index`. Observations are cut as in
+        training; the noise comes from a ``torch.Generator`` seeded with ``seed``
+        (the same ``seed`` gives the same predictions on the same device).
+        """
+        import torch
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        ds = SequenceDataset(buffer, self.spec, np.zeros(len(buffer.episode_ends), bool))
+        ds.index = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        device = next(self.network.parameters()).device
+        gen = torch.Generator(device=device).manual_seed(int(seed))
+        out = []
+        with torch.no_grad():
+            for lo in range(0, len(ds), batch_size):
+                s = ds.samples(range(lo, min(lo + batch_size, len(ds))))
+                net_obs = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in s["obs"].items()}
+                pred = self.network.predict_action(net_obs, generator=gen)["action_pred"].cpu().numpy()
+                out.append(decode_action(pred, s["base"], self.spec, frame="dataset"))
+        return np.concatenate(out) if out else np.zeros((0, self.horizon, 7))
+
+
+def load_policy(path: str | Path, device: str = "cpu", use_ema: bool = True) -> Policy:
+    """Load a trainer checkpoint as a :class:`Policy` (EMA weights unless ``use_ema=False``).
+
+    Raises:
+        RunError: when the file is missing, unreadable, or lacks the weights, config,
+            shapes, normaliser or dataset frequency.
+    """
+    from dpflow_core.train.checkpoint import load_checkpoint, load_network
+
+    network, cfg, spec = load_network(path, device=device, use_ema=use_ema)
+    payload = load_checkpoint(path, require_complete=False)
+    dataset = payload.get("dataset") or {}
+    freq = dataset.get("frequency_hz")
+    if freq is None or not math.isfinite(float(freq)) or float(freq) <= 0:
+        raise RunError(
+            f"checkpoint's dataset entry has no usable frequency_hz ({freq!r}); actions cannot be timed",
+            path=path,
+            code="checkpoint_incomplete",
+        )
+    return Policy(network, spec, cfg, float(freq), dataset, Path(path))
+
+
+@dataclass(frozen=True)
+class DatasetPrediction:
+    """Predictions of :func:`predict_dataset`.
+
+    Attributes:
+        rows: ``(N, 3)`` int64 ``(anchor, episode_start, episode_end)`` of each sample.
+        episodes: ``(N,)`` int64 episode index of each sample.
+        predicted: ``(N, H, 7)`` float64 absolute ``[pos m, rotvec rad, gripper m]``, dataset frame.
+        recorded: ``(N, H, 7)`` float64, the recorded actions at the same steps.
+        times_s: ``(N, H)`` float64, seconds from the episode start of each action step.
+    """
+
+    rows: np.ndarray
+    episodes: np.ndarray
+    predicted: np.ndarray
+    recorded: np.ndarray
+    times_s: np.ndarray
+
+
+def predict_dataset(
+    policy: Policy,
+    buffer: ReplayBuffer,
+    episodes: Sequence[int] | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    max_samples: int | None = None,
+) -> DatasetPrediction:
+    """Predict every sample anchor of the given episodes (all when None).
+
+    Args:
+        policy: from :func:`load_policy`.
+        buffer: the replay buffer (the checkpoint's dataset, or one recorded the same way).
+        episodes: episode indices; a held-out evaluation passes the validation episodes.
+        batch_size: samples per network call.
+        seed: noise seed (see :meth:`Policy.predict_samples`).
+        max_samples: evenly spaced subset of at most this many anchors (None: all).
+
+    Raises:
+        DatasetError: an episode index out of range, or no sample (episodes shorter
+            than the horizon needs).
+    """
+    n = len(buffer.episode_ends)
+    chosen = list(range(n)) if episodes is None else [int(e) for e in episodes]
+    bad = [e for e in chosen if not 0 <= e < n]
+    if bad:
+        raise DatasetError(f"episodes {bad} out of range: the dataset has {n} episodes", path=buffer.path)
+    mask = np.zeros(n, bool)
+    mask[chosen] = True
+    rows = sequence_index(buffer.episode_ends, mask, policy.spec)
+    if len(rows) == 0:
+        raise DatasetError(
+            f"episodes {chosen} give no sample: shorter than {policy.spec.min_episode_length} frames",
+            path=buffer.path,
+        )
+    if max_samples is not None and len(rows) > max_samples:
+        rows = rows[np.linspace(0, len(rows) - 1, int(max_samples)).round().astype(np.int64)]
+    predicted = policy.predict_samples(buffer, rows, batch_size=batch_size, seed=seed)
+    recorded = recorded_actions(buffer, policy.spec, rows)
+    ends = np.asarray(buffer.episode_ends, dtype=np.int64)
+    episode_of = np.searchsorted(ends, rows[:, 0], side="right")
+    steps = np.clip(
+        rows[:, :1] + np.arange(policy.horizon) * policy.spec.action_down_sample_steps, rows[:, 1:2], rows[:, 2:3] - 1
+    )
+    ts = np.asarray(buffer["timestamp"], dtype=np.float64) if "timestamp" in buffer else None
+    times = ts[steps] if ts is not None else (steps - rows[:, 1:2]) / buffer.frequency_hz
+    return DatasetPrediction(rows, episode_of.astype(np.int64), predicted, recorded, times)
