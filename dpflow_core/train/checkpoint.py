@@ -432,6 +432,7 @@ def spec_from_payload(payload: Mapping[str, Any]):
         action_pose_repr=str(s["action_pose_repr"]),
         tx_cam_tcp=tuple(tuple(float(v) for v in row) for row in s["tx_cam_tcp"]),
         lowdim_norm=str(s["lowdim_norm"]),
+        rot6d_norm=str(s.get("rot6d_norm", "identity")),
         action_padding=bool(s["action_padding"]),
     )
 
@@ -451,5 +452,6 @@ def spec_to_payload(spec) -> dict[str, Any]:
         "action_pose_repr": spec.action_pose_repr,
         "tx_cam_tcp": [list(row) for row in spec.tx_cam_tcp],
         "lowdim_norm": spec.lowdim_norm,
+        "rot6d_norm": spec.rot6d_norm,
         "action_padding": spec.action_padding,
     }

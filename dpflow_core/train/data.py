@@ -110,7 +110,9 @@ class ObsActionSpec:
         obs_pose_repr, action_pose_repr: ``"relative"`` or ``"abs"``.
         tx_cam_tcp: the 4 x 4 pose of the TCP in the camera frame (nested tuples).
         lowdim_norm: ``"range"`` (to [-1, 1]) or ``"gaussian"`` (mean 0, std 1) for
-            positions and widths; rot6d is never normalised.
+            positions and widths.
+        rot6d_norm: ``"identity"`` (UMI: rot6d passes through) or ``"range"``, which
+            stretches the small rotations of a short horizon to [-1, 1] like the positions.
         action_padding: allow anchors whose action horizon runs past the episode end.
     """
 
@@ -126,6 +128,7 @@ class ObsActionSpec:
     action_pose_repr: str = "relative"
     tx_cam_tcp: tuple[tuple[float, ...], ...] = _IDENTITY
     lowdim_norm: str = "range"
+    rot6d_norm: str = "identity"
     action_padding: bool = False
 
     def __post_init__(self):
@@ -139,6 +142,8 @@ class ObsActionSpec:
                 raise ValueError(f"task.pose_repr.{name} must be one of {POSE_REPRS}, got {getattr(self, name)!r}")
         if self.lowdim_norm not in NORM_MODES:
             raise ValueError(f"task.lowdim_norm must be one of {NORM_MODES}, got {self.lowdim_norm!r}")
+        if self.rot6d_norm not in ("identity", "range"):
+            raise ValueError(f"task.rot6d_norm must be 'identity' or 'range', got {self.rot6d_norm!r}")
         for key, v in self.obs_latency_steps.items():
             if key in self.rgb_keys and float(v) != 0:
                 raise ValueError(f"image key {key!r} sits at the anchor: its latency shift must be 0, got {v}")
@@ -522,14 +527,14 @@ def normalizer_modes(spec: ObsActionSpec, lowdim_dims: Mapping[str, int]) -> dic
     """Per field and dimension how :class:`~dpflow_core.train.normalizer.LinearNormalizer` maps it.
 
     rot6d (``robot0_eef_rot_axis_angle``, ``..._wrt_start`` and action dims 3-8)
-    passes through (``identity``: its entries already lie in [-1, 1]);
-    positions, widths and any other key use ``spec.lowdim_norm``, as UMI.
+    uses ``spec.rot6d_norm`` (default ``identity``: its entries already lie in
+    [-1, 1], as UMI); positions, widths and any other key use ``spec.lowdim_norm``.
     """
     modes = {
-        key: ["identity" if key in (ROT_KEY, ROT_WRT_START_KEY) else spec.lowdim_norm] * int(d)
+        key: [spec.rot6d_norm if key in (ROT_KEY, ROT_WRT_START_KEY) else spec.lowdim_norm] * int(d)
         for key, d in lowdim_dims.items()
     }
-    modes["action"] = [spec.lowdim_norm] * 3 + ["identity"] * 6 + [spec.lowdim_norm]
+    modes["action"] = [spec.lowdim_norm] * 3 + [spec.rot6d_norm] * 6 + [spec.lowdim_norm]
     return modes
 
 

@@ -104,6 +104,7 @@ def spec_from_config(cfg: DictConfig, frequency_hz: float) -> ObsActionSpec:
         action_pose_repr=str(task.pose_repr.action_pose_repr),
         tx_cam_tcp=pose.as_tuple(pose.tx_from_config(tx)),
         lowdim_norm=str(task.lowdim_norm),
+        rot6d_norm=str(task.rot6d_norm),
         action_padding=bool(task.action_padding),
     )
 
