@@ -286,3 +286,90 @@ def predict_dataset(
     ts = np.asarray(buffer["timestamp"], dtype=np.float64) if "timestamp" in buffer else None
     times = ts[steps] if ts is not None else (steps - rows[:, 1:2]) / buffer.frequency_hz
     return DatasetPrediction(rows, episode_of.astype(np.int64), predicted, recorded, times)
+
+
+AXIS_NAMES = ("x (m)", "y (m)", "z (m)", "rx (rad)", "ry (rad)", "rz (rad)", "gripper (m)")
+
+
+@dataclass(frozen=True)
+class EpisodeReplay:
+    """What :func:`replay_episode` measured: ``episode``, ``samples``, ``mse`` (all 7 dims, dataset
+    units), ``position_error_m`` and ``rotation_error_rad`` (means over samples and horizon steps),
+    and the written ``plot`` path."""
+
+    episode: int
+    samples: int
+    mse: float
+    position_error_m: float
+    rotation_error_rad: float
+    plot: Path
+
+
+def replay_episode(
+    policy: Policy,
+    buffer: ReplayBuffer,
+    episode: int,
+    out_path: str | Path,
+    overwrite: bool = False,
+    seed: int = 0,
+) -> EpisodeReplay:
+    """Replay a recorded episode through the policy and plot predicted against recorded actions.
+
+    Every sample anchor of the episode is predicted (:func:`predict_dataset`); the
+    PNG (matplotlib, Agg) has one row per action dimension: the recorded track, and
+    the predicted horizon drawn from every ``n_action_steps``-th anchor, as a robot
+    executing chunks would follow it. Written to a temporary name, then renamed.
+
+    Raises:
+        RunError: ``out_path`` exists and ``overwrite`` is False.
+        DatasetError: the episode is out of range or gives no sample.
+    """
+    from scipy.spatial.transform import Rotation
+
+    from dpflow_core.train.data import action_array
+
+    out = Path(out_path)
+    if out.exists() and not overwrite:
+        raise RunError("the plot exists already (pass --overwrite to replace it)", path=out, code="exists")
+    result = predict_dataset(policy, buffer, episodes=[episode], seed=seed)
+    pred, rec = result.predicted, result.recorded
+    rot = Rotation.from_rotvec(pred[..., 3:6].reshape(-1, 3)).inv() * Rotation.from_rotvec(rec[..., 3:6].reshape(-1, 3))
+    sl = buffer.episode_slice(int(episode))
+    track = action_array(buffer, policy.spec, sl)
+    ts = np.asarray(buffer["timestamp"][sl], dtype=np.float64) if "timestamp" in buffer else None
+    t_rec = ts if ts is not None else np.arange(len(track)) / buffer.frequency_hz
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stride = max(1, int(policy.network.n_action_steps))
+    fig, axes = plt.subplots(7, 1, figsize=(9, 12), sharex=True)
+    for d, ax in enumerate(axes):
+        ax.plot(t_rec, track[:, d], color="black", lw=1.2, label="recorded")
+        for i in range(0, len(pred), stride):
+            ax.plot(result.times_s[i], pred[i, :, d], color="tab:blue", lw=0.8, alpha=0.8,
+                    label="predicted" if i == 0 else None)
+        ax.set_ylabel(AXIS_NAMES[d], fontsize=8)
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[-1].set_xlabel("time from the episode start (s)")
+    mse = float(((pred - rec) ** 2).mean())
+    fig.suptitle(f"episode {episode}: predicted vs recorded ({len(pred)} anchors, MSE {mse:.3g})", fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{np.random.default_rng().integers(1 << 30)}.png")
+    try:
+        fig.savefig(tmp, dpi=80)
+        tmp.replace(out)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return EpisodeReplay(
+        int(episode),
+        len(pred),
+        mse,
+        float(np.linalg.norm(pred[..., :3] - rec[..., :3], axis=-1).mean()),
+        float(rot.magnitude().mean()),
+        out,
+    )

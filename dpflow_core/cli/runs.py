@@ -1,4 +1,4 @@
-"""`dpflow` commands of the runs stage: ``smoke``, ``train``, ``checkpoint``, ``evaluate``.
+"""`dpflow` commands of the runs stage: ``smoke``, ``train``, ``checkpoint``, ``evaluate``, ``predict``.
 
 ``smoke``, ``train`` and ``checkpoint`` take the GPU-server connection flags of
 ``dpflow upload`` (local transport without ``--host``). Each prints the verdict
@@ -220,3 +220,24 @@ def _dataset_from_record(folder: Path) -> Path:
         if path and Path(path).is_file():
             return Path(path)
     raise typer.BadParameter("no local dataset found in the run record; pass --dataset", param_hint="--dataset")
+
+
+@app.command("predict")
+def predict_cmd(
+    checkpoint: Path = typer.Argument(..., help="A trainer checkpoint (latest.ckpt or a top-k file)."),
+    dataset: Path = typer.Argument(..., help="A dataset.npz recorded the same way (usually the one trained on)."),
+    episode: int = typer.Option(..., "--episode", help="The episode to replay (0-based)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The PNG (default: <checkpoint folder>/predict_episode_<N>.png)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing plot."),
+) -> None:
+    """Replay a recorded episode through the policy as a robot would run it; plot predicted vs recorded."""
+    from dpflow_core.inference import load_policy, replay_episode
+    from dpflow_core.replay_buffer import ReplayBuffer
+
+    out = output or checkpoint.resolve().parent / f"predict_episode_{episode}.png"
+    result = replay_episode(load_policy(checkpoint), ReplayBuffer(dataset), episode, out, overwrite=overwrite)
+    typer.echo(
+        f"episode {result.episode}: {result.samples} anchors, MSE {result.mse:.4g}, position error "
+        f"{result.position_error_m:.4f} m, rotation error {result.rotation_error_rad:.4f} rad"
+    )
+    typer.echo(f"plot: {result.plot}")
