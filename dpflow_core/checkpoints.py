@@ -214,6 +214,28 @@ def _write_normalizer(ckpt_path: Path, out: Path) -> Path | None:
     return out
 
 
+def trained_representation(ckpt_path: Path) -> dict[str, Any] | None:
+    """What a dpflow checkpoint was trained with, for the run record (None for foreign files).
+
+    ``{"tx_cam_tcp": 4x4 list, "obs_pose_repr", "action_pose_repr", "dataset_sha256"}``.
+    """
+    try:
+        from dpflow_core.train.checkpoint import load_checkpoint
+
+        payload = load_checkpoint(ckpt_path, require_complete=False)
+    except RunError:
+        return None
+    spec = payload.get("spec")
+    if not isinstance(spec, dict) or "tx_cam_tcp" not in spec:
+        return None
+    return {
+        "tx_cam_tcp": [list(r) for r in spec["tx_cam_tcp"]],
+        "obs_pose_repr": spec.get("obs_pose_repr"),
+        "action_pose_repr": spec.get("action_pose_repr"),
+        "dataset_sha256": (payload.get("dataset") or {}).get("sha256"),
+    }
+
+
 def download_checkpoint(
     server: GpuServer,
     run_name: str,
@@ -269,6 +291,10 @@ def download_checkpoint(
             "file": name, "choice": choose, "remote_path": remote, "remote_sha256": remote_sha, "local_sha256": local_sha,
             "size_bytes": size, "downloaded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "run_finished": status.finished,
         }
+        if local_sha == remote_sha:
+            trained = trained_representation(tmp / name)
+            if trained is not None:
+                record["trained_with"] = trained
         (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
         if local_sha != remote_sha:
             # Never under the final, content-addressed name: kept aside for inspection.

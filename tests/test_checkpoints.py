@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from synthetic_dataset import write_synthetic_dataset
 from test_evaluation import train_in_process
@@ -71,11 +72,17 @@ def test_download_with_companions_then_a_truncated_copy_fails_the_check(server, 
     assert Path(got.local_path).name == "latest.ckpt"
     assert (folder / ".hydra" / "config.yaml").is_file() and (folder / "logs.json.txt").is_file()
     normalizer = json.loads(Path(got.normalizer_path).read_text())["normalizer"]
-    assert {"robot0_eef_pos", "action"} <= set(normalizer) and len(normalizer["action"]["mean"]) == 7
+    assert {"robot0_eef_pos", "action"} <= set(normalizer) and len(normalizer["action"]["mean"]) == 10
     record = json.loads(Path(got.record_path).read_text())
     assert record["exit_code"] == 0 and record["ended_at"] and record["pip_freeze"]
     assert record["checkpoint"]["remote_sha256"] == record["checkpoint"]["local_sha256"] == got.remote_sha256
     assert record["overrides"] and record["command"] == finished_run.command and record["repo"]["commit"]
+    # what the policy was trained with: the camera-to-TCP transform, the representation, the dataset's hash
+    trained_on = real_checkpoint.parents[2] / "dataset.npz"
+    assert record["trained_with"] == {
+        "tx_cam_tcp": np.eye(4).tolist(), "obs_pose_repr": "relative", "action_pose_repr": "relative",
+        "dataset_sha256": sha256_file(trained_on),
+    }
 
     check = verify_checkpoint(got.local_path, got.remote_sha256, got.size_bytes, server=server, remote_path=got.remote_path)
     assert check.passed and check.loadable and check.remote_now_sha256 == got.remote_sha256
