@@ -47,8 +47,10 @@ from dpflow_core.train.data import (
     DEFAULT_ACTION_KEYS,
     ObsActionSpec,
     SequenceDataset,
+    decode_action,
     latency_steps,
     normalizer_stats,
+    recorded_actions,
     resolve_frequency,
     shape_meta,
     split_episodes,
@@ -557,11 +559,14 @@ class Workspace:
 
     @torch.no_grad()
     def _action_mse(self, policy: DiffusionUnetImagePolicy, dataset: SequenceDataset, indices: list[int]) -> float:
-        batch = _to_device(dataset.collate(indices), self.device)
+        """MSE of sampled actions in absolute dataset units (m, rad, m), the representation undone."""
+        s = dataset.samples(indices)
+        obs = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in s["obs"].items()}
         with self.accelerator.autocast():
-            pred = policy.predict_action(batch["obs"])["action_pred"]
-        err = torch.nn.functional.mse_loss(pred.float(), batch["action"].float(), reduction="sum")
-        return self._reduce_mean(float(err), float(batch["action"].numel()))
+            pred = policy.predict_action(obs)["action_pred"]
+        absolute = decode_action(pred.float().cpu().numpy(), s["base"], self.spec)
+        recorded = recorded_actions(self.buffer, self.spec, dataset.index[np.asarray(indices, dtype=np.int64)])
+        return self._reduce_mean(float(((absolute - recorded) ** 2).sum()), float(recorded.size))
 
     def _train_epoch(self) -> None:
         cfg = self.cfg
