@@ -147,7 +147,7 @@ def test_tiny_relative_policy_predicts_the_right_absolute_poses_in_new_world_fra
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert float(loss) < first
+    assert loss.item() < first
     policy = Policy(net.eval(), spec, None, FREQ, {}, tmp_path / "none.ckpt")
 
     # the held-out episode starts in a world frame never seen in training
@@ -178,6 +178,11 @@ def test_tiny_relative_policy_predicts_the_right_absolute_poses_in_new_world_fra
     pred = policy.predict_samples(buffer, rows)
     rec = D.recorded_actions(buffer, spec, rows)
     assert pred.shape == rec.shape == (len(rows), 4, 7)
-    assert np.abs(pred[..., :3] - rec[..., :3]).max() < 0.005
+    # the episode's first anchor shows no motion yet (edge padding): its speed cannot be known
+    moving = rows[:, 0] > rows[:, 1]
+    err = np.linalg.norm(pred[moving, :, :3] - rec[moving, :, :3], axis=-1)
+    hold = np.linalg.norm(rec[moving, :, :3] - rec[moving, :1, :3], axis=-1)
+    assert err.mean() < 0.002 and err.max() < 0.008, (err.mean(), err.max())
+    assert hold.max() > 0.02  # holding the current pose would be far off
     with pytest.raises(ValueError, match="n_obs_steps=2"):
         policy.predict_action({k: v[:1] for k, v in obs.items()})
