@@ -311,7 +311,7 @@ def test_timm_umi_config_trains_through_the_trainer_entry_point(tmp_path):
     from omegaconf import OmegaConf
 
     from dpflow_core.train import checkpoint as ckpt
-    from dpflow_core.train.checkpoint import load_policy
+    from dpflow_core.train.checkpoint import load_network
     from dpflow_core.replay_buffer import ReplayBuffer
     from dpflow_core.train.data import SequenceDataset
 
@@ -353,15 +353,15 @@ def test_timm_umi_config_trains_through_the_trainer_entry_point(tmp_path):
 
     # the checkpoint loads where the pretrained file is gone, and evaluates deterministically
     weights.unlink()
-    policy, _, spec = load_policy(run / "checkpoints" / "latest.ckpt")
+    policy, _, spec = load_network(run / "checkpoints" / "latest.ckpt")
     buffer = ReplayBuffer(dataset)
     obs = SequenceDataset(buffer, spec, np.ones(buffer.n_episodes, bool)).collate([0, 3])["obs"]
     with torch.no_grad():
         f1 = policy.obs_encoder(obs, policy.normalizer)
         f2 = policy.obs_encoder(obs, policy.normalizer)
-    assert torch.equal(f1, f2) and f1.shape == (2, 2 * (D + 7))
+    assert torch.equal(f1, f2) and f1.shape == (2, 2 * (D + 10))  # low-dim: pos 3, rot6d 6, gripper 1
     out = policy.predict_action(obs, generator=torch.Generator().manual_seed(0))
-    assert out["action"].shape == (2, 8, 7) and out["action_pred"].shape == (2, 16, 7)
+    assert out["action"].shape == (2, 8, 10) and out["action_pred"].shape == (2, 16, 10)
 
 
 def test_every_shipped_config_composes_and_names_its_encoder():

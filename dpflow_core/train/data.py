@@ -2,7 +2,9 @@
 
 This module is the one place that defines the observation and the action of
 dpflow's Diffusion Policy; the trainer, inference (:mod:`dpflow_core.inference`)
-and the evaluation stage all use it.
+and the evaluation stage all use it. It runs over 500 lines because sample
+timing, the pose representation and the normaliser statistics fitted on that
+representation are one definition: split, they could drift apart.
 
 Vocabulary (Chi et al., Diffusion Policy, RSS 2023; its UMI variant, Chi et
 al., RSS 2024):
