@@ -129,7 +129,11 @@ def test_tiny_relative_policy_predicts_the_right_absolute_poses_in_new_world_fra
     train_mask = np.array([True, True, True, True, True, False])
     ds = D.SequenceDataset(buffer, spec, train_mask)
     cfg = {
-        "obs_encoder": {"base_width": 8, "feature_dim": 8, "crop_ratio": 1.0},
+        "obs_encoder": {
+            "_target_": "dpflow_core.train.policy.ObsEncoder",
+            "rgb_model": {"_target_": "dpflow_core.train.vision.ResNet18GN", "base_width": 8, "feature_dim": 8},
+            "crop_ratio": 1.0,
+        },
         "unet": {"down_dims": [16, 32], "kernel_size": 3, "n_groups": 4, "diffusion_step_embed_dim": 8},
         "noise_scheduler": {
             "num_train_timesteps": 10, "beta_start": 1e-4, "beta_end": 0.02, "beta_schedule": "squaredcos_cap_v2",
