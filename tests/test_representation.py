@@ -210,3 +210,27 @@ def test_predict_command_replays_an_episode_and_never_overwrites_its_plot(tmp_pa
     assert "episode 1: 23 anchors" in result.output and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = CliRunner().invoke(app, args)
     assert again.exit_code != 0 and "exists already" in str(again.exception)
+
+
+def test_every_shipped_config_holds_out_at_least_two_episodes_or_ten_percent():
+    from hydra import compose, initialize_config_dir
+
+    from dpflow_core.train.app import CONFIG_DIR
+
+    names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    assert {"demo", "tiny", "train_diffusion_unet_image"} <= set(names)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        for name in names:
+            task = compose(name, overrides=["task.dataset_path=x.npz"]).task
+            assert task.pose_repr.obs_pose_repr == task.pose_repr.action_pose_repr == "relative", name
+            for n_episodes in (6, 40, 200):
+                _, val = D.split_episodes(n_episodes, float(task.val_ratio), int(task.split_seed), int(task.val_min_episodes))
+                assert val.sum() >= min(2, n_episodes - 1) and val.sum() >= 0.1 * n_episodes - 0.5, (name, n_episodes)
+
+
+def test_rotation_wrt_start_is_relative_to_the_episode_first_pose(clock):
+    spec = D.ObsActionSpec(n_obs_steps=2, horizon=4, lowdim_keys=D.DEFAULT_LOWDIM_KEYS + (D.ROT_WRT_START_KEY,))
+    s = D.SequenceDataset(clock, spec, np.ones(1, bool)).samples([20])
+    # the clock episode starts with zero rotation, so w.r.t. the start is the rotation itself: 0.3 rad/s about z
+    rot = P.rot6d_to_rotvec(s["obs"][D.ROT_WRT_START_KEY][0])
+    np.testing.assert_allclose(rot, [[0, 0, 0.3 * 1.9], [0, 0, 0.3 * 2.0]], atol=1e-6)
