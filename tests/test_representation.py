@@ -219,7 +219,7 @@ def test_every_shipped_config_holds_out_at_least_two_episodes_or_ten_percent():
 
     names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
     assert {"demo", "tiny", "train_diffusion_unet_image"} <= set(names)
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR)):
         for name in names:
             task = compose(name, overrides=["task.dataset_path=x.npz"]).task
             assert task.pose_repr.obs_pose_repr == task.pose_repr.action_pose_repr == "relative", name
