@@ -274,8 +274,14 @@ def test_metrics_against_independent_computation(untrained, dataset, tmp_path):
     buf = ReplayBuffer(dataset)
     train_steps = np.concatenate([np.arange(buf.episode_slice(e).start, buf.episode_slice(e).stop) for e in np.flatnonzero(train_mask)])
     raw = np.concatenate([np.asarray(buf[k][train_steps], np.float64) for k in ABS_ACTION_KEYS], axis=1)
+    # (fitted on the network's representation: relative poses, rot6d)
+    from dpflow_core.inference import load_policy
+    from dpflow_core.train.data import normalizer_stats
+
     normalizer = torch.load(untrained, weights_only=True)["normalizer"]["action"]
-    assert np.allclose(normalizer["mean"].numpy(), raw.mean(axis=0), atol=1e-6)
+    expected = normalizer_stats(buf, load_policy(untrained).spec, train_mask)["action"]["mean"]
+    assert np.allclose(normalizer["mean"].numpy(), expected, atol=1e-6)
+    assert not np.allclose(expected, normalizer_stats(buf, load_policy(untrained).spec)["action"]["mean"], atol=1e-6)
     assert np.allclose(result.mean_action[:3], raw[:, :3].mean(axis=0)) and result.mean_action[6] == pytest.approx(raw[:, 6].mean())
     assert result.gripper_threshold_m == pytest.approx((raw[:, 6].min() + raw[:, 6].max()) / 2)
 
