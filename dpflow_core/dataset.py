@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -39,7 +40,8 @@ def lowdim_keys(buffer: ReplayBuffer) -> list[str]:
     return sorted(k for k in buffer if not k.endswith("_rgb") and k not in NON_STATE_KEYS)
 
 
-def compute_norm_stats(npz_path: str | Path, sha256: str | None = None, allow_zero_variance: bool = False) -> dict:
+def compute_norm_stats(npz_path: str | Path, sha256: str | None = None,
+                       allow_zero_variance: bool | Iterable[str] = False) -> dict:
     """Per-dimension statistics of every low-dimensional key of a replay buffer.
 
     For each key (``robot0_eef_pos``, ``robot0_eef_rot_axis_angle``,
@@ -60,7 +62,11 @@ def compute_norm_stats(npz_path: str | Path, sha256: str | None = None, allow_ze
         sha256: its SHA-256 when already known (conversion computes it while
             writing); otherwise the file is hashed here.
         allow_zero_variance: record constant dimensions (std 0) instead of
-            raising; the consumer must then guard its division.
+            raising; the consumer must then guard its division (the trainer's
+            normaliser treats a range below ``range_eps`` as constant). True for
+            every key, or the keys for which it holds (e.g. the demo start/end
+            pose of a single-episode dataset, constant by construction). Constant
+            dimensions are listed as ``constant_dims`` of their key.
 
     Raises:
         DatasetError: the buffer does not open (missing file or member, members of
@@ -90,7 +96,9 @@ def compute_norm_stats(npz_path: str | Path, sha256: str | None = None, allow_ze
             )
         lo, hi = values.min(axis=0), values.max(axis=0)
         flat = np.flatnonzero(lo == hi)
-        if flat.size and not allow_zero_variance:
+        allowed = allow_zero_variance is True or (
+            not isinstance(allow_zero_variance, bool) and key in set(allow_zero_variance))
+        if flat.size and not allowed:
             hint = " (a single episode makes demo start/end poses constant)" if buffer.n_episodes == 1 else ""
             raise DatasetError(
                 f"member {member!r} dimension {int(flat[0])} has zero variance (every one of {n} steps is "
@@ -108,6 +116,8 @@ def compute_norm_stats(npz_path: str | Path, sha256: str | None = None, allow_ze
             "q99": q99.tolist(),
             "count": n,
         }
+        if flat.size:
+            stats[key]["constant_dims"] = [int(d) for d in flat]
     return {
         "norm_stats_version": NORM_STATS_VERSION,
         "dataset": {
@@ -281,3 +291,27 @@ def check_recorded_sha256(npz_path: str | Path, sidecar_path: str | Path) -> Che
     text = (f"SHA-256 {actual[:16]}... equals the one recorded in {sidecar_path.name}" if ok else
             f"SHA-256 {actual} differs from {recorded} recorded in {sidecar_path.name}: the file changed after conversion")
     return CheckResult("sha256_matches_sidecar", ok, "error", text, meta | {"sha256": actual, "recorded_sha256": recorded})
+
+
+def recorded_sha256(dataset_path: str | Path) -> str | None:
+    """The SHA-256 recorded for a dataset when it was converted: ``sha256`` of its sidecar
+    (``dataset.json`` beside ``dataset.npz``, :func:`dpflow_core.conversion.sidecar_path_for`).
+
+    Returns:
+        64 hex digits, or None when there is no sidecar (a dataset not written by dpflow).
+
+    Raises:
+        DatasetError: the sidecar exists but is not JSON or records no ``sha256``
+            (code ``bad_sidecar``; names the sidecar).
+    """
+    sidecar = Path(dataset_path).with_suffix(".json")
+    if not sidecar.exists():
+        return None
+    try:
+        doc = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"cannot read the dataset's sidecar: {exc}", path=sidecar, code="bad_sidecar") from exc
+    sha = doc.get("sha256") if isinstance(doc, dict) else None
+    if not isinstance(sha, str) or len(sha) != 64:
+        raise DatasetError("the dataset's sidecar records no sha256", path=sidecar, code="bad_sidecar")
+    return sha

@@ -141,3 +141,20 @@ def write_text_atomic(path: str | Path, text: str, *, overwrite: bool = True) ->
     with atomic_output(path, "w", overwrite=overwrite) as fh:
         fh.write(text)
     return Path(path)
+
+
+def path_kind(path: str | Path) -> str:
+    """What a path that is not a regular file is, for messages: "a directory", "a FIFO (named
+    pipe)", "a socket", "a character device", "a block device", "not a regular file", or
+    "not readable (<OS error>)" when it cannot be stat'ed."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return f"not readable ({exc.strerror})"
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"

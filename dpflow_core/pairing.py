@@ -17,7 +17,8 @@ Naming rules (file names directly in the task folder; hidden files ignored):
 - ``<STEM>_vio.mcap`` / ``<STEM>_vio.json`` belong to ``<STEM>``; any other
   ``<NAME>.mcap`` is the raw recording of stem ``<NAME>``.
 - Dual-arm merged files (a stem containing ``.merge``, e.g. ``X.merge.mcap``)
-  are rejected: ``unsupported_dual_arm`` (single-arm only).
+  are rejected: ``unsupported_multi_arm`` (single-arm only), as is any file carrying
+  ``/robotN/...`` topics of a second arm (found by inspection), so no arm is dropped silently.
 - Retry duplicates: a stem ``<BASE>_retry<N>``, ``<BASE>-retry<N>`` or
   ``<BASE> (<N>)`` (a copy made by a file manager) whose ``<BASE>`` also has
   files in the folder is rejected: ``retry_duplicate``; exact pairing uses
@@ -37,11 +38,14 @@ defensively: a string under ``status``, ``state``, ``result`` or
 ``vio_status`` (also one level down under ``result``/``vio``/``status``), or a
 boolean ``success``/``succeeded``/``ok``. Other layouts are ``unknown_status``.
 
-Reject codes: ``path_escapes_root``, ``unsupported_dual_arm``,
+Reject codes: ``path_escapes_root``, ``unsupported_multi_arm``, ``unreadable`` (an OS
+error, or a directory/FIFO where a file was expected), ``invalid_stem``,
 ``retry_duplicate``, ``missing_partner``, ``missing_file``, ``empty_file``,
 ``unparseable_status``, ``other_task``, ``failed_status``,
 ``status_not_final``, ``unknown_status``, ``status_conflict``,
-``duplicate_stem``, ``invalid_manifest_entry``, and the error codes of
+``duplicate_stem``, ``invalid_manifest_entry``, ``duplicate_episode`` (a later copy
+of an accepted episode: same ``_vio.mcap`` SHA-256, or the same camera payload
+re-muxed), ``status_stem_mismatch`` (the ``_vio.json`` names another stem), and the error codes of
 :func:`~dpflow_core.recordings.inspect_recording` (``truncated_mcap``,
 ``missing_closing_magic``, ``corrupt_mcap``, ``unknown_encoding``, ...).
 
@@ -68,8 +72,8 @@ from typing import Any, Callable
 from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
 
-from dpflow_core.errors import PairingError, RecordingError
-from dpflow_core.files import sha256_file, write_text_atomic
+from dpflow_core.errors import InvalidNameError, PairingError, RecordingError
+from dpflow_core.files import path_kind, sha256_file, write_text_atomic
 from dpflow_core.names import validate_name
 from dpflow_core.recordings import inspect_recording
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -286,6 +290,27 @@ def _status_value(data: Any) -> str:
     return "no status field"
 
 
+_STATUS_KEYS = ("status", "state", "result", "vio_status", "success", "succeeded", "ok")
+
+
+def _unknown_status_reason(data: Any) -> str:
+    """Why :func:`parse_vio_status` found no status: the type or keys found, and what is expected."""
+    expected = (f"expected a JSON object with one of the keys {', '.join(_STATUS_KEYS)} "
+                "(a string such as \"success\", or a boolean)")
+    if not isinstance(data, dict):
+        return f"status unknown: the file holds a JSON {_json_type(data)}, not an object; {expected}"
+    keys = ", ".join(sorted(map(str, data))) or "none"
+    value = _status_value(data)
+    if value != "no status field":
+        return f"status unknown: {value} is not a recognised value (keys found: {keys}); {expected}"
+    return f"status unknown: no recognised status key (keys found: {keys}); {expected}"
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
+        type(value), type(value).__name__)
+
+
 def split_name(name: str) -> tuple[str, str] | None:
     """``(stem, role)`` of a Matrix Studio file name, or None for other files.
 
@@ -327,14 +352,34 @@ def _inside(path: Path, root_resolved: Path) -> bool:
         return False
 
 
-def _stems_of_success_list(names: Any) -> set[str] | None:
+def _stems_of_success_list(names: Any, root: Path | None = None,
+                           bad: list[PairingReject] | None = None, key: str = "") -> set[str] | None:
+    """Stems named by a ``vio_result.json`` file list. With ``root`` and ``bad``, an entry
+    pointing into another folder (``other_task``) or whose stem is only dots
+    (``invalid_stem``) is appended to ``bad`` and left out of the set."""
     if not isinstance(names, list):
         return None
     out = set()
     for name in names:
-        if isinstance(name, str):
-            split = split_name(Path(name).name)
-            out.add(split[0] if split else Path(name).stem)
+        if not isinstance(name, str):
+            continue
+        p = Path(name)
+        split = split_name(p.name)
+        stem = split[0] if split else (_dot_stem(p.name) or p.stem)
+        if root is not None and bad is not None:
+            where = p if p.is_absolute() else root / p
+            if p.parent != Path(".") and not _inside(where, root.resolve()):
+                bad.append(PairingReject(
+                    stem, str(where), "other_task",
+                    f"vio_result.json {key} lists {name!r}, which lies outside the task folder {root} "
+                    "(another task's recording); it is not paired here",
+                ))
+                continue
+            if stem and set(stem) == {"."}:
+                bad.append(PairingReject(stem, str(where), "invalid_stem",
+                                         f"vio_result.json {key} lists {name!r}: stem {stem!r} is only dots"))
+                continue
+        out.add(stem)
     return out
 
 
@@ -347,6 +392,7 @@ class _TaskSummary:
     error: str | None = None
     success: set[str] | None = None
     failed: set[str] | None = None
+    bad_entries: list[PairingReject] = field(default_factory=list)
 
     @property
     def task_name(self) -> str | None:
@@ -365,8 +411,12 @@ def _read_task_summary(root: Path) -> _TaskSummary | None:
         summary.error = f"{type(exc).__name__}: {exc}"
         return summary
     if isinstance(summary.data, dict):
-        summary.success = _stems_of_success_list(summary.data.get("success_mcap_files"))
-        summary.failed = _stems_of_success_list(summary.data.get("failed_mcap_files"))
+        for key in ("success_mcap_files", "failed_mcap_files"):
+            stems = _stems_of_success_list(summary.data.get(key), root, summary.bad_entries, key)
+            if key == "success_mcap_files":
+                summary.success = stems
+            else:
+                summary.failed = stems
     return summary
 
 
@@ -398,8 +448,14 @@ def _scan_folder(root: Path) -> tuple[dict[str, _Candidate], list[PairingReject]
     rejects: list[PairingReject] = []
     for entry in sorted(root.iterdir()):
         if entry.name.startswith("."):
+            split = _dot_stem(entry.name)
+            if split is not None:
+                rejects.append(PairingReject(
+                    split, str(entry), "invalid_stem",
+                    f"{entry.name}: stem {split!r} is only dots, not a recording name; rename the file",
+                ))
             continue
-        if entry.is_dir() and not entry.is_symlink():
+        if entry.is_dir() and not entry.is_symlink() and split_name(entry.name) is None:
             nested: dict[tuple[Path, str], Path] = {}
             for p in sorted(entry.rglob("*.mcap")):
                 if any(part.startswith(".") for part in p.relative_to(root).parts):
@@ -421,6 +477,18 @@ def _scan_folder(root: Path) -> tuple[dict[str, _Candidate], list[PairingReject]
         stem, role = split
         groups.setdefault(stem, _Candidate(stem, {})).files[role] = entry
     return groups, rejects
+
+
+def _dot_stem(name: str) -> str | None:
+    """The stem of a Matrix Studio file name whose stem is only dots (``..._vio.mcap``), else None.
+    :func:`split_name` treats ``.``-prefixed names as hidden temp files; such a stem is neither."""
+    for suffix in ("_vio.mcap", "_vio.json", ".mcap"):
+        if name.endswith(suffix):
+            stem = name[: -len(suffix)]
+            return stem if stem and set(stem) == {"."} else None
+    return None
+
+
 
 
 def _read_explicit(manifest_path: Path, root: Path) -> tuple[list[_Candidate], list[PairingReject]]:
@@ -452,6 +520,13 @@ def _read_explicit(manifest_path: Path, root: Path) -> tuple[list[_Candidate], l
             rejects.append(PairingReject(
                 stem if isinstance(stem, str) else "", str(manifest_path), "invalid_manifest_entry",
                 f"{Path(manifest_path).name}: entry {i} lacks {what}",
+            ))
+            continue
+        try:
+            validate_name(stem, "stem")
+        except InvalidNameError as exc:
+            rejects.append(PairingReject(
+                stem, str(manifest_path), "invalid_stem", f"{Path(manifest_path).name}: entry {i}: {exc.reason}",
             ))
             continue
         if stem in seen:
@@ -490,8 +565,9 @@ def _check_candidate(
         any_file = next(iter(cand.files.values()))
         if ".merge" in stem:
             return PairingReject(
-                stem, str(any_file), "unsupported_dual_arm",
-                f"{any_file.name} is a dual-arm merged recording; only single-arm recordings are supported",
+                stem, str(any_file), "unsupported_multi_arm",
+                f"{any_file.name} is a Matrix Studio merged (multi-arm) recording; only single-arm recordings are "
+                "converted and an arm is never dropped silently: use each arm's own recordings",
             )
         retry = _RETRY.match(stem)
         if retry and retry.group("base") in all_stems:
@@ -520,6 +596,12 @@ def _check_candidate(
 
     for role in ROLES:
         p = cand.files[role]
+        if p.exists() and not p.is_file():
+            return PairingReject(
+                stem, str(p), "unreadable",
+                f"{p.name} is {path_kind(p)}, not a file; a {_SUFFIX[role]} file was expected there: "
+                "move it away and copy the recording's file in its place",
+            )
         if not p.is_file():
             code = "missing_file" if cand.explicit else "missing_partner"
             what = "broken symbolic link" if p.is_symlink() else "file not found"
@@ -554,10 +636,7 @@ def _check_candidate(
             stem, str(vio_json), "status_not_final", f"{vio_json.name} says VIO is not finished ({_status_value(vio_status)})"
         )
     if state == "unknown":
-        return PairingReject(
-            stem, str(vio_json), "unknown_status",
-            f"{vio_json.name}: status unknown ({_status_value(vio_status)}; layout not recognised)",
-        )
+        return PairingReject(stem, str(vio_json), "unknown_status", f"{vio_json.name}: {_unknown_status_reason(vio_status)}")
     if summary is not None and not cand.explicit:
         if summary.failed is not None and stem in summary.failed:
             return PairingReject(
@@ -583,6 +662,8 @@ def _check_candidate(
             return PairingReject(stem, str(cand.files[role]), first.code, first.reason + more)
 
     validation = vio_report.to_dict()
+    # An explicit manifest maps the files itself, so names inside its status files may differ.
+    validation["status_stems"] = [] if cand.explicit else _status_stems(vio_status)
     raw = raw_report.to_dict()
     validation["raw_mcap"] = {
         k: raw[k] for k in ("indexed", "message_counts", "summary_counts", "rates_hz", "log_time_inversions", "warnings")
@@ -593,6 +674,74 @@ def _check_candidate(
         p = cand.files[role].resolve()
         files[role] = FileEntry(p, p.stat().st_size, sha256_file(p))
     return AcceptedEpisode(stem, files, vio_status, validation)
+
+
+def _status_stems(vio_status: Any) -> list[str]:
+    """Stems the ``_vio.json`` itself names (keys ``stem``, ``input_file``, ``output_file``,
+    ``input``, ``output``; file names reduced to their stem), sorted and unique."""
+    if not isinstance(vio_status, dict):
+        return []
+    out = set()
+    for key in ("stem", "input_file", "output_file", "input", "output"):
+        value = vio_status.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        name = Path(value).name
+        split = split_name(name)
+        out.add(split[0] if split else (value if key == "stem" else Path(name).stem))
+    return sorted(out)
+
+
+def _content_rejects(accepted: list[AcceptedEpisode]) -> tuple[list[AcceptedEpisode], list[PairingReject]]:
+    """Reject later copies of an earlier episode, and status files naming another stem.
+
+    Episodes are taken in recording order (``_vio.mcap`` modification time, then stem):
+    the first one with a given ``_vio.mcap`` SHA-256, or a given camera payload hash
+    (``validation.camera_payload_sha256``: the same camera stream re-muxed), is kept;
+    later ones are rejected ``duplicate_episode`` with a reason naming the episode they
+    duplicate. A kept episode whose ``_vio.json`` names another stem is rejected
+    ``status_stem_mismatch``: that status describes a different recording.
+    """
+    def order(a: AcceptedEpisode) -> tuple:
+        try:
+            return (a.vio_mcap.stat().st_mtime_ns, a.stem)
+        except OSError:
+            return (0, a.stem)
+
+    by_file: dict[str, str] = {}
+    by_camera: dict[str, str] = {}
+    kept, rejects = [], []
+    for a in sorted(accepted, key=order):
+        named = [s for s in a.validation.get("status_stems", []) if s != a.stem]
+        note = f"; its {a.vio_json.name} names stem {named[0]!r}" if named else ""
+        sha = a.files["vio_mcap"].sha256
+        cam = a.validation.get("camera_payload_sha256")
+        if sha in by_file:
+            rejects.append(PairingReject(
+                a.stem, str(a.vio_mcap), "duplicate_episode",
+                f"{a.vio_mcap.name} is a byte copy of episode {by_file[sha]!r} (SHA-256 {sha[:12]}...){note}; "
+                "the same demonstration twice would weigh it double: delete the copy",
+            ))
+            continue
+        if cam is not None and cam in by_camera:
+            rejects.append(PairingReject(
+                a.stem, str(a.vio_mcap), "duplicate_episode",
+                f"{a.vio_mcap.name} holds the same camera stream as episode {by_camera[cam]!r} "
+                f"(camera payload SHA-256 {cam[:12]}..., re-muxed copy){note}; delete the copy",
+            ))
+            continue
+        by_file[sha] = a.stem
+        if cam is not None:
+            by_camera[cam] = a.stem
+        if named:
+            rejects.append(PairingReject(
+                a.stem, str(a.vio_json), "status_stem_mismatch",
+                f"{a.vio_json.name} names stem {named[0]!r}, not {a.stem!r}: the status file belongs to "
+                "another recording (renamed or copied?); rename the files back or re-run VIO",
+            ))
+            continue
+        kept.append(a)
+    return sorted(kept, key=lambda a: a.stem), rejects
 
 
 def pair_recordings(
@@ -643,6 +792,8 @@ def pair_recordings(
     else:
         groups, rejects = _scan_folder(root)
         candidates = [groups[s] for s in sorted(groups)]
+    if summary is not None:
+        rejects.extend(summary.bad_entries)
     if summary is not None and summary.error is not None:
         rejects.append(PairingReject(
             "", str(summary.path), "unparseable_status",
@@ -652,10 +803,17 @@ def pair_recordings(
     all_stems = {c.stem for c in candidates}
     accepted: list[AcceptedEpisode] = []
     for i, cand in enumerate(candidates):
-        result = _check_candidate(cand, root, task, summary, all_stems, topics)
+        try:
+            result = _check_candidate(cand, root, task, summary, all_stems, topics)
+        except OSError as exc:
+            name = Path(exc.filename).name if exc.filename else cand.stem
+            result = PairingReject(cand.stem, str(exc.filename or root), "unreadable",
+                                   f"cannot read {name}: {exc.strerror or exc} (errno {exc.errno})")
         (accepted if isinstance(result, AcceptedEpisode) else rejects).append(result)
         if progress is not None:
             progress(cand.stem, i + 1, len(candidates))
+    accepted, content = _content_rejects(accepted)
+    rejects.extend(content)
     rejects.sort(key=lambda r: (r.stem, r.path))
     return Manifest(
         root=root,
@@ -665,6 +823,22 @@ def pair_recordings(
         accepted=sorted(accepted, key=lambda a: a.stem),
         rejected=rejects,
     )
+
+
+def reject_summary(rejected: list, limit: int = 6) -> str:
+    """One line per reject code, most frequent first: ``code xN (stem: reason)`` with the
+    first example's reason. Accepts :class:`PairingReject` objects or their dicts."""
+    by_code: dict[str, list] = {}
+    for r in rejected:
+        d = r.to_dict() if isinstance(r, PairingReject) else dict(r)
+        by_code.setdefault(str(d.get("code")), []).append(d)
+    lines = []
+    for code, items in sorted(by_code.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:limit]:
+        first = items[0]
+        lines.append(f"{code} x{len(items)} (e.g. {first.get('stem') or first.get('path')}: {first.get('reason')})")
+    if len(by_code) > limit:
+        lines.append(f"... and {len(by_code) - limit} more codes")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------

@@ -42,8 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from dpflow_core.errors import DpflowError, PairingError, RecordingError
+from dpflow_core.conversion.align import DEFAULT_MAX_GAP_S
+from dpflow_core.errors import DpflowError, InvalidNameError, PairingError, RecordingError
 from dpflow_core.files import atomic_path, write_text_atomic
+from dpflow_core.names import validate_name
 from dpflow_core.recordings import EpisodeStreams, read_streams
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
@@ -109,6 +111,9 @@ class EpisodeQuality:
             the first IDR frame); ``None`` when the codec is not decoded.
         gripper_min_m, gripper_max_m: gripper width range, metres.
         log_time_inversions: messages that arrived before one captured earlier.
+        camera_gaps: holes in the camera stream longer than the report's ``max_gap_s``:
+            ``{"at_s", "duration_s", "missing_frames"}`` (seconds from the episode start);
+            conversion never bridges them (it splits or rejects the episode).
         outlier_reasons: why the episode is flagged (empty when it is not).
         robust_z: metric -> ``(x - task median) / scale`` (see module docstring).
         preview_png: path of the preview image, ``None`` when not drawn.
@@ -137,6 +142,7 @@ class EpisodeQuality:
     gripper_min_m: float
     gripper_max_m: float
     log_time_inversions: int
+    camera_gaps: tuple[dict, ...] = ()
     outlier_reasons: tuple[str, ...] = ()
     robust_z: dict[str, float] = field(default_factory=dict)
     preview_png: str | None = None
@@ -161,6 +167,7 @@ class EpisodeQuality:
         d = asdict(self)
         d["pose_gaps"] = [dict(asdict(g), duration_s=g.duration_s) for g in self.pose_gaps]
         d["outlier_reasons"] = list(self.outlier_reasons)
+        d["camera_gaps"] = [dict(g) for g in self.camera_gaps]
         d.update(pose_gap_total_s=self.pose_gap_total_s, pose_gap_longest_s=self.pose_gap_longest_s, is_outlier=self.is_outlier)
         return d
 
@@ -175,6 +182,9 @@ class ReportResult:
         preview_dir: folder of the ``<stem>.png`` previews.
         episodes: the measurements, in manifest order.
         task: the manifest's task name.
+        unreadable: accepted entries that could not be measured (file gone, unreadable,
+            damaged since pairing, unsafe stem): ``{"stem", "path", "code", "reason",
+            "stage": "report"}``; they are also listed as rejected in the report.
     """
 
     html_path: Path
@@ -182,6 +192,7 @@ class ReportResult:
     preview_dir: Path
     episodes: list[EpisodeQuality]
     task: str
+    unreadable: list[dict] = field(default_factory=list)
 
     @property
     def outliers(self) -> list[str]:
@@ -300,8 +311,10 @@ def _decode_strip(streams: EpisodeStreams, n: int) -> tuple[list[tuple[int, np.n
     return kept, len(packets) - decoded
 
 
-def _measure(stem: str, path: Path, sha256: str | None, streams: EpisodeStreams) -> tuple[EpisodeQuality, int]:
-    cam, pose, grip = streams.camera_ts_ns, streams.pose_ts_ns, streams.gripper_ts_ns
+def _measure(stem: str, path: Path, sha256: str | None, streams: EpisodeStreams,
+             max_gap_s: float = DEFAULT_MAX_GAP_S) -> tuple[EpisodeQuality, int]:
+    # A repeated camera capture time is one frame (conversion keeps the first).
+    cam, pose, grip = np.unique(streams.camera_ts_ns), streams.pose_ts_ns, streams.gripper_ts_ns
     present = [s for s in (cam, pose, grip) if len(s)]
     t0 = int(min(s[0] for s in present))
     t_end = int(max(s[-1] for s in present))
@@ -312,6 +325,11 @@ def _measure(stem: str, path: Path, sha256: str | None, streams: EpisodeStreams)
         dt = np.diff(cam)
         long = dt[dt > 1.5 * cam_period]
         dropped = int(np.sum(np.round(long / cam_period) - 1))
+    holes = tuple(
+        {"at_s": round((int(cam[i]) - t0) / 1e9, 4), "duration_s": round(float(cam[i + 1] - cam[i]) / 1e9, 4),
+         "missing_frames": int(round((cam[i + 1] - cam[i]) / cam_period)) - 1}
+        for i in np.flatnonzero(np.diff(cam) > max_gap_s * 1e9)
+    ) if cam_period > 0 else ()
     score = streams.score.astype(np.float64)
     pct = np.percentile(score, [5, 50, 95]) if len(score) else np.zeros(3)
     q = EpisodeQuality(
@@ -338,6 +356,7 @@ def _measure(stem: str, path: Path, sha256: str | None, streams: EpisodeStreams)
         gripper_min_m=float(streams.gripper_width_m.min()) if len(grip) else 0.0,
         gripper_max_m=float(streams.gripper_width_m.max()) if len(grip) else 0.0,
         log_time_inversions=int(sum(streams.log_time_inversions.values())),
+        camera_gaps=holes,
     )
     return q, t0
 
@@ -371,6 +390,9 @@ def flag_outliers(episodes: Sequence[EpisodeQuality]) -> list[EpisodeQuality]:
             if abs(z[name]) > OUTLIER_Z:
                 unit = "" if name == "score_median" else " s"
                 reasons.append(f"{_METRIC_NAMES[name]} {x[i]:.3g}{unit} vs task median {med:.3g}{unit} (z={z[name]:+.1f})")
+        for g in e.camera_gaps:
+            reasons.append(f"camera hole {g['duration_s']:.2f} s after {g['at_s']:.2f} s "
+                           f"({g['missing_frames']} frames missing; conversion splits or rejects, never bridges)")
         out.append(replace(e, robust_z=z, outlier_reasons=tuple(reasons)))
     return out
 
@@ -380,6 +402,8 @@ def episode_quality(
     preview_dir: str | Path | None = None,
     topics: TopicMap = DAS_DEFAULT,
     strip_frames: int = STRIP_FRAMES,
+    unreadable: list[dict] | None = None,
+    max_gap_s: float = DEFAULT_MAX_GAP_S,
 ) -> list[EpisodeQuality]:
     """Measure every accepted episode of a pairing manifest and flag outliers.
 
@@ -393,13 +417,23 @@ def episode_quality(
             derived from the recording alone).
         topics: topic names of the recordings.
         strip_frames: frames in the preview strip.
+        unreadable: when a list is given, an episode that cannot be measured (an OS
+            error such as a missing or unreadable file: code ``unreadable``; a damaged
+            recording: its :class:`RecordingError` code; a stem that is not a safe name:
+            ``invalid_stem``) is appended to it as ``{"stem", "path", "code", "reason",
+            "stage": "report"}`` and left out; when None such an episode raises.
+        max_gap_s: camera holes longer than this (seconds) are listed (``camera_gaps``)
+            and flagged.
 
     Returns:
-        One :class:`EpisodeQuality` per accepted episode, in manifest order.
+        One :class:`EpisodeQuality` per measured episode, in manifest order.
 
     Raises:
         PairingError: the manifest is missing, not JSON or malformed.
-        RecordingError: a recording is missing, truncated or not a Matrix Studio recording.
+        RecordingError: (``unreadable`` None) a recording is missing, truncated or not a
+            Matrix Studio recording.
+        InvalidNameError: (``unreadable`` None) a stem is not a safe file name.
+        OSError: (``unreadable`` None) a recording cannot be read.
     """
     data, folder = load_manifest(manifest)
     where = None if folder is None else str(manifest)
@@ -413,10 +447,22 @@ def episode_quality(
     for entry in data["accepted"]:
         stem = str(entry.get("stem", ""))
         path, sha = _vio_path(entry, root, where)
-        streams = read_streams(path, topics)
-        if not len(streams.pose_ts_ns):
-            raise RecordingError("no pose messages", path, code="empty_stream")
-        q, t0 = _measure(stem, path, sha, streams)
+        try:
+            validate_name(stem, "stem")
+            streams = read_streams(path, topics)
+            if not len(streams.pose_ts_ns):
+                raise RecordingError("no pose messages", path, code="empty_stream")
+        except (DpflowError, OSError) as exc:
+            if unreadable is None:
+                raise
+            if isinstance(exc, OSError):
+                code, reason = "unreadable", f"cannot read {path.name}: {exc.strerror or exc} (errno {exc.errno})"
+            else:
+                code = "invalid_stem" if isinstance(exc, InvalidNameError) else exc.code
+                reason = exc.reason
+            unreadable.append({"stem": stem, "path": str(path), "code": code, "reason": reason, "stage": "report"})
+            continue
+        q, t0 = _measure(stem, path, sha, streams, max_gap_s)
         frames, undecodable = _decode_strip(streams, strip_frames if preview_dir is not None else 0)
         episodes.append(replace(q, frames_undecodable=undecodable))
         if preview_dir is not None:
@@ -635,9 +681,10 @@ def write_report(
         raise DpflowError("a report already exists here; pass --overwrite (overwrite=True) to replace it", out_dir, code="output_exists")
     data, _ = load_manifest(manifest)
     out_dir.mkdir(parents=True, exist_ok=True)
-    episodes = episode_quality(data if isinstance(manifest, Mapping) else manifest, preview_dir, topics)
+    unreadable: list[dict] = []
+    episodes = episode_quality(data if isinstance(manifest, Mapping) else manifest, preview_dir, topics, unreadable=unreadable)
     task = str(data.get("task", ""))
-    rejected = data.get("rejected") or []
+    rejected = list(data.get("rejected") or []) + unreadable
     label = "(in memory)" if isinstance(manifest, Mapping) else str(Path(manifest).resolve())
     summary = {
         "task": task,
@@ -648,7 +695,8 @@ def write_report(
     }
     write_text_atomic(json_path, json.dumps(summary, indent=2, default=_json_default))
     write_text_atomic(html_path, _html(task, label, episodes, rejected, out_dir))
-    return ReportResult(html_path=html_path, json_path=json_path, preview_dir=preview_dir, episodes=episodes, task=task)
+    return ReportResult(html_path=html_path, json_path=json_path, preview_dir=preview_dir, episodes=episodes, task=task,
+                        unreadable=unreadable)
 
 
 def _json_default(obj: Any) -> Any:

@@ -66,6 +66,8 @@ def rewrite_mcap(
     duplicate_first: dict[str, int] | None = None,
     overstate_counts: dict[str, int] | None = None,
     drop_messages: tuple[str, ...] = (),
+    repeat_timestamp: dict[str, tuple[int, ...]] | None = None,
+    add_topics_prefix: str | None = None,
 ) -> Path:
     """Copy an MCAP's schemas, channels and messages with a plain ``mcap`` Writer.
 
@@ -78,7 +80,14 @@ def rewrite_mcap(
         overstate_counts: per topic, add N to the Statistics record's message count
             (a summary that promises messages the data section does not hold).
         drop_messages: topics whose channel is kept but whose messages are left out.
+        repeat_timestamp: per topic, indices (file order) of messages whose
+            ``header.timestamp`` is set to the previous message's: two different
+            payloads with the same capture time (the message is re-encoded with the
+            protobuf class built from the file's own schema).
+        add_topics_prefix: also write every ``/robot0/...`` channel and its messages a
+            second time under this prefix (e.g. ``"/robot1"``): a second arm.
     """
+    from mcap_protobuf.decoder import DecoderFactory
     src, dst = Path(src), Path(dst)
     encodings = encodings or {}
     duplicate_first = dict(duplicate_first or {})
@@ -88,11 +97,19 @@ def rewrite_mcap(
     kwargs = dict(index_types=IndexType.CHUNK, use_statistics=False) if chunk_index_only else {}
     schema_ids: dict[int, int] = {}
     channel_ids: dict[int, int] = {}
+    repeat_timestamp = {t: set(v) for t, v in (repeat_timestamp or {}).items()}
+    schemas: dict[int, Schema] = {}
+    decoders: dict[int, object] = {}
+    seen: dict[str, int] = {}
+    last_ts: dict[str, int] = {}
+    twin: dict[int, int] = {}
+    factory = DecoderFactory()
     with open(src, "rb") as fin, open(tmp, "wb") as fout:
         writer = Writer(fout, **kwargs)
         writer.start(profile="", library="dpflow-tests")
         for record in StreamReader(fin).records:
             if isinstance(record, Schema) and record.id not in schema_ids:
+                schemas[record.id] = record
                 schema_ids[record.id] = writer.register_schema(record.name, record.encoding, record.data)
             elif isinstance(record, Channel) and record.id not in channel_ids:
                 channel_ids[record.id] = writer.register_channel(
@@ -102,10 +119,29 @@ def rewrite_mcap(
                     dict(record.metadata),
                 )
                 topic_of[channel_ids[record.id]] = record.topic
+                decoders[channel_ids[record.id]] = factory.decoder_for(record.message_encoding, schemas.get(record.schema_id))
+                if add_topics_prefix and record.topic.startswith("/robot0/"):
+                    other = add_topics_prefix + record.topic[len("/robot0"):]
+                    twin[channel_ids[record.id]] = writer.register_channel(
+                        other, record.message_encoding, schema_ids.get(record.schema_id, 0), dict(record.metadata))
+                    topic_of[twin[channel_ids[record.id]]] = other
             elif isinstance(record, Message):
                 cid = channel_ids[record.channel_id]
-                if topic_of[cid] in drop_messages:
+                topic = topic_of[cid]
+                if topic in drop_messages:
                     continue
+                if topic in repeat_timestamp:
+                    msg = decoders[cid](record.data)
+                    k = seen.get(topic, 0)
+                    seen[topic] = k + 1
+                    if k in repeat_timestamp[topic]:
+                        msg.header.timestamp = last_ts[topic]
+                        record = Message(channel_id=record.channel_id, sequence=record.sequence,
+                                         log_time=record.log_time, publish_time=record.publish_time,
+                                         data=msg.SerializeToString())
+                    last_ts[topic] = msg.header.timestamp
+                if cid in twin:
+                    writer.add_message(twin[cid], record.log_time, record.data, record.publish_time, record.sequence)
                 repeats = 2 if duplicate_first.get(topic_of[cid], 0) > 0 else 1
                 if repeats == 2:
                     duplicate_first[topic_of[cid]] -= 1

@@ -217,7 +217,7 @@ def test_invalid_pose_policy(episodes):
     path = episodes["invalid"].vio_mcap
     with pytest.raises(ConversionError) as err:
         align_episode(path, SIZE, invalid_pose_policy="reject")
-    assert err.value.code == "pose_invalid" and "pose_valid is false" in err.value.reason
+    assert err.value.code == "pose_invalid" and "pose_valid false for" in err.value.reason
     a = align_episode(path, SIZE, invalid_pose_policy="trim")
     inv = a.report["pose_invalid"]
     assert len(inv["stretches_s"]) == 2 and inv["invalid_frames"] >= 15

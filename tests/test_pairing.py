@@ -144,7 +144,9 @@ def test_each_bad_input_has_its_code_and_reason(task):
         "running": ("status_not_final", d / "running_vio.json",
                     "running_vio.json says VIO is not finished (status = 'running')"),
         "unknownlayout": ("unknown_status", d / "unknownlayout_vio.json",
-                          "unknownlayout_vio.json: status unknown (no status field; layout not recognised)"),
+                          "unknownlayout_vio.json: status unknown: no recognised status key (keys found: message, "
+                          "result_code); expected a JSON object with one of the keys status, state, result, "
+                          "vio_status, success, succeeded, ok (a string such as \"success\", or a boolean)"),
         "badjson": ("unparseable_status", d / "badjson_vio.json",
                     "cannot parse badjson_vio.json: Expecting property name enclosed in double quotes: "
                     "line 1 column 22 (char 21)"),
@@ -164,8 +166,9 @@ def test_each_bad_input_has_its_code_and_reason(task):
                                 "pick_place_0001 (1)_vio.mcap is a retry duplicate of stem 'pick_place_0001': exact "
                                 "pairing uses pick_place_0001's files (list this stem in an explicit manifest to use "
                                 "it instead)"),
-        "arms.merge": ("unsupported_dual_arm", d / "arms.merge.mcap",
-                       "arms.merge.mcap is a dual-arm merged recording; only single-arm recordings are supported"),
+        "arms.merge": ("unsupported_multi_arm", d / "arms.merge.mcap",
+                       "arms.merge.mcap is a Matrix Studio merged (multi-arm) recording; only single-arm recordings "
+                       "are converted and an arm is never dropped silently: use each arm's own recordings"),
         "escape": ("path_escapes_root", d / "escape_vio.mcap",
                    f"escape_vio.mcap is a link to {task['base'] / 'elsewhere' / 'escape_vio.mcap'}, outside the "
                    f"root {d}"),

@@ -37,6 +37,14 @@ def convert_cmd(
     ),
     min_overlap: float = typer.Option(0.5, "--min-overlap", help="Reject episodes whose aligned frames cover less of the recording."),
     frequency_tolerance: float = typer.Option(0.05, "--frequency-tolerance", help="Relative tolerance of an episode's rate."),
+    max_gap: float = typer.Option(0.5, "--max-gap", help="Seconds: longer holes in the camera stream are never bridged."),
+    gap_policy: str = typer.Option(
+        "split", "--gap-policy", help="Camera holes longer than --max-gap: 'split' the episode there or 'reject' it."
+    ),
+    min_segment_frames: int = typer.Option(
+        46, "--min-segment-frames", min=2, help="Shortest piece kept when splitting at a gap (frames)."
+    ),
+    min_pose_score: float = typer.Option(0.0, "--min-pose-score", help="Poses with a lower VIO score count as invalid."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Convert paired episodes into a dataset.npz replay buffer (+ dataset.json, norm_stats.json)."""
@@ -60,7 +68,8 @@ def convert_cmd(
         result = convert(
             [str(p) for p in inputs], output, image_size=size, workers=workers, backup=backup,
             invalid_pose_policy=invalid_pose_policy, min_overlap_fraction=min_overlap,
-            frequency_tolerance=frequency_tolerance, progress=progress,
+            frequency_tolerance=frequency_tolerance, progress=progress, max_gap_s=max_gap, gap_policy=gap_policy,
+            min_segment_frames=min_segment_frames, min_pose_score=min_pose_score,
         )
     if as_json:
         typer.echo(json.dumps({**result.contract(), "rejected": result.rejected, "wall_time_s": result.wall_time_s}, indent=2))
@@ -76,13 +85,18 @@ def convert_cmd(
         f"{result.wall_time_s:.1f} s ({result.frames_per_s:.0f} frames/s)"
     )
     out.print(f"sidecar {result.sidecar_path}\nnorm stats {result.norm_stats_path}")
+    for name in meta.get("stale_files_removed") or []:
+        out.print(f"removed stale {name} (left by a conversion that is no longer running)")
+    for ep in meta["episodes"]:
+        for g in (ep.get("long_gaps") or {}).get("gaps", []) if (ep.get("segment") or {}).get("index", 0) == 0 else []:
+            out.print(f"{ep['stem']}: camera hole {g['duration_s']:.2f} s after {g['at_s']:.2f} s: {g['action']}")
+    for w in meta.get("warnings") or []:
+        out.print(f"[yellow]warning[/] {w['code']}: {w['reason']}")
     if result.rejected:
-        table = Table(title=f"{len(result.rejected)} rejected")
-        for col in ("stem", "stage", "code", "reason"):
-            table.add_column(col, overflow="fold")
-        for r in result.rejected:
-            table.add_row(str(r.get("stem")), str(r.get("stage")), str(r.get("code")), str(r.get("reason")))
-        out.print(table)
+        from dpflow_core.cli.recordings import stem_table
+
+        rows = [(r.get("stem"), r.get("stage"), r.get("code"), r.get("reason")) for r in result.rejected]
+        out.print(stem_table(f"{len(result.rejected)} rejected", rows, ("stage", "code", "reason")))
 
 
 @app.command("norm-stats")

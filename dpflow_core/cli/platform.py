@@ -25,4 +25,14 @@ def report(
             f"{e.stem}: {e.duration_s:.2f} s, score median {e.score_median:.2f}, "
             f"{len(e.pose_gaps)} pose gaps ({e.pose_gap_total_s:.2f} s){flag}"
         )
+    for r in result.unreadable:
+        typer.echo(f"{r['stem']}: not measured: {r['code']}: {r['reason']}")
     typer.echo(f"{len(result.episodes)} episodes, {len(result.outliers)} outliers -> {result.html_path}")
+    if not result.episodes:
+        from dpflow_core.pairing import reject_summary
+        from dpflow_core.report import load_manifest
+
+        rejected = list(load_manifest(manifest)[0].get("rejected") or []) + result.unreadable
+        typer.secho(f"error: no episode to report on in {manifest}; reasons:\n{reject_summary(rejected)}",
+                    fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)

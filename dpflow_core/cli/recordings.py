@@ -143,7 +143,7 @@ def pair(
 
     ROOT may also be a folder holding exactly one task folder (a Matrix Studio output root): that one is paired.
     """
-    from dpflow_core.pairing import pair_recordings, write_manifest
+    from dpflow_core.pairing import pair_recordings, reject_summary, write_manifest
 
     if output.exists() and not overwrite:
         raise PairingError("manifest already exists (pass --overwrite to replace it)", output, code="output_exists")
@@ -157,13 +157,24 @@ def pair(
     write_manifest(result, output, overwrite=overwrite)
     console = Console()
     if result.rejected:
-        table = Table(title="rejected")
-        for col in ("stem", "code", "reason"):
-            table.add_column(col)
-        for r in result.rejected:
-            table.add_row(r.stem, r.code, r.reason)
-        console.print(table)
+        console.print(stem_table("rejected", [(r.stem, r.code, r.reason) for r in result.rejected], ("code", "reason")))
     console.print(
         f"task {result.task}: {len(result.accepted)} accepted, {len(result.rejected)} rejected -> {output}"
     )
+    if not result.accepted:
+        typer.secho(f"error: no episode accepted in {root}; reasons:\n{reject_summary(result.rejected)}",
+                    fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
+
+
+def stem_table(title: str, rows: list[tuple], columns: tuple[str, ...]) -> Table:
+    """A rich table whose first column is the stem: stems are never cut with an ellipsis
+    (they fold onto the next line), so rows stay distinguishable in an 80-column terminal."""
+    table = Table(title=title)
+    table.add_column("stem", overflow="fold", min_width=8)
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*(str(c) for c in row))
+    return table
 

@@ -138,7 +138,7 @@ class _RichProgress:
 def upload_cmd(
     dataset: Path = typer.Argument(..., help="The dataset.npz to upload."),
     task: Optional[str] = typer.Option(None, "--task", help="Task folder on the server (default: from the sidecar JSON, else the dataset's folder name)."),
-    expected_sha256: Optional[str] = typer.Option(None, "--sha256", help="SHA-256 recorded at conversion; the upload refuses a file that differs."),
+    expected_sha256: Optional[str] = typer.Option(None, "--sha256", help="SHA-256 the file must have (default: the one its dataset.json sidecar recorded at conversion); the upload refuses a file that differs."),
     method: str = typer.Option("auto", "--method", help="auto | rsync | stream (SFTP, or a copy locally)."),
     bwlimit: Optional[int] = typer.Option(None, "--bwlimit", help="Bandwidth limit in KiB/s."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -149,6 +149,10 @@ def upload_cmd(
 
     if method not in ("auto", "rsync", "stream"):
         raise typer.BadParameter(f"unknown method {method!r}", param_hint="--method")
+    from dpflow_core.dataset import recorded_sha256
+
+    # By default the file must still be what conversion wrote (the sidecar's SHA-256).
+    expected_sha256 = expected_sha256 or recorded_sha256(dataset)
     with GpuServer(server_config) as server, _RichProgress(f"upload {dataset.name}") as progress:
         result = upload_dataset(
             server, dataset, task=task, expected_sha256=expected_sha256, method=method,

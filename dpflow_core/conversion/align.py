@@ -19,6 +19,7 @@ from scipy.spatial.transform import Rotation, Slerp
 
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings import read_streams
+from dpflow_core.recordings.inspection import clock_domain_note
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -26,6 +27,13 @@ from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 #: the content-addressed output folder, so a change of method never reuses an old dataset.
 CONVERTER_VERSION = "1"
 INVALID_POSE_POLICIES = ("trim", "reject")
+GAP_POLICIES = ("split", "reject")
+#: Camera intervals longer than this (seconds) are never bridged by interpolation.
+DEFAULT_MAX_GAP_S = 0.5
+#: Shortest segment kept when an episode is split at a gap: (action_horizon - 1) x
+#: down_sample_steps + 1 frames with the UMI defaults (16, 3), the least that yields a
+#: training sample (formats.md section 2).
+DEFAULT_MIN_SEGMENT_FRAMES = 46
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
     "robot0_eef_pos",
@@ -70,6 +78,9 @@ class AlignedEpisode:
         rgb_path: the ``.npy`` file holding the decoded frames when ``rgb_dir``
             was given (rows ``rgb_rows[0]:rgb_rows[1]`` are ``rgb``), else None.
         rgb_rows: (start, stop) rows of ``rgb_path`` kept.
+        segments: (start, stop) rows of the pieces to keep when the episode was split at
+            camera gaps (``gap_policy="split"``), else None (keep it whole). See
+            :func:`split_segments`.
     """
 
     stem: str
@@ -83,6 +94,7 @@ class AlignedEpisode:
     report: dict
     rgb_path: Path | None = None
     rgb_rows: tuple[int, int] | None = None
+    segments: list[tuple[int, int]] | None = None
 
     def __len__(self) -> int:
         return len(self.timestamps_s)
@@ -104,12 +116,16 @@ def _decode_camera(
     codec: str,
     rgb_path: Path | None,
     path: Path,
+    ts_ns: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Decode H.264 access units to RGB frames.
 
     Each packet gets ``pts`` = its message index, so every decoded frame says
     which message (and so which capture time) it came from; packets before the
-    first IDR frame produce no frame (and usually a decoder error).
+    first IDR frame produce no frame (and usually a decoder error). Every packet
+    is decoded, in order, even when ``ts_ns`` repeats a capture time (a later frame
+    may reference it); a frame whose capture time equals the previous kept frame's is
+    then dropped, so the kept frames are bit-identical to a full decode.
 
     Returns:
         frames (K, H, W, 3) uint8 (a memory map when ``rgb_path`` is given; rows
@@ -128,6 +144,8 @@ def _decode_camera(
         for frame in frames:
             if frame.pts is None or not 0 <= frame.pts < len(packets):
                 raise ConversionError(f"decoder returned a frame with pts {frame.pts!r}", path, code="decode_error")
+            if ts_ns is not None and index and ts_ns[frame.pts] == ts_ns[index[-1]]:
+                continue
             if image_size is None:
                 rgb = frame.reformat(format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
             else:
@@ -185,7 +203,8 @@ def _runs(mask: np.ndarray, t_s: np.ndarray) -> list[list[float]]:
 
 
 def _gaps(t_s: np.ndarray, period_s: float, factor: float = 1.5) -> list[dict]:
-    """Intervals of ``t_s`` longer than ``factor`` periods."""
+    """Intervals of ``t_s`` longer than ``factor`` periods: ``at_s`` (time of the frame before
+    the gap), ``duration_s``, ``missing_frames`` and ``row`` (index of that frame)."""
     dt = np.diff(t_s)
     out = []
     for i in np.flatnonzero(dt > factor * period_s):
@@ -194,8 +213,39 @@ def _gaps(t_s: np.ndarray, period_s: float, factor: float = 1.5) -> list[dict]:
                 "at_s": round(float(t_s[i]), 4),
                 "duration_s": round(float(dt[i]), 4),
                 "missing_frames": int(round(dt[i] / period_s)) - 1,
+                "row": int(i),
             }
         )
+    return out
+
+
+def _fmt_gaps(gaps: list[dict]) -> str:
+    return ", ".join(f"{g['duration_s']:.2f} s after {g['at_s']:.2f} s" for g in gaps)
+
+
+def split_segments(ep: AlignedEpisode) -> list[AlignedEpisode]:
+    """The pieces of an episode split at its long camera gaps (``ep.segments``), each as its
+    own :class:`AlignedEpisode` with timestamps from its own first frame; ``[ep]`` when the
+    episode was not split. Arrays are views of ``ep``'s; ``report["segment"]`` says which
+    piece it is ({index, of, rows, start_s, end_s}) and ``frames``/``duration_s`` are the piece's.
+    """
+    if not ep.segments:
+        return [ep]
+    out = []
+    for k, (a, b) in enumerate(ep.segments):
+        t0 = int(ep.camera_ts_ns[a])
+        report = dict(ep.report)
+        report["segment"] = {"index": k, "of": len(ep.segments), "rows": [a, b],
+                             "start_s": round(float(ep.timestamps_s[a]), 4), "end_s": round(float(ep.timestamps_s[b - 1]), 4)}
+        report["frames"] = b - a
+        report["duration_s"] = round((int(ep.camera_ts_ns[b - 1]) - t0) / 1e9, 4)
+        rows = None if ep.rgb_rows is None else (ep.rgb_rows[0] + a, ep.rgb_rows[0] + b)
+        out.append(AlignedEpisode(
+            stem=ep.stem, timestamps_s=(ep.camera_ts_ns[a:b] - t0) / 1e9, start_ts_ns=t0,
+            camera_ts_ns=ep.camera_ts_ns[a:b], rgb=ep.rgb[a:b], eef_pos=ep.eef_pos[a:b],
+            eef_rot_axis_angle=ep.eef_rot_axis_angle[a:b], gripper_width=ep.gripper_width[a:b],
+            report=report, rgb_path=ep.rgb_path, rgb_rows=rows,
+        ))
     return out
 
 
@@ -208,6 +258,10 @@ def align_episode(
     min_frames: int = 2,
     stem: str | None = None,
     rgb_dir: str | Path | None = None,
+    max_gap_s: float = DEFAULT_MAX_GAP_S,
+    gap_policy: str = "split",
+    min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
+    min_pose_score: float = 0.0,
 ) -> AlignedEpisode:
     """Decode and align one episode on its camera frames.
 
@@ -236,6 +290,14 @@ def align_episode(
         stem: the episode's stem (default: file name without ``_vio.mcap``).
         rgb_dir: when given, frames are decoded into ``<rgb_dir>/<stem>.rgb.npy``
             (a memory map) instead of RAM, bounding memory for long episodes.
+        max_gap_s: camera intervals longer than this (seconds; a hole in the camera stream)
+            are never bridged by interpolation: see ``gap_policy``.
+        gap_policy: ``"split"`` cuts the episode at each long gap into segments
+            (``segments``; :func:`split_segments` gives them), dropping segments shorter
+            than ``min_segment_frames``; ``"reject"`` rejects the episode (``camera_gap``).
+        min_segment_frames: shortest segment kept when splitting (frames).
+        min_pose_score: a pose whose VIO ``score`` is below this also counts as invalid
+            (0 = only ``pose_valid``; the score's scale is not published, formats.md).
 
     Returns:
         The aligned episode. ``report`` holds: ``camera_messages``,
@@ -246,7 +308,10 @@ def align_episode(
         the kept frames), ``pose_invalid`` (policy, stretches, frames and seconds
         dropped), ``gaps`` (camera intervals longer than 1.5 frame periods),
         ``pose_gaps``, ``frames``, ``duration_s``, ``frequency_hz`` (1 / median
-        frame interval), ``coverage`` and the reader's ordering counts.
+        frame interval), ``coverage``, the reader's ordering counts, and ``long_gaps``
+        ({max_gap_s, policy, gaps: [{at_s, duration_s, missing_frames, row, action}],
+        segments: [{rows, frames, start_s, end_s, kept}]}: every camera gap longer than
+        ``max_gap_s`` and what was done with it).
 
     Raises:
         RecordingError: the file cannot be read (see :func:`read_streams`).
@@ -254,7 +319,9 @@ def align_episode(
             (``undecodable``), the streams do not overlap (``no_overlap``), the
             kept frames cover too little of the recording (``low_coverage``), a
             pose is invalid under the ``reject`` policy (``pose_invalid``), too
-            few frames remain (``too_short``), a position or gripper width is
+            few frames remain (``too_short``), a camera gap is longer than ``max_gap_s``
+            under ``gap_policy="reject"`` (``camera_gap``) or no segment is long enough
+            under ``"split"`` (``too_short``), a position or gripper width is
             NaN/inf (``not_finite``), or an argument is invalid.
     """
     path = Path(vio_mcap_path)
@@ -262,6 +329,10 @@ def align_episode(
         raise ConversionError(
             f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
         )
+    if gap_policy not in GAP_POLICIES:
+        raise ConversionError(f"gap_policy must be one of {GAP_POLICIES}, got {gap_policy!r}", code="bad_option")
+    if not max_gap_s > 0:
+        raise ConversionError(f"max_gap_s must be > 0 seconds, got {max_gap_s!r}", code="bad_option")
     if image_size is not None:
         image_size = _check_image_size(image_size)
     if stem is None:
@@ -272,7 +343,8 @@ def align_episode(
         raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
 
     rgb_path = Path(rgb_dir) / f"{stem}.rgb.npy" if rgb_dir is not None else None
-    frames, pkt_idx, errors = _decode_camera(streams.camera_packets, image_size, "h264", rgb_path, path)
+    frames, pkt_idx, errors = _decode_camera(streams.camera_packets, image_size, "h264", rgb_path, path,
+                                             streams.camera_ts_ns)
     first_decoded = int(pkt_idx[0])
     cam_ns = streams.camera_ts_ns[pkt_idx]
 
@@ -287,6 +359,11 @@ def align_episode(
         name: {"start_s": round(float(rel(ts[0])), 4), "end_s": round(float(rel(ts[-1])), 4), "count": int(len(ts))}
         for name, ts in (("camera", cam_ns), ("pose", streams.pose_ts_ns), ("gripper", streams.gripper_ts_ns))
     }
+    clocks = clock_domain_note({"camera": int(cam_ns[0]), "pose": int(streams.pose_ts_ns[0]),
+                                "gripper": int(streams.gripper_ts_ns[0])})
+    if clocks:
+        raise ConversionError(f"{clocks}: the streams do not share a clock, so they cannot be aligned; re-export the "
+                              "recording with every header.timestamp on one clock", path, code="clock_domains_differ")
     if ov_end <= ov_start:
         raise ConversionError(
             f"camera, pose and gripper streams do not overlap: {_fmt_streams(stream_info)}", path, code="no_overlap"
@@ -298,10 +375,20 @@ def align_episode(
     pose_t = streams.pose_ts_ns
     right = np.clip(np.searchsorted(pose_t, cam_ns, side="left"), 0, len(pose_t) - 1)
     left = np.clip(np.searchsorted(pose_t, cam_ns, side="right") - 1, 0, len(pose_t) - 1)
-    frame_valid = streams.pose_valid[left] & streams.pose_valid[right]
+    pose_ok = streams.pose_valid & (streams.score >= min_pose_score)
+    frame_valid = pose_ok[left] & pose_ok[right]
     invalid_in_overlap = in_overlap & ~frame_valid
+    what = "pose_valid false" if min_pose_score <= 0 else f"pose_valid false or score < {min_pose_score:g}"
+    n_overlap = max(int(np.count_nonzero(in_overlap)), 1)
+
+    def pose_reason() -> str:
+        stretches = ", ".join(f"{a:.2f}-{b:.2f} s" for a, b in invalid_info["stretches_s"])
+        pct = 100 * invalid_info["invalid_frames"] / n_overlap
+        return f"{what} for {pct:.0f} % of the episode, {stretches} (VIO lost tracking)"
+
     invalid_info = {
         "policy": invalid_pose_policy,
+        "min_pose_score": min_pose_score,
         "invalid_frames": int(np.count_nonzero(invalid_in_overlap)),
         "stretches_s": _runs(invalid_in_overlap, rel(cam_ns)),
         "dropped_frames": 0,
@@ -309,17 +396,18 @@ def align_episode(
     }
     if invalid_info["invalid_frames"]:
         if invalid_pose_policy == "reject":
-            raise ConversionError(
-                f"pose_valid is false for {invalid_info['invalid_frames']} frames "
-                f"(stretches {invalid_info['stretches_s']} s) and invalid_pose_policy is 'reject'",
-                path,
-                code="pose_invalid",
-            )
+            raise ConversionError(f"{pose_reason()} and invalid_pose_policy is 'reject'", path, code="pose_invalid")
         a, b = _longest_true_run(in_overlap & frame_valid)
         kept_before = cam_ns[hi - 1] - cam_ns[lo]
         invalid_info["dropped_frames"] = int((hi - lo) - (b - a))
         invalid_info["dropped_s"] = round(float((kept_before - (cam_ns[b - 1] - cam_ns[a] if b > a else 0)) / 1e9), 4)
         lo, hi = a, b
+    if hi - lo < max(min_frames, 2) and invalid_info["invalid_frames"]:
+        raise ConversionError(
+            f"{pose_reason()}: only {hi - lo} frames with valid poses remain (minimum {max(min_frames, 2)})",
+            path,
+            code="pose_invalid",
+        )
     if hi - lo < max(min_frames, 2):
         raise ConversionError(
             f"only {hi - lo} frames remain after trimming (minimum {max(min_frames, 2)}): "
@@ -329,6 +417,13 @@ def align_episode(
         )
     kept_ns = cam_ns[lo:hi]
     coverage = (int(kept_ns[-1]) - int(kept_ns[0])) / 1e9 / span_s
+    if coverage < min_overlap_fraction and invalid_info["invalid_frames"]:
+        raise ConversionError(
+            f"{pose_reason()}: the longest valid stretch, {rel(kept_ns[0]):.2f}-{rel(kept_ns[-1]):.2f} s, covers only "
+            f"{coverage:.0%} of the recording (minimum {min_overlap_fraction:.0%})",
+            path,
+            code="pose_invalid",
+        )
     if coverage < min_overlap_fraction:
         raise ConversionError(
             f"the aligned frames cover only {coverage:.0%} of the recording "
@@ -358,6 +453,36 @@ def align_episode(
     used_pose = (pose_t >= kept_ns[0]) & (pose_t <= kept_ns[-1])
     pose_used_s = pose_s[used_pose]
     pose_period = float(np.median(np.diff(pose_used_s))) if len(pose_used_s) > 2 else period
+    gaps = _gaps(t_s, period)
+    long = [g for g in gaps if g["duration_s"] > max_gap_s]
+    segments = None
+    long_info = {"max_gap_s": max_gap_s, "policy": gap_policy, "gaps": [], "segments": []}
+    if long:
+        if gap_policy == "reject":
+            raise ConversionError(
+                f"camera stream has {len(long)} hole{'s' if len(long) > 1 else ''} longer than {max_gap_s:g} s "
+                f"({_fmt_gaps(long)}; {sum(g['missing_frames'] for g in long)} frames missing) and gap_policy is "
+                "'reject': the pose would be bridged across the hole",
+                path,
+                code="camera_gap",
+            )
+        cuts = [0, *(g["row"] + 1 for g in long), len(t_s)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            keep = b - a >= min_segment_frames
+            long_info["segments"].append({"rows": [a, b], "frames": b - a, "start_s": round(float(t_s[a]), 4),
+                                          "end_s": round(float(t_s[b - 1]), 4), "kept": keep})
+        segments = [tuple(seg["rows"]) for seg in long_info["segments"] if seg["kept"]]
+        if not segments:
+            raise ConversionError(
+                f"camera stream has holes longer than {max_gap_s:g} s ({_fmt_gaps(long)}); split there, no segment "
+                f"has the minimum {min_segment_frames} frames (segments of "
+                f"{', '.join(str(seg['frames']) for seg in long_info['segments'])} frames)",
+                path,
+                code="too_short",
+            )
+    for g in gaps:
+        g["action"] = ("split" if gap_policy == "split" else "rejected") if g in long else "interpolated"
+    long_info["gaps"] = [g for g in gaps if g in long]
     report = {
         "stem": stem,
         "path": str(path),
@@ -373,7 +498,8 @@ def align_episode(
             "total": round(float(span_s - (int(kept_ns[-1]) - int(kept_ns[0])) / 1e9), 4),
         },
         "pose_invalid": invalid_info,
-        "gaps": _gaps(t_s, period),
+        "gaps": gaps,
+        "long_gaps": long_info,
         "pose_gaps": _gaps(pose_used_s, pose_period),
         "frames": int(hi - lo),
         "duration_s": round(float(t_s[-1]), 4),
@@ -395,6 +521,7 @@ def align_episode(
         report=report,
         rgb_path=rgb_path,
         rgb_rows=(lo, hi) if rgb_path is not None else None,
+        segments=segments,
     )
 
 

@@ -21,14 +21,15 @@ import numpy as np
 
 from dpflow_core import __version__
 from dpflow_core.conversion.align import (
-    CONVERTER_VERSION, INVALID_POSE_POLICIES, LOWDIM_KEYS, _LOWDIM_WIDTH, _check_image_size,
+    CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, GAP_POLICIES, INVALID_POSE_POLICIES, LOWDIM_KEYS,
+    _LOWDIM_WIDTH, _check_image_size,
 )
 from dpflow_core.conversion.inputs import (
     _conversion_options, _key, _topic_map, load_inputs, norm_stats_path_for, sidecar_path_for,
 )
 from dpflow_core.conversion.install import _backup_name, _install, _remove_stale, _write_json_atomic
 from dpflow_core.conversion.jobs import _run_jobs, alignment_job
-from dpflow_core.errors import ConversionError
+from dpflow_core.errors import ConversionError, DatasetError
 from dpflow_core.files import fsync_dir
 from dpflow_core.replay_buffer.writer import NpzMember, npy_data_offset, write_npz
 from dpflow_core.recordings.topics import TopicMap
@@ -146,6 +147,10 @@ def convert(
     verify_sha256: bool = True,
     reuse_existing: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
+    max_gap_s: float = DEFAULT_MAX_GAP_S,
+    gap_policy: str = "split",
+    min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
+    min_pose_score: float = 0.0,
 ) -> ConversionResult:
     """Convert the accepted episodes of a pairing manifest into one ``dataset.npz``.
 
@@ -187,6 +192,12 @@ def convert(
             :func:`dataset_key` and file size, return it (``reused=True``) instead of failing.
         progress: called as ``progress(stage, done, total)`` with stage
             ``"episodes"`` (episodes aligned) or ``"write"`` (bytes written).
+        max_gap_s, gap_policy, min_segment_frames: camera holes longer than ``max_gap_s``
+            seconds are never bridged: ``"split"`` (default) stores the pieces of at least
+            ``min_segment_frames`` frames as separate episodes, ``"reject"`` rejects the
+            episode (``camera_gap``); see :func:`align_episode`. Every gap and what was done
+            is in the metadata (``episodes[].long_gaps``, ``episodes[].segment``).
+        min_pose_score: poses with a VIO ``score`` below this count as invalid too.
 
     Returns:
         The output paths, hash and figures.
@@ -206,6 +217,8 @@ def convert(
         raise ConversionError(
             f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
         )
+    if gap_policy not in GAP_POLICIES:
+        raise ConversionError(f"gap_policy must be one of {GAP_POLICIES}, got {gap_policy!r}", code="bad_option")
     if not 0 < frequency_tolerance < 1:
         raise ConversionError(f"frequency_tolerance must be in (0, 1), got {frequency_tolerance}", code="bad_option")
     out = Path(out_path).absolute()
@@ -215,7 +228,10 @@ def convert(
     sidecar, norm_path = sidecar_path_for(out), norm_stats_path_for(out)
     inputs = load_inputs(manifest_or_paths)
     topics = topics or _topic_map(inputs)
-    options = _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics)
+    options = _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
+                                  max_gap_s, gap_policy, min_segment_frames)
+    if min_pose_score:
+        options["min_pose_score"] = min_pose_score
     key = _key(inputs, options)
 
     existing = [p for p in (out, sidecar, norm_path) if p.exists()]
@@ -246,7 +262,7 @@ def convert(
         )
 
     folder.mkdir(parents=True, exist_ok=True)
-    stale = _remove_stale(folder, (out.name, sidecar.name, norm_path.name))
+    stale = _remove_stale(folder)
     pid = os.getpid()
     partial = folder / f".{out.name}.partial-{pid}"
     work = folder / f".{out.name}.work-{pid}"
@@ -255,7 +271,8 @@ def convert(
         work.mkdir()
         n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
         jobs = [
-            alignment_job(e, image_size, topics, invalid_pose_policy, min_overlap_fraction, verify_sha256)
+            alignment_job(e, image_size, topics, invalid_pose_policy, min_overlap_fraction, verify_sha256,
+                          max_gap_s, gap_policy, min_segment_frames, min_pose_score)
             | {"dir": str(work / f"{i:06d}")}
             for i, e in enumerate(inputs.episodes)
         ]
@@ -284,7 +301,7 @@ def convert(
                                   f"(tolerance {frequency_tolerance:.1%})",
                     })
                 else:
-                    kept.append(r)
+                    kept.extend({**part, "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"]} for part in r["parts"])
             ok = kept
         if not ok:
             raise ConversionError(
@@ -311,14 +328,24 @@ def convert(
             members.append(NpzMember("data__" + k, shape, dtype, pieces))
         row = h * w * 3
         rgb_pieces = []
-        for r in ok:
+        # Segments of one split episode share its frame file: delete it after its last piece.
+        last_use = {r["rgb_path"]: k for k, r in enumerate(ok)}
+        for k, r in enumerate(ok):
             a, b = r["rgb_rows"]
-            rgb_pieces.append((r["rgb_path"], npy_data_offset(r["rgb_path"]) + a * row, (b - a) * row, True))
+            rgb_pieces.append((r["rgb_path"], npy_data_offset(r["rgb_path"]) + a * row, (b - a) * row,
+                               last_use[r["rgb_path"]] == k))
         members.append(NpzMember("data__camera0_rgb", (total, h, w, 3), np.dtype(np.uint8), rgb_pieces))
 
         stamp = datetime.now(timezone.utc)
         meta = _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale)
         meta["workers"] = n_workers
+        if len(ok) == 1:
+            meta["warnings"].append({
+                "code": "single_episode",
+                "reason": "the dataset holds one episode: the train/val split is by episode, so training has no "
+                          "validation episode and the evaluation needs held-out episodes from another dataset; "
+                          "demo start/end pose statistics are constant (constant_dims in norm_stats.json)",
+            })
         meta["timings_s"] = dict(timings)
         meta["wall_time_s"] = round(time.perf_counter() - started, 3)
         info = json.dumps(_hashed_metadata(meta)).encode()
@@ -333,7 +360,15 @@ def convert(
         from dpflow_core.dataset import compute_norm_stats
 
         t_stats = time.perf_counter()
-        stats = compute_norm_stats(partial, sha256=sha256)
+        # One episode: its start and end pose are constant by construction (not a data fault).
+        constant_ok = ("robot0_demo_start_pose", "robot0_demo_end_pose") if len(ok) == 1 else ()
+        try:
+            stats = compute_norm_stats(partial, sha256=sha256, allow_zero_variance=constant_ok)
+        except DatasetError as exc:
+            # Name the output and the episodes, never the hidden temporary file.
+            stems = ", ".join(dict.fromkeys(r["stem"] for r in ok))
+            raise DatasetError(f"norm stats of the converted episodes ({stems}) failed: {exc.reason}; "
+                               f"{out.name} was not written", out, code=exc.code) from exc
         timings["norm_stats"] = round(time.perf_counter() - t_stats, 3)
         meta["timings_s"] = {**timings, "total": round(time.perf_counter() - started, 3)}
         meta["sha256"], meta["size_bytes"] = sha256, size
@@ -382,6 +417,8 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
             "trimmed_s": rep["trimmed_s"],
             "coverage": rep["coverage"],
             "gaps": rep["gaps"],
+            "long_gaps": rep["long_gaps"],
+            "segment": rep.get("segment"),
             "pose_gaps": rep["pose_gaps"],
             "pose_invalid": rep["pose_invalid"],
             "leading_undecodable_packets": rep["leading_undecodable_packets"],
@@ -411,11 +448,12 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
         "inputs": {
             "manifests": inputs.manifests,
             "root": inputs.root,
-            "episodes": [{"stem": r["stem"], "files": by_stem[r["stem"]].files} for r in ok],
+            "episodes": [{"stem": stem, "files": by_stem[stem].files} for stem in dict.fromkeys(r["stem"] for r in ok)],
         },
         "rejected": rejected,
         "options": options,
         "stale_files_removed": stale,
+        "warnings": [],
         "workers": None,
         "timings_s": None,
         "wall_time_s": None,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpflow_core.conversion.align import CONVERTER_VERSION, _check_image_size
+from dpflow_core.conversion.align import CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, _check_image_size
 from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.pairing import load_manifest, pair_recordings
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -157,13 +157,17 @@ def _topic_map(inputs: ConversionInputs) -> TopicMap:
         raise ConversionError(f"manifest topics are invalid: {exc.reason}", code="bad_manifest") from exc
 
 
-def _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics) -> dict:
+def _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
+                        max_gap_s=DEFAULT_MAX_GAP_S, gap_policy="split", min_segment_frames=DEFAULT_MIN_SEGMENT_FRAMES) -> dict:
     return {
         "image_size": list(image_size),
         "invalid_pose_policy": invalid_pose_policy,
         "min_overlap_fraction": min_overlap_fraction,
         "frequency_tolerance": frequency_tolerance,
         "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
+        "max_gap_s": max_gap_s,
+        "gap_policy": gap_policy,
+        "min_segment_frames": min_segment_frames,
     }
 
 
@@ -174,6 +178,9 @@ def dataset_key(
     min_overlap_fraction: float = 0.5,
     frequency_tolerance: float = 0.05,
     topics: TopicMap | None = None,
+    max_gap_s: float = DEFAULT_MAX_GAP_S,
+    gap_policy: str = "split",
+    min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
 ) -> str:
     """Content address of the dataset a conversion would produce (64 hex digits).
 
@@ -184,7 +191,8 @@ def dataset_key(
     inputs = manifest_or_paths if isinstance(manifest_or_paths, ConversionInputs) else load_inputs(manifest_or_paths)
     topics = topics or _topic_map(inputs)
     return _key(inputs, _conversion_options(_check_image_size(image_size), invalid_pose_policy,
-                                            min_overlap_fraction, frequency_tolerance, topics))
+                                            min_overlap_fraction, frequency_tolerance, topics,
+                                            max_gap_s, gap_policy, min_segment_frames))
 
 
 def _key(inputs: ConversionInputs, options: dict) -> str:

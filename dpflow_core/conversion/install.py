@@ -25,19 +25,33 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove_stale(folder: Path, names: Iterable[str]) -> list[str]:
-    """Remove ``.<name>.partial-<pid>`` / ``.<name>.work-<pid>`` left by killed conversions."""
+def _remove_stale(folder: Path, names: Iterable[str] | None = None) -> list[str]:
+    """Remove ``.<name>.partial-<pid>`` files and ``.<name>.work-<pid>`` folders left in ``folder``
+    by conversions that are no longer running (no process ``<pid>``), whatever output they were
+    writing (``names`` None) or only for the given output names. A name whose process still
+    runs is kept: it may be a conversion at work. Each removal is logged (warning) by name.
+
+    Returns:
+        The names removed.
+    """
+    import logging
+
     removed = []
-    names = set(names)
-    for entry in folder.glob(".*"):
+    wanted = None if names is None else set(names)
+    for entry in sorted(folder.glob(".*")):
         base, sep, pid = entry.name[1:].rpartition("-")
         stem, dot, kind = base.rpartition(".")
-        if sep and dot and kind in ("partial", "work") and stem in names and pid.isdigit() and not _pid_alive(int(pid)):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-            removed.append(entry.name)
+        if not (sep and dot and kind in ("partial", "work") and pid.isdigit()):
+            continue
+        if (wanted is not None and stem not in wanted) or _pid_alive(int(pid)):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry.name)
+        logging.getLogger("dpflow.conversion").warning(
+            "removed %s in %s: left by conversion process %s, which is no longer running", entry.name, folder, pid)
     return removed
 
 

@@ -8,17 +8,24 @@ episode per worker) and gives per-episode results: temporary ``.npy`` files, rep
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
 import multiprocessing
+import os
 import resource
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from dpflow_core.conversion.align import AlignedEpisode, align_episode
+from dpflow_core.conversion.align import (
+    DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, AlignedEpisode, align_episode, split_segments,
+)
 from dpflow_core.errors import ConversionError, DpflowError
-from dpflow_core.files import sha256_file
+from dpflow_core.files import path_kind, sha256_file
 from dpflow_core.recordings.topics import TopicMap
 
 
@@ -32,10 +39,20 @@ def alignment_job(
     invalid_pose_policy: str,
     min_overlap_fraction: float,
     verify_sha256: bool,
+    max_gap_s: float = DEFAULT_MAX_GAP_S,
+    gap_policy: str = "reject",
+    min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
+    min_pose_score: float = 0.0,
 ) -> dict:
     """The picklable job :func:`align_job_episode` runs in a worker for one accepted episode
-    (``entry``: ``stem``, ``vio_mcap``, ``size_bytes``, ``sha256`` of :func:`load_inputs`)."""
+    (``entry``: ``stem``, ``vio_mcap``, ``size_bytes``, ``sha256`` of :func:`load_inputs`).
+    ``gap_policy`` defaults to ``"reject"`` here: a caller that cannot store segments
+    (the LeRobot export) must never bridge a camera gap longer than ``max_gap_s`` seconds."""
     return {
+        "max_gap_s": max_gap_s,
+        "gap_policy": gap_policy,
+        "min_segment_frames": min_segment_frames,
+        "min_pose_score": min_pose_score,
         "stem": entry.stem,
         "vio_mcap": str(entry.vio_mcap),
         "size_bytes": entry.size_bytes,
@@ -64,8 +81,11 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
             :func:`align_episode` raises.
     """
     path = Path(job["vio_mcap"])
-    if not path.is_file():
+    if not path.exists():
         raise ConversionError("file not found", path, code="missing_file")
+    if not path.is_file():
+        raise ConversionError(f"{path.name} is {path_kind(path)}, not a file; a recording was expected there", path,
+                              code="unreadable")
     if job["size_bytes"] is not None and path.stat().st_size != job["size_bytes"]:
         raise ConversionError(
             f"size is {path.stat().st_size} bytes but the manifest records {job['size_bytes']}: "
@@ -89,62 +109,130 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
         min_overlap_fraction=job["min_overlap_fraction"],
         stem=job["stem"],
         rgb_dir=rgb_dir,
+        max_gap_s=job.get("max_gap_s", DEFAULT_MAX_GAP_S),
+        gap_policy=job.get("gap_policy", "reject"),
+        min_segment_frames=job.get("min_segment_frames", DEFAULT_MIN_SEGMENT_FRAMES),
+        min_pose_score=job.get("min_pose_score", 0.0),
     )
+
+
 
 
 def _episode_job(job: dict) -> dict:
     """Worker: align one episode and write its arrays as ``.npy`` files in ``job['dir']``.
 
-    Returns a small summary (paths, lengths, report, value ranges); a rejected
-    episode returns ``{"ok": False, code, reason}``. Arrays never travel through
-    the pipe.
+    Returns a small summary: ``parts`` (one per episode kept, several when the episode
+    was split at camera gaps: paths, lengths, report, value ranges), the whole
+    episode's ``report``, ``seconds`` and ``peak_rss_mb``; a rejected episode returns
+    ``{"ok": False, code, reason}`` (an OS error reading the input: code ``unreadable``
+    with the error). Arrays never travel through the pipe.
     """
     started = time.perf_counter()
     stem, path, out_dir = job["stem"], Path(job["vio_mcap"]), Path(job["dir"])
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        ep = align_job_episode(job, out_dir)
-        n = len(ep)
-        arrays = {
-            "timestamp": ep.timestamps_s.astype(np.float64),
-            "robot0_eef_pos": ep.eef_pos,
-            "robot0_eef_rot_axis_angle": ep.eef_rot_axis_angle,
-            "robot0_gripper_width": ep.gripper_width,
-            "robot0_demo_start_pose": np.repeat(ep.start_pose[None], n, axis=0),
-            "robot0_demo_end_pose": np.repeat(ep.end_pose[None], n, axis=0),
-        }
-        files = {}
-        for key, arr in arrays.items():
-            files[key] = str(out_dir / f"{key}.npy")
-            np.save(files[key], np.ascontiguousarray(arr))
-        ranges = {
-            key: {"min": np.min(arr, axis=0).tolist(), "max": np.max(arr, axis=0).tolist()}
-            for key, arr in arrays.items()
-            if key != "timestamp"
-        }
-        # The parent reads the frames back with read(): the page cache makes them visible without msync.
-        ranges["camera0_rgb"] = {"min": int(ep.rgb.min()), "max": int(ep.rgb.max())}
+        whole = align_job_episode(job, out_dir)
+        parts = []
+        for k, ep in enumerate(split_segments(whole)):
+            seg_dir = out_dir if whole.segments is None else out_dir / f"segment{k:03d}"
+            seg_dir.mkdir(exist_ok=True)
+            parts.append(_write_part(ep, seg_dir))
         return {
             "ok": True,
             "stem": stem,
-            "n": n,
-            "rgb_path": str(ep.rgb_path),
-            "rgb_rows": list(ep.rgb_rows),
-            "files": files,
-            "report": ep.report,
-            "ranges": ranges,
+            "parts": parts,
+            "report": whole.report,
             "seconds": time.perf_counter() - started,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
     except DpflowError as exc:
         return {"ok": False, "stem": stem, "path": exc.path or str(path), "code": exc.code, "reason": exc.reason}
+    except OSError as exc:
+        return {"ok": False, "stem": stem, "path": exc.filename or str(path), "code": "unreadable",
+                "reason": f"cannot read {Path(exc.filename or path).name}: {exc.strerror or exc} (errno {exc.errno})"}
+
+
+def _write_part(ep, out_dir: Path) -> dict:
+    """Write one episode (or segment) as ``.npy`` files; its summary for the parent."""
+    n = len(ep)
+    arrays = {
+        "timestamp": ep.timestamps_s.astype(np.float64),
+        "robot0_eef_pos": ep.eef_pos,
+        "robot0_eef_rot_axis_angle": ep.eef_rot_axis_angle,
+        "robot0_gripper_width": ep.gripper_width,
+        "robot0_demo_start_pose": np.repeat(ep.start_pose[None], n, axis=0),
+        "robot0_demo_end_pose": np.repeat(ep.end_pose[None], n, axis=0),
+    }
+    files = {}
+    for key, arr in arrays.items():
+        files[key] = str(out_dir / f"{key}.npy")
+        np.save(files[key], np.ascontiguousarray(arr))
+    ranges = {
+        key: {"min": np.min(arr, axis=0).tolist(), "max": np.max(arr, axis=0).tolist()}
+        for key, arr in arrays.items()
+        if key != "timestamp"
+    }
+    # The parent reads the frames back with read(): the page cache makes them visible without msync.
+    ranges["camera0_rgb"] = {"min": int(ep.rgb.min()), "max": int(ep.rgb.max())}
+    return {
+        "stem": ep.stem,
+        "n": n,
+        "rgb_path": str(ep.rgb_path),
+        "rgb_rows": list(ep.rgb_rows),
+        "files": files,
+        "report": ep.report,
+        "ranges": ranges,
+    }
+
+
+#: ``prctl`` option: the signal sent to this process when its parent thread dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(main_pid: int) -> None:
+    """Worker initializer: never outlive the conversion that started this worker.
+
+    Two guards, because a worker's parent is the forkserver, not the ``dpflow convert``
+    process: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (Linux, through ctypes: the kernel kills
+    the worker when its parent dies), and a daemon thread that exits the worker within
+    0.2 s of ``main_pid`` (the converting process) being gone, e.g. after ``kill -9``.
+    Source: prctl(2), PR_SET_PDEATHSIG.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(main_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+            time.sleep(0.2)
+
+    if not _alive(main_pid):
+        os._exit(1)
+    threading.Thread(target=watch, name="dpflow-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list[dict]:
     """Run episode jobs (in worker processes when ``workers`` > 1); one summary per job, in job order.
 
     An exception inside a job (or a worker process that dies) becomes a rejection
-    of that episode with the exception's type and message; none is lost.
+    of that episode with the exception's type and message; none is lost. Workers
+    exit when this process dies (:func:`_die_with_parent`).
     """
     results: list[dict | None] = [None] * len(jobs)
     done = 0
@@ -166,7 +254,8 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["dpflow_core.conversion"])
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
+                                initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_episode_job, job): i for i, job in enumerate(jobs)}
         for fut in cf.as_completed(futures):
             i = futures[fut]

@@ -11,7 +11,9 @@ share its per-topic state; split up, they would pass that state between modules.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +40,7 @@ RATE_TOLERANCE = 0.1
 #: At most this many leading camera packets are kept to find the first decodable frame.
 H264_PROBE_PACKETS = 300
 #: Error codes after which the rest of the file could not be read.
-_STRUCTURAL = frozenset({"empty_file", "not_mcap", "truncated_mcap", "missing_closing_magic", "corrupt_mcap"})
+_STRUCTURAL = frozenset({"empty_file", "not_mcap", "crlf_converted", "truncated_mcap", "missing_closing_magic", "corrupt_mcap"})
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,11 @@ class RecordingReport:
         first_decodable_ts_ns: capture time of that first frame.
         pose_invalid_fraction: fraction of pose messages with ``pose_valid == false``;
             None when the file has no pose topic.
+        camera_payload_sha256: SHA-256 (hex) over the camera payloads in capture order
+            (per message: capture time as 8 little-endian bytes, then the SHA-256 of its
+            ``data``); equal for two files holding the same camera stream, however they
+            were muxed (chunking, compression, message order, other topics). None when
+            the file has no camera message.
         errors: problems that make the file unusable (any error -> reject).
         warnings: faults measured and tolerated (sorted, trimmed or skipped downstream).
     """
@@ -120,6 +127,7 @@ class RecordingReport:
     leading_undecodable_s: float | None = None
     first_decodable_ts_ns: int | None = None
     pose_invalid_fraction: float | None = None
+    camera_payload_sha256: str | None = None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
 
@@ -163,6 +171,7 @@ class RecordingReport:
             "leading_undecodable_s": None if self.leading_undecodable_s is None else round(self.leading_undecodable_s, 6),
             "first_decodable_ts_ns": self.first_decodable_ts_ns,
             "pose_invalid_fraction": None if self.pose_invalid_fraction is None else round(self.pose_invalid_fraction, 6),
+            "camera_payload_sha256": self.camera_payload_sha256,
             "errors": [p.to_dict() for p in self.errors],
             "warnings": [p.to_dict() for p in self.warnings],
         }
@@ -205,6 +214,41 @@ def _first_decodable(packets: list[tuple[int, bytes]]) -> int | None:
     return int(frames[0].pts) if frames and frames[0].pts is not None else None
 
 
+#: The MCAP magic ``89 'MCAP0' 0D 0A`` after a text-mode copy turned CRLF into LF.
+CRLF_CONVERTED_MAGIC = b"\x89MCAP0\n"
+#: Streams whose first capture times differ by more than this (ns: one day) run on different clocks.
+CLOCK_DOMAIN_NS = 86_400 * 10**9
+
+
+def clock_domain_note(starts_ns: dict[str, int]) -> str:
+    """``"clock domains differ: camera 1.26e9 ns, pose 1.75e18 ns"`` when the streams' first
+    capture times are more than a day apart (e.g. one counts from boot, another from the
+    Unix epoch), else ``""``. ``starts_ns``: stream name -> first capture time, ns."""
+    if len(starts_ns) < 2 or max(starts_ns.values()) - min(starts_ns.values()) <= CLOCK_DOMAIN_NS:
+        return ""
+    def short(ns: int) -> str:
+        return f"{float(ns):.3g}".replace("e+0", "e").replace("e+", "e")
+
+    return "clock domains differ: " + ", ".join(f"{name} {short(ns)} ns" for name, ns in starts_ns.items())
+
+
+_ARM = re.compile(r"^(/robot\d+)/")
+
+
+def _other_arms(topic_names, topics: TopicMap) -> tuple[str, dict[str, list[str]]] | None:
+    """``(own arm prefix, {other arm prefix: [topics]})`` when the file carries ``/robotN/...``
+    topics of an arm other than the one ``topics.camera`` belongs to; None otherwise."""
+    own = _ARM.match(topics.camera)
+    if own is None:
+        return None
+    others: dict[str, list[str]] = {}
+    for name in sorted(topic_names):
+        m = _ARM.match(name)
+        if m and m.group(1) != own.group(1):
+            others.setdefault(m.group(1), []).append(name)
+    return (own.group(1), others) if others else None
+
+
 def inspect_recording(
     path: str | Path,
     topics: TopicMap = DAS_DEFAULT,
@@ -237,7 +281,10 @@ def inspect_recording(
         ``missing_closing_magic``, ``corrupt_mcap``, ``unknown_encoding``,
         ``missing_topics``, ``unexpected_schema``, ``no_messages``,
         ``count_mismatch``, ``undecodable_message``, ``no_header``,
-        ``no_decodable_frame``, ``no_overlap``) and a reason naming the byte
+        ``no_decodable_frame``, ``no_overlap``, ``clock_domains_differ`` (first capture times
+        more than a day apart), ``crlf_converted`` (magic damaged by a text-mode copy),
+        ``unsupported_multi_arm``: ``/robotN/...``
+        topics of a second arm beside the converted one) and a reason naming the byte
         offset, topic or count; tolerated faults are in ``warnings``
         (``no_index``, ``log_time_inversions``, ``duplicate_timestamps``,
         ``late_start``, ``early_end``, ``leading_undecodable``, ``pose_invalid``,
@@ -275,6 +322,7 @@ def inspect_recording(
     footer: Footer | None = None
     pose_invalid = 0
     camera_heap: list[tuple[int, int, bytes]] = []  # max-heap on capture time: (-ts, -seq, data)
+    camera_digests: list[tuple[int, bytes]] = []  # (capture ns, SHA-256 of the payload)
     factory = DecoderFactory()  # one per file: it caches message classes by schema id
 
     with open(path, "rb") as f:
@@ -307,6 +355,7 @@ def inspect_recording(
                     if topic == topics.camera:
                         if not report.camera_format:
                             report.camera_format = str(getattr(decoded, "format", ""))
+                        camera_digests.append((ts, hashlib.sha256(decoded.data).digest()))
                         if probe_video:
                             item = (-ts, -len(st.ts), bytes(decoded.data))
                             if len(camera_heap) < H264_PROBE_PACKETS:
@@ -349,10 +398,19 @@ def inspect_recording(
         except InvalidMagic as exc:
             offset = 0 if f.tell() <= 8 else f.tell()
             kind = "opening" if offset == 0 else "closing"
-            report.errors.append(Problem(
-                "not_mcap" if offset == 0 else "corrupt_mcap",
-                f"{path.name}: not an MCAP file: bad {kind} magic at byte {offset} ({exc})",
-            ))
+            with open(path, "rb") as head:
+                first = head.read(8)
+            if offset == 0 and first.startswith(CRLF_CONVERTED_MAGIC):
+                report.errors.append(Problem(
+                    "crlf_converted",
+                    f"{path.name}: not an MCAP file as written: the opening magic ends in 0A where MCAP has 0D 0A; "
+                    "bytes look CRLF->LF converted; copy the file in binary mode (no line-ending conversion)",
+                ))
+            else:
+                report.errors.append(Problem(
+                    "not_mcap" if offset == 0 else "corrupt_mcap",
+                    f"{path.name}: not an MCAP file: bad {kind} magic at byte {offset} ({exc})",
+                ))
         except EndOfFile:
             n_read = sum(per_channel.values())
             if footer is not None:
@@ -411,6 +469,15 @@ def inspect_recording(
     if not read_ok:
         return report
 
+    arms = _other_arms(report.schemas, topics)
+    if arms:
+        own, others = arms
+        listed = ", ".join(f"{prefix} ({len(ts)} topics, e.g. {ts[0]})" for prefix, ts in sorted(others.items()))
+        report.errors.append(Problem(
+            "unsupported_multi_arm",
+            f"{path.name}: topics of more than one arm: {own} (converted) and {listed}; only single-arm "
+            "recordings are converted and an arm is never dropped silently: record or export each arm separately",
+        ))
     missing = [t for t in required if t not in report.schemas]
     if missing:
         report.errors.append(Problem(
@@ -465,6 +532,13 @@ def inspect_recording(
                 f"{path.name}: {report.duplicate_timestamps[topic]} {topic} messages repeat a capture time; "
                 "later duplicates dropped",
             ))
+
+    if camera_digests:
+        digest = hashlib.sha256()
+        for ts, d in sorted(camera_digests):
+            digest.update(int(ts).to_bytes(8, "little", signed=False))
+            digest.update(d)
+        report.camera_payload_sha256 = digest.hexdigest()
 
     n_pose = len(stats[topics.pose].ts) if topics.pose in stats else 0
     if n_pose:
@@ -523,9 +597,18 @@ def inspect_recording(
         report.overlap_start_ns, report.overlap_end_ns = max(starts.values()), min(ends.values())
         report.overlap_s = (report.overlap_end_ns - report.overlap_start_ns) / 1e9
         if report.overlap_s <= 0:
-            report.errors.append(Problem(
-                "no_overlap",
-                f"{path.name}: the required streams do not overlap in time "
-                f"({', '.join(f'{t} {(starts[t] - earliest) / 1e9:.3f}-{(ends[t] - earliest) / 1e9:.3f} s' for t in present)})",
-            ))
+            short = {topics.camera: "camera", topics.pose: "pose", topics.gripper: "gripper"}
+            clocks = clock_domain_note({short.get(t, t): starts[t] for t in present})
+            if clocks:
+                report.errors.append(Problem(
+                    "clock_domains_differ",
+                    f"{path.name}: {clocks}: the streams do not share a clock, so they cannot be aligned; "
+                    "re-export the recording with every header.timestamp on one clock",
+                ))
+            else:
+                report.errors.append(Problem(
+                    "no_overlap",
+                    f"{path.name}: the required streams do not overlap in time "
+                    f"({', '.join(f'{t} {(starts[t] - earliest) / 1e9:.3f}-{(ends[t] - earliest) / 1e9:.3f} s' for t in present)})",
+                ))
     return report

@@ -17,6 +17,7 @@ from mcap.reader import NonSeekingReader
 from mcap_protobuf.decoder import DecoderFactory
 
 from dpflow_core.errors import RecordingError
+from dpflow_core.files import path_kind
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -26,7 +27,8 @@ class EpisodeStreams:
 
     Attributes:
         path: the file read.
-        camera_ts_ns: (N,) int64 capture times (ns) of the camera access units.
+        camera_ts_ns: (N,) int64 capture times (ns) of the camera access units,
+            non-decreasing (see ``duplicate_timestamps``).
         camera_packets: N H.264 Annex-B access units (``bytes``) in capture order.
         camera_format: the ``format`` field of the first camera message (e.g. "h264").
         pose_ts_ns: (M,) int64 capture times of the VIO poses.
@@ -37,8 +39,13 @@ class EpisodeStreams:
         gripper_ts_ns: (G,) int64; gripper_width_m: (G,) float64 metres.
         log_time_inversions: per topic, how many messages arrived (log_time)
             before one captured earlier; they are sorted by capture time.
-        duplicate_timestamps: per topic, how many messages repeat a capture time
-            (the later duplicates are dropped).
+        duplicate_timestamps: per topic, how many messages repeat a capture time.
+            Pose and gripper: the later duplicates are dropped. Camera: a later message
+            whose payload is byte-identical to an earlier one with the same capture time
+            (the same message written twice) is dropped; one with a different payload is
+            kept, so ``camera_ts_ns`` may repeat a value: every access unit must reach the
+            decoder (later frames reference it), and the duplicate *frame* is dropped after
+            decoding (:func:`dpflow_core.conversion.align_episode`).
         message_counts: per topic, messages read in the streaming pass.
     """
 
@@ -70,6 +77,29 @@ def _order(ts: list[int], log_times: list[int]) -> tuple[np.ndarray, int, np.nda
     return order[keep], inversions, int(np.count_nonzero(~keep))
 
 
+def _order_camera(ts: list[int], log_times: list[int], data: list[bytes]) -> tuple[np.ndarray, int, int]:
+    """Capture-order indices of the camera messages: repeated capture times are kept unless
+    the payload repeats too (see ``EpisodeStreams.duplicate_timestamps``)."""
+    t = np.asarray(ts, dtype=np.int64)
+    lt = np.asarray(log_times, dtype=np.int64)
+    inversions = int(np.count_nonzero(np.diff(lt) < 0)) if len(lt) > 1 else 0
+    order = np.argsort(t, kind="stable")
+    keep: list[int] = []
+    repeated = 0
+    for k, i in enumerate(order):
+        if k and t[i] == t[order[k - 1]]:
+            repeated += 1
+            j = len(keep) - 1
+            same_time = []
+            while j >= 0 and t[keep[j]] == t[i]:
+                same_time.append(keep[j])
+                j -= 1
+            if any(data[m] == data[i] for m in same_time):
+                continue
+        keep.append(int(i))
+    return np.asarray(keep, dtype=np.int64), inversions, repeated
+
+
 def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStreams:
     """Read the camera, pose and gripper streams of a ``<STEM>_vio.mcap``.
 
@@ -81,13 +111,17 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStr
         The streams sorted by ``header.timestamp``.
 
     Raises:
-        RecordingError: the file is missing, empty, truncated or corrupt (with
+        RecordingError: the file is missing, not a regular file (``unreadable``), empty,
+            truncated or corrupt (with
             the byte offset reached), a channel uses a message encoding other
             than protobuf, required topics are missing ("not a Matrix Studio
             recording: missing topics ..."), a topic has an unexpected schema,
             or a required topic has no messages.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise RecordingError(f"{path.name} is {path_kind(path)}, not a file; a recording was expected there", path,
+                             code="unreadable")
     if not path.is_file():
         raise RecordingError("file not found", path, code="missing_file")
     if path.stat().st_size == 0:
@@ -146,7 +180,7 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStr
             )
 
     inversions, duplicates = {}, {}
-    c_idx, inversions[topics.camera], duplicates[topics.camera] = _order(cam_ts, cam_lt)
+    c_idx, inversions[topics.camera], duplicates[topics.camera] = _order_camera(cam_ts, cam_lt, cam_data)
     p_idx, inversions[topics.pose], duplicates[topics.pose] = _order(pose_ts, pose_lt)
     g_idx, inversions[topics.gripper], duplicates[topics.gripper] = _order(grip_ts, grip_lt)
     pose = np.asarray(pose_vals, dtype=np.float64).reshape(-1, 9)[p_idx]
