@@ -45,45 +45,47 @@ def _running(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
     base = tmp_path_factory.mktemp("kill")
-    write_small_task(base, episodes=6, seed=9)
+    write_small_task(base, episodes=8, seed=9)
     path = base / "manifest.json"
     write_manifest(pair_recordings(base / "pick_place"), path)
     return path
 
 
+#: When to kill, as a condition on the output folder: the work folder exists (workers
+#: starting), two episodes are aligned (workers busy), the npz is being written.
+MOMENTS = {
+    "started": lambda d: list(d.glob(".dataset.npz.work-*")),
+    "aligning": lambda d: len(list(d.glob(".dataset.npz.work-*/*/robot0_eef_pos.npy"))) >= 2,
+    "writing": lambda d: list(d.glob(".dataset.npz.partial-*")),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("delay_s", [0.0, 0.4, 1.2])
-def test_sigkill_leaves_no_process_and_the_next_run_cleans_up(manifest, tmp_path, delay_s):
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_sigkill_leaves_no_process_and_the_next_run_cleans_up(manifest, tmp_path, moment):
     out = tmp_path / "dataset.npz"
     cmd = [sys.executable, "-c", "from dpflow_core.cli import main; main()", "convert", str(manifest), "-o", str(out),
-           "--image-size", "32,24", "-j", "2"]
+           "--image-size", "160,120", "-j", "2"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    work = None
     seen: set[int] = set()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (seen and MOMENTS[moment](tmp_path)):
         seen |= _children(proc.pid)
-        found = list(tmp_path.glob(".dataset.npz.work-*"))
-        if found and len(seen) >= 3:  # forkserver (or resource tracker) and workers are up
-            work = found[0]
-            break
-        time.sleep(0.02)
-    assert work is not None and proc.poll() is None, "the conversion ended before it could be killed"
-    stop = time.monotonic() + delay_s
-    while time.monotonic() < stop:
-        seen |= _children(proc.pid)
-        time.sleep(0.02)
+        time.sleep(0.005)
     seen |= _children(proc.pid)
+    assert proc.poll() is None, f"the conversion ended before the moment {moment!r}"
+    work = list(tmp_path.glob(".dataset.npz.work-*"))
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert seen, "no child process was seen"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_running(p) for p in seen):
         time.sleep(0.05)
     assert not [p for p in seen if _running(p)], f"processes of the killed conversion still run: {sorted(seen)}"
-    assert work.exists() and not out.exists()
+    assert work and work[0].exists() and not out.exists()
 
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert f"removed stale {work.name}" in again.stdout
-    assert not work.exists() and out.exists()
+    assert f"removed stale {work[0].name}" in again.stdout
+    assert not work[0].exists() and out.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
