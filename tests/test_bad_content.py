@@ -457,3 +457,21 @@ def _shift_topic(src: Path, dst: Path, topic: str, delta_ns: int) -> None:
                     payload = msg.SerializeToString()
                 w.add_message(cid, rec.log_time, payload, rec.publish_time, rec.sequence)
         w.finish()
+
+
+def test_formats_md_lists_every_reject_and_warning_code():
+    import re
+
+    files = [REPO / "dpflow_core" / f for f in ("pairing.py", "report.py", "recordings/inspection.py",
+                                                "recordings/reader.py", "conversion/align.py", "conversion/jobs.py",
+                                                "conversion/convert.py", "conversion/inputs.py")]
+    codes = set()
+    for f in files:
+        text = f.read_text()
+        codes |= set(re.findall(r'code="([a-z0-9_]+)"', text))
+        codes |= set(re.findall(r'Problem\(\s*"([a-z0-9_]+)"', text))
+        codes |= set(re.findall(r'PairingReject\(\s*[^,()]+,\s*[^,()]+(?:\([^()]*\))?,\s*"([a-z0-9_]+)"', text))
+        codes |= set(re.findall(r'"code":\s*"([a-z0-9_]+)"', text))
+    assert {"duplicate_episode", "camera_gap", "unsupported_multi_arm", "crlf_converted", "single_episode"} <= codes
+    docs = (REPO / "docs" / "formats.md").read_text()
+    assert sorted(c for c in codes if f"`{c}`" not in docs) == []
