@@ -475,3 +475,25 @@ def test_formats_md_lists_every_reject_and_warning_code():
     assert {"duplicate_episode", "camera_gap", "unsupported_multi_arm", "crlf_converted", "single_episode"} <= codes
     docs = (REPO / "docs" / "formats.md").read_text()
     assert sorted(c for c in codes if f"`{c}`" not in docs) == []
+
+
+def test_tables_tell_long_stems_apart_in_80_columns(tmp_path):
+    d = tmp_path / "pick_place"
+    stems = [f"pick_place_session_2026_12_01_operator_alice_take_{k:04d}" for k in (1, 2)]
+    for k, stem in enumerate(stems):
+        write_small_episode(d, stem, seed=80 + k, vio_status="failed")
+    refresh_vio_result(d)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "from dpflow_core.cli import main; main()", "pair", str(d), "-o",
+                          str(tmp_path / "m.json")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "80", "TERM": "dumb"})
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # a folded stem cell: rejoin the first column's pieces row by row
+    cells = [line.split("│")[1].strip() for line in lines if line.count("│") >= 3]
+    joined = "".join(cells)
+    for stem in stems:
+        assert stem in joined
