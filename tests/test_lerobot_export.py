@@ -153,3 +153,26 @@ def test_same_frequency_and_episodes_as_the_npz_conversion(manifest_path, export
     assert npz.frequency_hz == pytest.approx(result.fps, rel=1e-12)
     assert npz.n_episodes == result.n_episodes and npz.total_steps == result.total_frames
     assert {r["stem"] for r in npz.rejected} == set(result.skipped)
+
+
+def test_unreadable_input_is_skipped_with_the_os_condition(manifest_path, tmp_path):
+    """A directory where the _vio.mcap was (root reads anything, so no chmod): skipped, no traceback;
+    the default gap policy of the export is reject, so no camera hole is ever bridged."""
+    import shutil
+
+    manifest = json.loads(manifest_path.read_text())
+    src = Path(manifest["accepted"][2]["files"]["vio_mcap"]["path"])
+    copy = tmp_path / "task"
+    shutil.copytree(src.parent, copy)
+    for entry in manifest["accepted"]:
+        for f in entry["files"].values():
+            f["path"] = str(copy / Path(f["path"]).name)
+    manifest["root"] = str(copy)
+    (copy / src.name).unlink()
+    (copy / src.name).mkdir()
+    edited = tmp_path / "manifest.json"
+    edited.write_text(json.dumps(manifest))
+    result = lr.export_lerobot(edited, tmp_path / "ds", workers=1)
+    assert result.stems == ["pick_place_0000", "pick_place_0001"]
+    assert "is a directory, not a file" in result.skipped["pick_place_0002"]
+

@@ -24,6 +24,7 @@ from dpflow_core import __version__
 from dpflow_core.conversion import (
     CONVERTER_VERSION, INVALID_POSE_POLICIES, align_job_episode, alignment_job, load_inputs,
 )
+from dpflow_core.conversion.jobs import _die_with_parent
 from dpflow_core.errors import ConversionError, DatasetError, DpflowError
 from dpflow_core.export.features import ACTION_RULES, CAMERA_KEY, CODEBASE_VERSION, PROVENANCE_PATH, episode_state
 from dpflow_core.export.validation import _read_json, validate_lerobot_dataset
@@ -54,6 +55,9 @@ def _align_job(job: dict) -> dict:
         }
     except DpflowError as exc:
         return {"ok": False, "stem": stem, "code": exc.code, "reason": str(exc)}
+    except OSError as exc:
+        return {"ok": False, "stem": stem, "code": "unreadable",
+                "reason": f"{exc.filename or job['vio_mcap']}: cannot read: {exc.strerror or exc} (errno {exc.errno})"}
 
 
 def _aligned_in_order(jobs: list[dict], workers: int) -> Iterator[dict]:
@@ -64,7 +68,8 @@ def _aligned_in_order(jobs: list[dict], workers: int) -> Iterator[dict]:
         return
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["dpflow_core.export.export"])
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
+                                initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         pending: deque = deque()
         it = iter(jobs)
         for job in it:
