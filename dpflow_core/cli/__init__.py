@@ -2,7 +2,8 @@
 
 Every command calls the same ``dpflow_core`` function as the matching Dagster
 asset. Each stage registers its commands from its own module below; errors of
-type :class:`dpflow_core.errors.DpflowError` are printed in one line and exit 2.
+type :class:`dpflow_core.errors.DpflowError`, and OS errors, are printed in one line
+and exit 2 (never a traceback). ``pair`` and ``report`` exit 1 when no episode is usable.
 """
 
 from __future__ import annotations
@@ -53,4 +54,9 @@ def main() -> None:
         app()
     except DpflowError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+    except OSError as exc:
+        # An I/O error the stage did not expect (output folder not writable, disk full): one line, no traceback.
+        where = f"{exc.filename}: " if exc.filename else ""
+        typer.secho(f"error: {where}{exc.strerror or exc} (errno {exc.errno})", fg=typer.colors.RED, err=True)
         sys.exit(2)

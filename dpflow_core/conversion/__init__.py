@@ -7,8 +7,11 @@ Two levels:
   pose and gripper width on the camera capture times (``header.timestamp``):
   position linearly, orientation by spherical linear interpolation (scipy
   ``Slerp``), gripper width linearly. Streams are trimmed to their overlap and
-  ``pose_valid == false`` stretches are trimmed or rejected. The LeRobot export
-  reuses this function.
+  ``pose_valid == false`` stretches are trimmed or rejected; every camera packet
+  is decoded and a frame repeating a capture time dropped after decoding; camera
+  holes longer than ``max_gap_s`` are never bridged (the episode is split into
+  segments, :func:`split_segments`, or rejected). The LeRobot export reuses this
+  function (with the ``reject`` gap policy).
 * :func:`convert` runs :func:`align_episode` over the accepted episodes of a
   pairing manifest in worker processes and streams the result into one
   uncompressed ``.npz`` (layout: formats.md section 2) while hashing it, then
@@ -17,6 +20,9 @@ Two levels:
 The output is never overwritten: it is written to ``.<name>.partial-<pid>`` in
 the destination folder, fsynced and linked into place (``os.link`` fails when
 the name exists), so a kill at any moment leaves no new file or a complete one.
+Workers exit when the converting process dies (``PR_SET_PDEATHSIG`` and a watch
+of its PID), and a conversion removes, and names, the ``.partial-<pid>`` /
+``.work-<pid>`` leftovers of conversions no longer running in its output folder.
 
 Modules: :mod:`~dpflow_core.conversion.align` (one episode), :mod:`~dpflow_core.conversion.inputs`
 (manifest in, episodes and keys out), :mod:`~dpflow_core.conversion.jobs` (the job runner),
@@ -28,7 +34,8 @@ uses are re-exported here.
 from __future__ import annotations
 
 from dpflow_core.conversion.align import (
-    CONVERTER_VERSION, INVALID_POSE_POLICIES, LOWDIM_KEYS, _SWS_FLAGS, AlignedEpisode, align_episode,
+    CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, GAP_POLICIES, INVALID_POSE_POLICIES, LOWDIM_KEYS,
+    _SWS_FLAGS, AlignedEpisode, align_episode, split_segments,
 )
 from dpflow_core.conversion.inputs import (
     ConversionInputs, EpisodeInput, dataset_key, load_inputs, norm_stats_path_for, sidecar_path_for,
@@ -37,7 +44,7 @@ from dpflow_core.conversion.jobs import align_job_episode, alignment_job
 from dpflow_core.conversion.convert import METADATA_VERSION, ConversionResult, convert
 
 __all__ = [
-    "CONVERTER_VERSION", "INVALID_POSE_POLICIES", "LOWDIM_KEYS", "METADATA_VERSION", "_SWS_FLAGS", "AlignedEpisode",
+    "CONVERTER_VERSION", "DEFAULT_MAX_GAP_S", "DEFAULT_MIN_SEGMENT_FRAMES", "GAP_POLICIES", "INVALID_POSE_POLICIES", "LOWDIM_KEYS", "METADATA_VERSION", "_SWS_FLAGS", "AlignedEpisode",
     "ConversionInputs", "ConversionResult", "EpisodeInput", "align_episode", "align_job_episode", "alignment_job",
-    "convert", "dataset_key", "load_inputs", "norm_stats_path_for", "sidecar_path_for",
+    "convert", "split_segments", "dataset_key", "load_inputs", "norm_stats_path_for", "sidecar_path_for",
 ]

@@ -25,7 +25,9 @@ from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 #: Version of the conversion procedure; part of every dataset's metadata and of
 #: the content-addressed output folder, so a change of method never reuses an old dataset.
-CONVERTER_VERSION = "1"
+#: 2: every camera packet decoded (duplicate frames dropped after decoding), camera holes
+#: longer than ``max_gap_s`` split or rejected instead of bridged.
+CONVERTER_VERSION = "2"
 INVALID_POSE_POLICIES = ("trim", "reject")
 GAP_POLICIES = ("split", "reject")
 #: Camera intervals longer than this (seconds) are never bridged by interpolation.
