@@ -464,7 +464,7 @@ def test_formats_md_lists_every_reject_and_warning_code():
 
     files = [REPO / "dpflow_core" / f for f in ("pairing.py", "report.py", "recordings/inspection.py",
                                                 "recordings/reader.py", "conversion/align.py", "conversion/jobs.py",
-                                                "conversion/convert.py", "conversion/inputs.py")]
+                                                "conversion/convert.py", "conversion/inputs.py", "conversion/gaps.py")]
     codes = set()
     for f in files:
         text = f.read_text()

@@ -24,7 +24,7 @@ Workers exit when the converting process dies (``PR_SET_PDEATHSIG`` and a watch
 of its PID), and a conversion removes, and names, the ``.partial-<pid>`` /
 ``.work-<pid>`` leftovers of conversions no longer running in its output folder.
 
-Modules: :mod:`~dpflow_core.conversion.align` (one episode), :mod:`~dpflow_core.conversion.inputs`
+Modules: :mod:`~dpflow_core.conversion.align` (one episode), :mod:`~dpflow_core.conversion.gaps` (camera holes), :mod:`~dpflow_core.conversion.inputs`
 (manifest in, episodes and keys out), :mod:`~dpflow_core.conversion.jobs` (the job runner),
 :mod:`~dpflow_core.conversion.install` (outputs into place) and :mod:`~dpflow_core.conversion.convert`;
 the zip writer lives beside the reader in :mod:`dpflow_core.replay_buffer`. The names other code

@@ -17,6 +17,7 @@ import numpy as np
 from av.video.reformatter import Interpolation
 from scipy.spatial.transform import Rotation, Slerp
 
+from dpflow_core.conversion.gaps import _gaps, plan_segments
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings import read_streams
 from dpflow_core.recordings.inspection import clock_domain_note
@@ -202,27 +203,6 @@ def _runs(mask: np.ndarray, t_s: np.ndarray) -> list[list[float]]:
     padded = np.concatenate([[False], mask, [False]]).astype(np.int8)
     edges = np.flatnonzero(np.diff(padded))
     return [[round(float(t_s[a]), 4), round(float(t_s[b - 1]), 4)] for a, b in zip(edges[0::2], edges[1::2])]
-
-
-def _gaps(t_s: np.ndarray, period_s: float, factor: float = 1.5) -> list[dict]:
-    """Intervals of ``t_s`` longer than ``factor`` periods: ``at_s`` (time of the frame before
-    the gap), ``duration_s``, ``missing_frames`` and ``row`` (index of that frame)."""
-    dt = np.diff(t_s)
-    out = []
-    for i in np.flatnonzero(dt > factor * period_s):
-        out.append(
-            {
-                "at_s": round(float(t_s[i]), 4),
-                "duration_s": round(float(dt[i]), 4),
-                "missing_frames": int(round(dt[i] / period_s)) - 1,
-                "row": int(i),
-            }
-        )
-    return out
-
-
-def _fmt_gaps(gaps: list[dict]) -> str:
-    return ", ".join(f"{g['duration_s']:.2f} s after {g['at_s']:.2f} s" for g in gaps)
 
 
 def split_segments(ep: AlignedEpisode) -> list[AlignedEpisode]:
@@ -455,36 +435,7 @@ def align_episode(
     used_pose = (pose_t >= kept_ns[0]) & (pose_t <= kept_ns[-1])
     pose_used_s = pose_s[used_pose]
     pose_period = float(np.median(np.diff(pose_used_s))) if len(pose_used_s) > 2 else period
-    gaps = _gaps(t_s, period)
-    long = [g for g in gaps if g["duration_s"] > max_gap_s]
-    segments = None
-    long_info = {"max_gap_s": max_gap_s, "policy": gap_policy, "gaps": [], "segments": []}
-    if long:
-        if gap_policy == "reject":
-            raise ConversionError(
-                f"camera stream has {len(long)} hole{'s' if len(long) > 1 else ''} longer than {max_gap_s:g} s "
-                f"({_fmt_gaps(long)}; {sum(g['missing_frames'] for g in long)} frames missing) and gap_policy is "
-                "'reject': the pose would be bridged across the hole",
-                path,
-                code="camera_gap",
-            )
-        cuts = [0, *(g["row"] + 1 for g in long), len(t_s)]
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            keep = b - a >= min_segment_frames
-            long_info["segments"].append({"rows": [a, b], "frames": b - a, "start_s": round(float(t_s[a]), 4),
-                                          "end_s": round(float(t_s[b - 1]), 4), "kept": keep})
-        segments = [tuple(seg["rows"]) for seg in long_info["segments"] if seg["kept"]]
-        if not segments:
-            raise ConversionError(
-                f"camera stream has holes longer than {max_gap_s:g} s ({_fmt_gaps(long)}); split there, no segment "
-                f"has the minimum {min_segment_frames} frames (segments of "
-                f"{', '.join(str(seg['frames']) for seg in long_info['segments'])} frames)",
-                path,
-                code="too_short",
-            )
-    for g in gaps:
-        g["action"] = ("split" if gap_policy == "split" else "rejected") if g in long else "interpolated"
-    long_info["gaps"] = [g for g in gaps if g in long]
+    gaps, segments, long_info = plan_segments(t_s, period, max_gap_s, gap_policy, min_segment_frames, path)
     report = {
         "stem": stem,
         "path": str(path),
