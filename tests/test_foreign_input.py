@@ -222,8 +222,9 @@ def test_ros2_bag_cli(ros_folder, tmp_path):
     out = tmp_path / "manifest.json"
     proc = subprocess.run(["dpflow", "pair", str(ros_folder["folder"]), "-o", str(out)],
                           capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # nothing usable came out: non-zero, reasons summarised
     assert "Traceback" not in proc.stdout + proc.stderr
+    assert f"no episode accepted in {ros_folder['folder']}; reasons:\nmissing_topics x1" in proc.stderr
     assert f"missing_topics │ {ros_folder['bag'].name}: {MISSING} {DAS_DEFAULT.camera}" in proc.stdout
     assert "0 accepted, 1 rejected" in proc.stdout
     saved = load_manifest(out)
