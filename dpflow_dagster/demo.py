@@ -63,6 +63,8 @@ _SERVER_ENV = {
     "repo_path": "DPFLOW_SERVER_REPO",
     "python": "DPFLOW_SERVER_PYTHON",
     "activate": "DPFLOW_SERVER_ACTIVATE",
+    "nvidia_smi": "DPFLOW_SERVER_NVIDIA_SMI",
+    "expect_gpu": "DPFLOW_SERVER_EXPECT_GPU",
 }
 
 
@@ -79,7 +81,7 @@ _IO_MESSAGES = ("Loading file from", "Writing file at", "Loading partition", "Wr
 
 def _follow(instance, run_id: str, stop: threading.Event) -> None:
     """Print the run's step starts, materialisations, check results and log lines as they happen."""
-    from dagster import DagsterEventType
+    from dagster import AssetCheckSeverity, DagsterEventType
 
     cursor = 0
     t0 = time.monotonic()
@@ -101,7 +103,10 @@ def _follow(instance, run_id: str, stop: threading.Event) -> None:
                 console.print(f"{stamp} [green]materialized[/green] {event.asset_key.to_user_string()}")
             elif kind == DagsterEventType.ASSET_CHECK_EVALUATION:
                 ev = event.event_specific_data
-                verdict = "[green]passed[/green]" if ev.passed else "[red]FAILED[/red]"
+                verdict = "[green]passed[/green]" if ev.passed else (
+                    "[yellow]WARN[/yellow]" if ev.severity == AssetCheckSeverity.WARN else "[red]FAILED[/red]")
+                if not ev.passed and ev.description:
+                    verdict += f": {ev.description}"
                 console.print(f"{stamp} check {ev.asset_key.to_user_string()}:{ev.check_name} {verdict}")
             elif kind == DagsterEventType.STEP_FAILURE:
                 console.print(f"{stamp} [red]{step} failed[/red]: {record.message}")
@@ -156,7 +161,12 @@ def run_demo(
     for key, value in (settings.get("server") or {}).items():
         if key not in _SERVER_ENV:
             raise typer.BadParameter(f"{config}: unknown server setting {key!r}; known: {sorted(_SERVER_ENV)}")
-        os.environ[_SERVER_ENV[key]] = str(Path(value).expanduser()) if key in ("key_file", "known_hosts") else str(value)
+        if key == "expect_gpu" and not isinstance(value, bool):
+            raise typer.BadParameter(f"{config}: server.expect_gpu must be true or false, got {value!r}")
+        os.environ[_SERVER_ENV[key]] = (
+            str(Path(value).expanduser()) if key in ("key_file", "known_hosts") else str(value).lower() if key == "expect_gpu"
+            else str(value)
+        )
 
     out.mkdir(parents=True, exist_ok=True)
     if recordings is None:
@@ -217,10 +227,11 @@ def run_demo(
         stop.set()
         follower.join(timeout=10)
 
-    failed_checks = [
+    failed_checks = [  # a WARN (e.g. "CPU run: GPU release not checked") is printed, not a failure
         e.asset_check_evaluation_data
         for e in result.all_events
         if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
+        and e.asset_check_evaluation_data.severity == dg.AssetCheckSeverity.ERROR
     ]
     console.print()
     _print_outputs(result, ops)
