@@ -58,7 +58,7 @@ def test_smoke_prints_the_verdicts_and_fails_on_a_leftover(env):
     assert "[WARN] released: CPU run: GPU release not checked (no GPU present); no process of the run is left" in out
     code, out = invoke("smoke", env["dataset"], "--run-name", "cli-leak", "--override", "fake.mode=leave_child", *common)
     assert code == 1
-    assert "[PASS] smoke run" in out and "[FAIL] released: leftover processes: pid" in out and "(sleep 300)" in out
+    assert "[PASS] smoke run" in out and "[FAIL] released: CPU run: GPU release not checked (no GPU present); leftover processes: pid" in out and "(sleep 300)" in out
     assert "cleanup: terminated ['pid" in out
 
 

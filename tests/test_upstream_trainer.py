@@ -69,56 +69,62 @@ def dataset(tmp_path) -> str:
 
 def _spec(name: str, dataset: str, *extra: str) -> RunSpec:
     return RunSpec(
-        name=name, kind="train", dataset_path=dataset, frequency_hz=59.94, config_name=UMI_CONFIG, epochs=3,
-        max_train_steps=4, train_command="upstream", extra_overrides=tuple(extra),
+        name=name, kind="train", dataset_path=dataset, frequency_hz=59.94, config_name=UMI_CONFIG, epochs=2,
+        max_train_steps=3, train_command="upstream", extra_overrides=tuple(extra),
     )
 
 
-def test_upstream_train_py_runs_to_a_complete_checkpoint_and_missing_optimizer_fails(config, dataset):
+def test_upstream_train_py_runs_to_a_complete_checkpoint(tmp_path, umi_checkout, dataset):
+    config = ServerConfig.local(data_root=str(tmp_path / "server"), python=sys.executable, repo_path=str(umi_checkout),
+                                tmux_socket=TMUX_SOCKET)
     with GpuServer(config) as server:
         handle = launch_run(server, _spec("umi-ok", dataset))
         assert handle.spec.train_command == UPSTREAM_TRAIN_COMMAND
         assert f"train.py --config-name={UMI_CONFIG} " in handle.command
-        for override in (f"task.dataset_path={dataset}", "task.dataset_frequeny=59.94", "training.num_epochs=3",
-                         "training.max_train_steps=4", f"hydra.run.dir={handle.run_dir}", "logging.name=umi-ok"):
+        for override in (f"task.dataset_path={dataset}", "task.dataset_frequeny=59.94", "training.num_epochs=2",
+                         "training.max_train_steps=3", f"hydra.run.dir={handle.run_dir}", "logging.name=umi-ok"):
             assert f" {override}" in handle.command
         result = monitor_run(server, handle, poll_s=0.2, stall_timeout_s=120, timeout_s=300)
         assert result.ok, result.message
         report = check_natural_exit(server, handle)
         assert report.passed, (report.problems, report.output_tail)
-        # 3 epochs x 4 batches, counted from the per-batch log lines (no dpflow summary lines upstream)
-        assert (report.batches_per_epoch, report.last_epoch, report.last_global_step) == (4, 2, 11)
+        # 2 epochs x 3 batches, counted from the per-batch log lines (upstream writes no summary lines)
+        assert (report.batches_per_epoch, report.last_epoch, report.last_global_step) == (3, 1, 5)
         probe = report.checkpoint
         assert probe.format == "upstream-workspace" and probe.loaded_with == "torch.load(pickle_module=dill)"
         assert probe.state_dicts == ("ema_model", "model", "optimizer")
         assert probe.pickles == ("_output_dir", "epoch", "global_step") and probe.entries == ("cfg", "pickles", "state_dicts")
-        assert (probe.epoch, probe.global_step) == (2, 12)
+        assert (probe.epoch, probe.global_step) == (1, 6)
         names = list_checkpoints(server, handle.run_dir)
         assert "latest.ckpt" in names and len([n for n in names if TOPK_NAME.match(n)]) == 2
 
-        # independent ground truth: the file itself, loaded here the way upstream does
-        with open(f"{handle.checkpoint_dir}/latest.ckpt", "rb") as fh:
-            payload = torch.load(fh, map_location="cpu", pickle_module=dill, weights_only=False)
-        assert sorted(payload["state_dicts"]) == list(probe.state_dicts)
-        assert dill.loads(payload["pickles"]["global_step"]) == probe.global_step
-        assert payload["cfg"].training.num_epochs == 3 and payload["cfg"].name == UMI_CONFIG
-
-        incomplete = launch_run(server, _spec("umi-no-optimizer", dataset, "standin.drop=optimizer"))
-        assert monitor_run(server, incomplete, poll_s=0.2, stall_timeout_s=120, timeout_s=300).ok
-        report = check_natural_exit(server, incomplete)
-        assert not report.passed
-        assert report.exit_code == 0 and report.last_global_step == 11  # the run itself ended well
-        [problem] = report.problems
-        assert problem.startswith("latest.ckpt: ") and "not loadable: missing entries: optimizer" in problem
-        assert "(state_dicts: ema_model, model)" in problem
-        for name in list_checkpoints(server, incomplete.run_dir):
-            assert probe_checkpoint(server, f"{incomplete.checkpoint_dir}/{name}").missing == ("optimizer",)
+    # independent ground truth: the file itself, loaded here the way upstream does
+    with open(f"{handle.checkpoint_dir}/latest.ckpt", "rb") as fh:
+        payload = torch.load(fh, map_location="cpu", pickle_module=dill, weights_only=False)
+    assert sorted(payload["state_dicts"]) == list(probe.state_dicts)
+    assert dill.loads(payload["pickles"]["global_step"]) == probe.global_step
+    assert payload["cfg"].training.num_epochs == 2 and payload["cfg"].name == UMI_CONFIG
 
 
-def test_a_checkpoint_the_servers_python_cannot_load_is_not_complete(config, tmp_path):
+def test_checkpoint_without_optimizer_state_fails_the_completion_check(config, dataset):
+    with GpuServer(config) as server:
+        handle = launch_run(server, _spec("umi-no-optimizer", dataset, "standin.drop=optimizer"))
+        assert monitor_run(server, handle, poll_s=0.2, stall_timeout_s=120, timeout_s=300).ok
+        report = check_natural_exit(server, handle)
+        topk = [n for n in list_checkpoints(server, handle.run_dir) if TOPK_NAME.match(n)]
+        assert len(topk) == 2
+        assert probe_checkpoint(server, f"{handle.checkpoint_dir}/{topk[0]}").missing == ("optimizer",)
+    assert not report.passed
+    assert report.exit_code == 0 and report.last_global_step == 5  # the run itself ended well
+    [problem] = report.problems
+    assert problem.startswith("latest.ckpt: ") and "not loadable: missing entries: optimizer" in problem
+    assert "(state_dicts: ema_model, model)" in problem
+
+
+def test_a_checkpoint_the_servers_python_cannot_load_is_not_complete(tmp_path):
     import zipfile
 
-    with GpuServer(config) as server:
+    with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"))) as server:
         bad = f"{server.data_root}/not-a-checkpoint.ckpt"
         server.mkdir(server.data_root)
         local = tmp_path / "bad.ckpt"
