@@ -97,6 +97,18 @@ def test_export_reads_back_in_a_fresh_process_like_umi(dataset, tmp_path):
     np.testing.assert_array_equal(np.asarray(frame).reshape(32, 48, 3), frames[5])
 
 
+def test_upload_keeps_the_zarr_zip_name_on_the_server(dataset, tmp_path):
+    from dpflow_core.server import GpuServer, ServerConfig
+    from dpflow_core.server.upload import upload_dataset
+
+    out = export_umi(dataset, tmp_path / "dataset.zarr.zip")
+    with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"))) as server:
+        result = upload_dataset(server, out.path, task="pick_cup", expected_sha256=out.sha256, method="stream")
+    assert result.verified
+    assert result.remote_path == str(tmp_path / "server" / "pick_cup" / out.sha256[:16] / "dataset.zarr.zip")
+    assert sha256_file(result.remote_path) == out.sha256
+
+
 def test_existing_output_is_refused_and_levels_are_checked(dataset, tmp_path):
     out = tmp_path / "dataset.zarr.zip"
     export_umi(dataset, out, jpegxl_level=95, jpegxl_effort=1)
