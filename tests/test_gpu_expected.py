@@ -226,3 +226,19 @@ def test_requested_gpu_is_checked_against_nvidia_smi_of_this_launch(tmp_path, fi
         handle = launch_run(server, spec)
         server.wait_detached(handle.detached, 60)
     assert handle.gpu_ids == (0,) and "--gpu_ids 0" in handle.command
+
+
+def test_expect_gpu_defaults_and_settings(monkeypatch):
+    from dpflow_core.cli.remote import server_config_from_options
+    from dpflow_dagster.resources import gpu_server_from_env
+
+    assert server_config_from_options(host="gpu01.lab.example").gpu_expected is True  # SSH: on by default
+    assert server_config_from_options(host="gpu01.lab.example", expect_gpu=False).gpu_expected is False
+    assert server_config_from_options().gpu_expected is False  # local: off by default
+    assert server_config_from_options(expect_gpu=True, nvidia_smi="/opt/nv/nvidia-smi").nvidia_smi == "/opt/nv/nvidia-smi"
+    monkeypatch.delenv("DPFLOW_SERVER_HOST", raising=False)
+    monkeypatch.setenv("DPFLOW_SERVER_EXPECT_GPU", "true")  # lab.yaml server.expect_gpu: true
+    assert gpu_server_from_env().server_config().gpu_expected is True
+    monkeypatch.setenv("DPFLOW_SERVER_EXPECT_GPU", "maybe")
+    with pytest.raises(ValueError, match="DPFLOW_SERVER_EXPECT_GPU='maybe'"):
+        gpu_server_from_env()
