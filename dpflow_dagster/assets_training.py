@@ -4,8 +4,8 @@ Each asset wraps one :mod:`dpflow_core` function (the ``dpflow smoke``, ``train`
 ``checkpoint`` and ``evaluate`` commands call the same ones):
 
 - ``smoke_run`` -> :func:`dpflow_core.runs.run_smoke`; blocking check ``released``
-  (no process of the run left, GPU memory back; "no GPU present" said so in its
-  metadata) and check ``resume_continuity`` (save -> resume -> continue matches an
+  (no process of the run left, GPU memory back; a CPU run is a WARN saying
+  "CPU run: GPU release not checked") and check ``resume_continuity`` (save -> resume -> continue matches an
   uninterrupted run).
 - ``train_run`` -> :func:`dpflow_core.runs.launch_or_attach` + :func:`monitor_run`;
   blocking check ``natural_exit`` (:func:`check_natural_exit`). A second
@@ -40,13 +40,14 @@ from dpflow_core.runs import (
     check_natural_exit,
     check_released,
     check_resume_continuity,
+    active_or_new_run_name,
     default_run_name,
-    find_active_runs,
     gpu_memory,
     launch_or_attach,
     load_handle,
     load_release_report,
     monitor_run,
+    require_gpus,
     resolve_config_name,
     run_disk_usage,
     run_smoke,
@@ -124,12 +125,13 @@ def smoke_run(
     a finite loss and wrote no checkpoint."""
     with _failure_on_error(), gpu_server.connect() as server:
         inventory = server.gpu_inventory()
+        require_gpus(server, inventory)
         spec = smoke_spec(
             config.run_name or default_run_name(remote_dataset["sha256"], "smoke"),
             remote_dataset["remote_path"],
             float(remote_dataset["frequency_hz"]),
             dataset_sha256=remote_dataset["sha256"],
-            config_name=resolve_config_name(config.config_name, inventory),
+            config_name=resolve_config_name(config.config_name, inventory, server),
             epochs=config.epochs, max_train_steps=config.max_train_steps, batch_size=config.batch_size,
             num_workers=config.num_workers, train_command=config.train_command, extra_overrides=config.extra_overrides,
         )
@@ -164,7 +166,7 @@ def smoke_run(
     name="released",
     blocking=True,
     description="No process of the smoke run is left (by PID, process group, start time, environment token) "
-    "and its GPUs show their memory back at the pre-run level; without GPUs it says 'no GPU present'.",
+    "and its GPUs show their memory back at the pre-run level; a CPU run is a WARN: 'CPU run: GPU release not checked'.",
 )
 def smoke_run_released(
     context: dg.AssetCheckExecutionContext, smoke_run: dict, gpu_server: GpuServerResource
@@ -179,7 +181,12 @@ def smoke_run_released(
     if at_end is not None:
         metadata.update({f"at_end/{k}": v for k, v in at_end.metadata().items()})
     description = (at_end.message if at_end is not None and not at_end.passed else now.message)
-    return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=description, metadata=metadata)
+    # A CPU run that left nothing is a WARN ("CPU run: GPU release not checked"), never a plain pass.
+    warn = passed and now.verdict == "warn"
+    return dg.AssetCheckResult(
+        passed=passed and not warn, severity=dg.AssetCheckSeverity.WARN if warn else dg.AssetCheckSeverity.ERROR,
+        description=description, metadata=metadata,
+    )
 
 
 @task_asset_check(
@@ -252,17 +259,16 @@ def train_run(
 ) -> dg.Output[dict]:
     """Launch (or re-attach to) the training run and follow ``logs.json.txt`` until it ends."""
     with _failure_on_error(), gpu_server.connect() as server:
-        inventory = server.gpu_inventory()
-        name = config.run_name
+        name, active = config.run_name, False
         if not name and not config.resume:
-            active = find_active_runs(server, f"train-{remote_dataset['sha256'][:12]}-")
-            if len(active) > 1:
-                raise _failure(f"several training runs of this dataset are running: {[h.name for h in active]}; set run_name")
-            name = active[0].name if active else default_run_name(remote_dataset["sha256"], "train")
+            name, active = active_or_new_run_name(server, remote_dataset["sha256"], "train")
+        inventory = server.gpu_inventory()
+        if not active:
+            require_gpus(server, inventory)
         spec = RunSpec(
             name=name, kind="train", dataset_path=remote_dataset["remote_path"],
             frequency_hz=float(remote_dataset["frequency_hz"]), dataset_sha256=remote_dataset["sha256"],
-            config_name=resolve_config_name(config.config_name, inventory),
+            config_name=config.config_name if active else resolve_config_name(config.config_name, inventory, server),
             epochs=config.epochs or None, max_train_steps=config.max_train_steps or None,
             batch_size=config.batch_size or None, num_workers=None if config.num_workers < 0 else config.num_workers,
             num_processes=config.num_processes, train_command=config.train_command, resume=config.resume,

@@ -63,6 +63,8 @@ _SERVER_ENV = {
     "repo_path": "DPFLOW_SERVER_REPO",
     "python": "DPFLOW_SERVER_PYTHON",
     "activate": "DPFLOW_SERVER_ACTIVATE",
+    "nvidia_smi": "DPFLOW_SERVER_NVIDIA_SMI",
+    "expect_gpu": "DPFLOW_SERVER_EXPECT_GPU",
 }
 
 
@@ -130,7 +132,7 @@ _IO_MESSAGES = ("Loading file from", "Writing file at", "Loading partition", "Wr
 
 def _follow(instance, run_id: str, stop: threading.Event) -> None:
     """Print the run's step starts, materialisations, check results and log lines as they happen."""
-    from dagster import DagsterEventType
+    from dagster import AssetCheckSeverity, DagsterEventType
 
     cursor = 0
     t0 = time.monotonic()
@@ -152,7 +154,10 @@ def _follow(instance, run_id: str, stop: threading.Event) -> None:
                 console.print(f"{stamp} [green]materialized[/green] {event.asset_key.to_user_string()}")
             elif kind == DagsterEventType.ASSET_CHECK_EVALUATION:
                 ev = event.event_specific_data
-                verdict = "[green]passed[/green]" if ev.passed else "[red]FAILED[/red]"
+                verdict = "[green]passed[/green]" if ev.passed else (
+                    "[yellow]WARN[/yellow]" if ev.severity == AssetCheckSeverity.WARN else "[red]FAILED[/red]")
+                if not ev.passed and ev.description:
+                    verdict += f": {ev.description}"
                 console.print(f"{stamp} check {ev.asset_key.to_user_string()}:{ev.check_name} {verdict}")
             elif kind == DagsterEventType.STEP_FAILURE:
                 console.print(f"{stamp} [red]{step} failed[/red]: {failure_reason(event)}")
@@ -175,10 +180,13 @@ def failure_reason(event) -> str:
     return error.message.strip().replace("\n", "; ")
 
 
-def failure_summary(result, steps_in_job: set[str]) -> list[str]:
-    """One line per failed check (with its task and description), per failed step (its reason) and one
-    naming the steps of ``steps_in_job`` that did not start; empty when nothing failed."""
-    steps, checks, started = [], [], set()
+def failure_summary(result, steps_in_job: set[str]) -> tuple[list[str], list[str]]:
+    """(failures, warnings). Failures: one line per failed ERROR-severity check (with its task and
+    description), per failed step (its reason) and one naming the steps of ``steps_in_job`` that did
+    not start; empty when nothing failed. Warnings: one line per failed WARN-severity check."""
+    import dagster as dg
+
+    steps, checks, warnings, started = [], [], [], set()
     for event in result.all_events:
         kind = event.event_type_value
         if kind == "STEP_FAILURE":
@@ -186,7 +194,11 @@ def failure_summary(result, steps_in_job: set[str]) -> list[str]:
         elif kind == "ASSET_CHECK_EVALUATION" and not event.asset_check_evaluation_data.passed:
             ev = event.asset_check_evaluation_data
             task = f" (task {ev.partition})" if ev.partition else ""
-            checks.append(f"check {ev.asset_key.to_user_string()}:{ev.check_name}{task} failed: {ev.description or 'no description'}")
+            name = f"check {ev.asset_key.to_user_string()}:{ev.check_name}{task}"
+            if ev.severity == dg.AssetCheckSeverity.WARN:  # e.g. "CPU run: GPU release not checked": said, not failed
+                warnings.append(f"{name} warns: {ev.description or 'no description'}")
+            else:
+                checks.append(f"{name} failed: {ev.description or 'no description'}")
         elif kind == "STEP_START":
             started.add(event.step_key)
     # a step that failed because its blocking checks did is named by those checks' lines already
@@ -194,7 +206,7 @@ def failure_summary(result, steps_in_job: set[str]) -> list[str]:
     not_run = sorted(steps_in_job - started)
     if lines and not_run:
         lines.append(f"not run (an upstream step or blocking check failed): {', '.join(not_run)}")
-    return lines
+    return lines, warnings
 
 
 #: What the summary shows for each asset: (label, key of the asset's output dict).
@@ -244,7 +256,12 @@ def run_demo(
     out = Path(settings.get("out", out)).expanduser().resolve()
     recordings = recordings or (Path(settings["recordings"]).expanduser() if settings.get("recordings") else None)
     for key, value in (settings.get("server") or {}).items():
-        os.environ[_SERVER_ENV[key]] = str(Path(value).expanduser()) if key in ("key_file", "known_hosts") else str(value)
+        if key == "expect_gpu" and not isinstance(value, bool):
+            raise typer.BadParameter(f"{config}: server.expect_gpu must be true or false, got {value!r}")
+        os.environ[_SERVER_ENV[key]] = (
+            str(Path(value).expanduser()) if key in ("key_file", "known_hosts") else str(value).lower() if key == "expect_gpu"
+            else str(value)
+        )
     # the definitions read these when imported; the asset settings are checked against them before any work
     os.environ["DPFLOW_WORKDIR"] = str(out)
     os.environ.setdefault("DPFLOW_SERVER_ROOT", str(out / "server"))
@@ -310,7 +327,7 @@ def run_demo(
         stop.set()
         follower.join(timeout=10)
 
-    failures = failure_summary(result, set(job.graph.node_dict))
+    failures, warnings = failure_summary(result, set(job.graph.node_dict))
     console.print()
     _print_outputs(result, ops)
     console.print(f"Dagster instance: {os.environ['DAGSTER_HOME']}")
@@ -323,7 +340,12 @@ def run_demo(
         for line in failures or ["the run failed without a failed step or check (see the run in the UI)"]:
             console.print(f"  {line}")
         return 1
-    console.print("[green]dpflow demo: every step and check passed[/green]")
+    for line in warnings:
+        console.print(f"[yellow]  {line}[/yellow]")
+    if warnings:
+        console.print(f"[green]dpflow demo: every step and blocking check passed[/green] ({len(warnings)} warning(s) above)")
+    else:
+        console.print("[green]dpflow demo: every step and check passed[/green]")
     return 0
 
 

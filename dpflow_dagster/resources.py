@@ -17,7 +17,8 @@ Environment variables read by :func:`default_resources`:
 ``DPFLOW_SERVER_HOST``, ``DPFLOW_SERVER_PORT``, ``DPFLOW_SERVER_USER``,
 ``DPFLOW_SERVER_KEY``, ``DPFLOW_SERVER_KEY_PASSPHRASE``, ``DPFLOW_KNOWN_HOSTS``,
 ``DPFLOW_SERVER_ROOT``, ``DPFLOW_SERVER_REPO``, ``DPFLOW_SERVER_PYTHON``,
-``DPFLOW_SERVER_ACTIVATE``.
+``DPFLOW_SERVER_ACTIVATE``, ``DPFLOW_SERVER_NVIDIA_SMI`` and ``DPFLOW_SERVER_EXPECT_GPU``
+(``true``/``false``; unset: true over SSH, false locally).
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class GpuServerResource(dg.ConfigurableResource):
     activate: Optional[str] = Field(default=None, description="Shell line run before Python (conda activation).")
     data_root: Optional[str] = Field(default=None, description="Data root on the server.")
     nvidia_smi: str = Field(default="nvidia-smi", description="nvidia-smi command on the server.")
+    expect_gpu: Optional[bool] = Field(
+        default=None,
+        description="The server must have a working GPU (a failing nvidia-smi fails preflight and refuses runs); "
+        "empty: yes over SSH, no locally.",
+    )
     tmux_socket: Optional[str] = Field(default=None, description="tmux -L socket name (default server when empty).")
     upload_method: str = Field(default="auto", description="auto | rsync | stream (SFTP or local copy).")
 
@@ -56,7 +62,7 @@ class GpuServerResource(dg.ConfigurableResource):
         """The :class:`ServerConfig` this resource describes (local defaults when no host)."""
         common = dict(
             repo_path=self.repo_path, python=self.python, activate=self.activate, data_root=self.data_root,
-            nvidia_smi=self.nvidia_smi, tmux_socket=self.tmux_socket,
+            nvidia_smi=self.nvidia_smi, tmux_socket=self.tmux_socket, expect_gpu=self.expect_gpu,
         )
         if not self.host:
             return ServerConfig.local(**common)
@@ -106,6 +112,16 @@ class ProductPathIOManager(dg.ConfigurableIOManagerFactory):
     def create_io_manager(self, context: dg.InitResourceContext) -> dg.UPathIOManager:
         base = self.base_dir or context.instance.storage_directory()
         return _ProductPathPickleIOManager(base_path=UPath(base))
+def _gpu_fields() -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if os.environ.get("DPFLOW_SERVER_NVIDIA_SMI"):
+        fields["nvidia_smi"] = dg.EnvVar("DPFLOW_SERVER_NVIDIA_SMI")
+    value = os.environ.get("DPFLOW_SERVER_EXPECT_GPU", "").strip().lower()
+    if value:
+        if value not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"DPFLOW_SERVER_EXPECT_GPU={value!r}: expected true or false")
+        fields["expect_gpu"] = value in ("true", "1", "yes")
+    return fields
 
 
 def gpu_server_from_env() -> GpuServerResource:
@@ -113,8 +129,9 @@ def gpu_server_from_env() -> GpuServerResource:
     if not os.environ.get("DPFLOW_SERVER_HOST"):
         return GpuServerResource(
             data_root=dg.EnvVar("DPFLOW_SERVER_ROOT") if os.environ.get("DPFLOW_SERVER_ROOT") else None,
+            **_gpu_fields(),
         )
-    fields: dict[str, Any] = {"host": dg.EnvVar("DPFLOW_SERVER_HOST")}
+    fields: dict[str, Any] = {"host": dg.EnvVar("DPFLOW_SERVER_HOST"), **_gpu_fields()}
     if os.environ.get("DPFLOW_SERVER_PORT"):
         fields["port"] = dg.EnvVar.int("DPFLOW_SERVER_PORT")
     for name, var in (

@@ -80,14 +80,21 @@ def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str
     assert len(runs) == runs_before + 1
     assert runs[0].tags.get("dagster/partition") == task
     records = instance.get_records_for_run(runs[0].run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
-    evaluations = [r.event_log_entry.dagster_event.event_specific_data for r in records]
-    checks = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in evaluations}
+    evaluations = {
+        (e.asset_key.to_user_string(), e.check_name): e
+        for e in (r.event_log_entry.dagster_event.event_specific_data for r in records)
+    }
+    checks = {k: e.passed for k, e in evaluations.items()}
     for asset in ("dataset_npz", "remote_dataset", "smoke_run", "train_run", "checkpoint", "evaluation"):
         assert any(a == asset for a, _ in checks), f"no check of {asset} ran: {sorted(checks)}"
-    assert {e.partition for e in evaluations} == {task}
-    # every check passes but, possibly, the evaluation gate (see main's note on the absolute-pose demo policy)
-    beats = checks.pop(("evaluation", "beats_baseline"))
-    assert all(checks.values()), {k: v for k, v in checks.items() if not v}
+    assert {e.partition for e in evaluations.values()} == {task}
+    # This machine has no GPU: the release check is a WARN that says so; every other check passes,
+    # the evaluation gate included where the caller asks for it.
+    released = evaluations.pop(("smoke_run", "released"))
+    assert not released.passed and released.severity == dg.AssetCheckSeverity.WARN
+    assert released.description.startswith("CPU run: GPU release not checked")
+    beats = evaluations.pop(("evaluation", "beats_baseline")).passed
+    assert all(e.passed for e in evaluations.values()), {k: e.description for k, e in evaluations.items() if not e.passed}
     assert runs[0].status == (dg.DagsterRunStatus.SUCCESS if beats else dg.DagsterRunStatus.FAILURE)
 
     storage = Path(instance.storage_directory()).resolve()
@@ -128,10 +135,12 @@ def test_main_job_on_sample_recordings_then_a_second_task(tmp_path):
     partitions pass with their own checks, and the first task's results stay as they were."""
     from dpflow_core.recordings.samples import write_task
 
-    proc, instance, out = _run_demo(tmp_path, "--episodes", "4", "--seconds", "6")
-    assert len(list((out / "recordings" / "pick_place").glob("*_vio.mcap"))) == 4
-    beats = _assert_pipeline_products(instance, out, "pick_place")
-    assert ("every step and check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
+    # the README's main command as it is: its policy must pass the evaluation gate
+    proc, instance, out = _run_demo(tmp_path)
+    assert len(list((out / "recordings" / "pick_place").glob("*_vio.mcap"))) == 6
+    assert _assert_pipeline_products(instance, out, "pick_place"), proc.stdout[-3000:]
+    assert "warns: CPU run: GPU release not checked" in proc.stdout
+    assert "every step and blocking check passed" in proc.stdout and proc.returncode == 0
     first = {asset: _latest(instance, asset, "pick_place") for asset in _PRODUCTS}
 
     # the second task costs less than the first: fewer, shorter episodes and half the training epochs
@@ -140,7 +149,7 @@ def test_main_job_on_sample_recordings_then_a_second_task(tmp_path):
     lab.write_text("assets:\n  train_run: {epochs: 2}\n")
     proc, instance, out = _run_demo(tmp_path, "--recordings", str(out / "recordings" / "wipe_table"), "--config", str(lab))
     beats = _assert_pipeline_products(instance, out, "wipe_table", runs_before=1)
-    assert ("every step and check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
+    assert ("every step and blocking check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
     assert {asset: _latest(instance, asset, "pick_place") for asset in _PRODUCTS} == first
     assert instance.get_materialized_partitions(dg.AssetKey("evaluation")) == {"pick_place", "wipe_table"}
 

@@ -84,7 +84,10 @@ def test_no_gpu_is_reported_not_passed(make_config, tmp_path):
     with GpuServer(make_config(nvidia_smi=str(tmp_path / "none" / "nvidia-smi"))) as server:
         report = preflight(server)
     assert report.gpus.status == "no_gpu" and report.gpus.gpus == ()
-    assert any(w.startswith("no GPU") for w in report.warnings)
+    if make_config.transport == "ssh":  # a GPU is expected over SSH: a blocking problem
+        assert not report.ok and any(p.startswith("gpu: GPU expected on this server but no GPU") for p in report.problems)
+    else:
+        assert report.ok and any(w.startswith("no GPU") for w in report.warnings)
     assert report.to_metadata()["preflight/gpu_status"] == "no_gpu"
     assert report.gpu_markdown().startswith("**no_gpu**")
     assert report.disk.fits is None and report.dataset_present is None  # nothing asked about a dataset
@@ -125,15 +128,15 @@ def test_cli_preflight(make_config, request, tmp_path, training_repo):
     if make_config.transport == "ssh":
         connection += request.getfixturevalue("sshd_server").cli_args()
     run = [sys.executable, "-c", "from dpflow_core.cli import main; main()", "preflight", *connection]
-    out = subprocess.run(run + ["--json", "--python", sys.executable], cwd=REPO, capture_output=True, text=True,
-                         timeout=180)
+    out = subprocess.run(run + ["--json", "--python", sys.executable, "--no-expect-gpu"], cwd=REPO, capture_output=True,
+                         text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["ok"] and data["transport"] == make_config.transport
     assert data["repo"]["commit"] == training_repo[1] and data["nproc"] == len(os.sched_getaffinity(0))
     assert data["gpus"]["status"] == "no_gpu"  # the CLI uses the real nvidia-smi name: none here
 
-    bad = subprocess.run(run + ["--python", str(tmp_path / "no-python")], cwd=REPO, capture_output=True,
+    bad = subprocess.run(run + ["--python", str(tmp_path / "no-python"), "--no-expect-gpu"], cwd=REPO, capture_output=True,
                          text=True, timeout=180, env={**os.environ, "COLUMNS": "500"})  # no wrapped cells
     assert bad.returncode == 1, bad.stderr
     assert "feature-x" in bad.stdout and "problem" in bad.stdout and "no-python" in bad.stdout

@@ -272,7 +272,7 @@ def test_gpu_inventory_states(server, tmp_path):
     assert server.config.nvidia_smi == "nvidia-smi"
     absent = GpuServer(_with(server.config, nvidia_smi=str(tmp_path / "absent" / "nvidia-smi")))
     inv = absent.gpu_inventory()
-    assert inv.status == "no_gpu" and inv.gpus == () and "no GPU" in inv.message
+    assert inv.status == "no_gpu" and inv.gpus == () and "no GPU" in inv.message and inv.exit_code == 127
 
     fake = write_fake_nvidia_smi(tmp_path / "ok")
     with GpuServer(_with(server.config, nvidia_smi=str(fake))) as srv:
@@ -284,7 +284,9 @@ def test_gpu_inventory_states(server, tmp_path):
     broken = write_fake_nvidia_smi(tmp_path / "broken", fail=True)
     with GpuServer(_with(server.config, nvidia_smi=str(broken))) as srv:
         inv = srv.gpu_inventory()
-    assert inv.status == "error" and "exit 9" in inv.message and "driver" in inv.message
+    assert inv.status == "error" and inv.exit_code == 9 and "exited with status 9" in inv.message
+    assert inv.stderr.startswith("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+    assert inv.command == f"{broken} --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu --format=csv,noheader,nounits"
 
 
 def _with(config: ServerConfig, **changes) -> ServerConfig:

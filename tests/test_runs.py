@@ -82,14 +82,16 @@ FAKE_TRAINER = textwrap.dedent(
             for name in ("epoch=0000-train_loss=0.500.ckpt", "epoch=0001-train_loss=0.250.ckpt"):
                 shutil.copyfile(args["fake.ckpt_from"], os.path.join(d, name))
             shutil.copyfile(args["fake.ckpt_from"], tmp)
-        else:
-            with zipfile.ZipFile(tmp, "w") as z:
-                z.writestr("archive/data.pkl", json.dumps({"epoch": epochs, "global_step": g}) * 50)
+        else:  # the workspace format of upstream Diffusion Policy / UMI (tests/upstream_trainer.py)
+            sys.path.insert(0, @TESTS@)
+            from upstream_trainer import save_workspace_checkpoint
+            save_workspace_checkpoint(tmp, cfg={"training": {"num_epochs": epochs}}, epoch=epochs, global_step=g,
+                                      output_dir=run_dir, drop=tuple(d for d in args.get("fake.drop", "").split(",") if d))
         os.replace(tmp, os.path.join(d, "latest.ckpt"))
     if mode == "leave_child":
         subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     '''
-)
+).replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +223,8 @@ def test_smoke_run_passes_and_is_released(server, dataset, fake_trainer):
     assert result.passed, result.problems
     assert result.exit_code == 0 and result.finite_losses == 2 and result.checkpoints == ()
     assert result.release.passed and result.release.leftovers == ()
-    assert result.release.gpu_status == "no_gpu" and "no GPU present" in result.release.metadata()["gpu"]
+    assert result.release.gpu_status == "no_gpu" and result.release.metadata()["gpu"] == "CPU run: GPU release not checked"
+    assert result.release.verdict == "warn" and result.release.metadata()["verdict"] == "warn"
     handle = load_handle(server, "smoke-ok")
     assert handle.detached.method == "setsid" and handle.detached.leader.pgid == handle.detached.pid
     record = json.loads(server.read_text(f"{handle.state_dir}/record.json"))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from synthetic_dataset import write_synthetic_dataset
@@ -53,10 +56,10 @@ def test_smoke_prints_the_verdicts_and_fails_on_a_leftover(env):
     code, out = invoke("smoke", env["dataset"], "--run-name", "cli-ok", *common)
     assert code == 0, out
     assert "[PASS] smoke run: exit 0, 3 finite train_loss, no checkpoint" in out
-    assert "[PASS] released: no process of the run is left; no GPU present" in out
+    assert "[WARN] released: CPU run: GPU release not checked (no GPU present); no process of the run is left" in out
     code, out = invoke("smoke", env["dataset"], "--run-name", "cli-leak", "--override", "fake.mode=leave_child", *common)
     assert code == 1
-    assert "[PASS] smoke run" in out and "[FAIL] released: leftover processes: pid" in out and "(sleep 300)" in out
+    assert "[PASS] smoke run" in out and "[FAIL] released: CPU run: GPU release not checked (no GPU present); leftover processes: pid" in out and "(sleep 300)" in out
     assert "cleanup: terminated ['pid" in out
 
 
@@ -65,7 +68,10 @@ def test_train_then_checkpoint_then_an_oom_run(env):
     common = ["--remote-dir", env["root"], "--train-command", env["trainer"], "--frequency", "30"]
     code, out = invoke("train", env["dataset"], "--run-name", "cli-train", "--epochs", 2, "--max-train-steps", 3, "--poll", 0.2, *common)
     assert code == 0, out
-    assert "launched cli-train (tmux session cli-train)" in out
+    assert "launched cli-train\n" in out and "  tmux session:   cli-train\n" in out
+    assert f"  run directory:  {env['root']}/runs/cli-train\n" in out
+    assert f"  W&B directory:  {env['root']}/runs/cli-train/wandb\n" in out
+    assert "[WARN] GPU release: CPU run: GPU release not checked" in out
     assert "[PASS] natural exit: exit 0, epoch 1, global_step 5" in out
     code, out = invoke("checkpoint", "cli-train", "--remote-dir", env["root"], "-o", env["tmp"] / "ckpts")
     assert code == 0, out
@@ -74,6 +80,24 @@ def test_train_then_checkpoint_then_an_oom_run(env):
     assert code == 1
     assert "[FAIL] natural exit: exit status 1" in out
     assert "1. Leftovers first" in out and "6. Mixed precision last" in out
+
+
+@pytest.mark.slow
+def test_train_without_run_name_reattaches_to_the_running_training_of_the_dataset(env):
+    from dpflow_core.files import sha256_file
+
+    common = ["--remote-dir", env["root"], "--train-command", env["trainer"], "--frequency", "30"]
+    code, out = invoke("train", env["dataset"], "--detach", "--epochs", 2, "--max-train-steps", 4,
+                       "--override", "fake.step_s=0.5", *common)
+    assert code == 0, out
+    [name] = re.findall(r"^launched (train-[0-9a-f]{12}-\d{8}T\d{6}Z)$", out, re.M)
+    assert name.startswith(f"train-{sha256_file(env['dataset'])[:12]}-")
+    assert f"  tmux session:   {name}\n" in out and f"  W&B directory:  {env['root']}/runs/{name}/wandb\n" in out
+    code, out = invoke("train", env["dataset"], "--poll", 0.2, *common)  # no --run-name: the same run, followed
+    assert code == 0, out
+    assert f"attached to {name}\n" in out and "launched" not in out
+    assert "[PASS] natural exit: exit 0, epoch 1, global_step 7" in out
+    assert os.listdir(Path(env["root"]) / "runs") == [name]  # no second run
 
 
 def test_evaluate_exit_status_follows_the_gate_and_fails_for_an_untrained_policy(tmp_path):

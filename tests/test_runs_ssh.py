@@ -49,7 +49,9 @@ def files(tmp_path):
 
 @pytest.fixture()
 def config(sshd_server, tmp_path):  # noqa: F811
-    return sshd_server.server_config(data_root=str(tmp_path / "server"), python=sys.executable, tmux_socket=TMUX_SOCKET)
+    # This machine has no GPU: opt out of the GPU requirement of SSH servers explicitly.
+    return sshd_server.server_config(data_root=str(tmp_path / "server"), python=sys.executable, tmux_socket=TMUX_SOCKET,
+                                     expect_gpu=False)
 
 
 def test_leftover_child_over_ssh_is_named_and_only_it_is_ended(config, files):

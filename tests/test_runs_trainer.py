@@ -49,7 +49,7 @@ def test_smoke_run_on_cpu_end_to_end(server, dataset):
     assert result.passed, (result.problems, result.output_tail)
     assert result.exit_code == 0 and result.finite_losses == 3 and result.checkpoints == ()
     assert result.release.passed and result.release.gpu_status == "no_gpu"
-    assert result.release.metadata()["gpu"] == "no GPU present"
+    assert result.release.metadata()["gpu"] == "CPU run: GPU release not checked" and result.release.verdict == "warn"
     handle = result.handle
     cfg = read_run_config(server, handle.run_dir)
     assert cfg["checkpoint"]["save_last_ckpt"] is False and cfg["checkpoint"]["topk"]["k"] == 0

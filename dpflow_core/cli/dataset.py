@@ -129,3 +129,35 @@ def norm_stats_cmd(
             table.add_row(key if d == 0 else "", str(d), *(f"{s[f][d]:.4g}" for f in ("mean", "std", "min", "max", "q01", "q99")))
     Console().print(table)
 
+
+
+@app.command("export-umi")
+def export_umi_cmd(
+    source: Path = typer.Argument(..., help="A dataset.npz, or a pairing manifest JSON (converted first, to a temporary npz)."),
+    output: Path = typer.Option(..., "--output", "-o", help="The dataset.zarr.zip to create (<name>.zarr.zip.json beside it)."),
+    image_size: str = typer.Option("224,224", "--image-size", help="Frame size W,H when SOURCE is a manifest."),
+    level: int = typer.Option(80, "--jpegxl-level", min=0, max=100, help="JPEG-XL quality of the frames (0-100)."),
+    effort: int = typer.Option(3, "--jpegxl-effort", min=1, max=9, help="JPEG-XL encoder effort (1 fast .. 9 small)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Write the replay buffer as upstream UMI's zarr (format 2) dataset.zarr.zip, SHA-256 in its sidecar."""
+    import tempfile
+
+    from dpflow_core.export.umi import export_umi
+
+    if source.suffix == ".npz":
+        result = export_umi(source, output, jpegxl_level=level, jpegxl_effort=effort, overwrite=overwrite)
+    else:
+        from dpflow_core.conversion import convert
+
+        with tempfile.TemporaryDirectory(prefix=".dpflow-umi-", dir=output.parent if output.parent.exists() else None) as tmp:
+            npz = Path(tmp) / "dataset.npz"
+            convert([str(source)], npz, image_size=_parse_size(image_size))
+            result = export_umi(npz, output, jpegxl_level=level, jpegxl_effort=effort, overwrite=overwrite)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    typer.echo(f"{result.path}: {result.n_episodes} episodes, {result.n_steps} steps, frames "
+               f"{result.image_shape} JPEG-XL level {result.jpegxl_level}; sha256 {result.sha256} "
+               f"({result.size_bytes} bytes) in {result.sidecar_path}")

@@ -2,7 +2,7 @@
 
 Both take the GPU-server connection flags added by :func:`connection_options`
 (``--host --port --user --key --known-hosts --trust-on-first-use --remote-dir
---remote-repo --python --activate``). Without ``--host`` they use the local
+--remote-repo --python --activate --nvidia-smi --expect-gpu/--no-expect-gpu``). Without ``--host`` they use the local
 transport. Later stages (smoke, train, checkpoint) reuse the same decorator::
 
     @app.command("smoke")
@@ -52,6 +52,11 @@ CONNECTION_OPTIONS: tuple[tuple[str, object, object], ...] = (
                                       help="Python command on the server (default: python3; locally this interpreter).")),
     ("activate", Optional[str], _option(None, "--activate", envvar="DPFLOW_SERVER_ACTIVATE",
                                         help="Shell line run before Python on the server (e.g. conda activation).")),
+    ("nvidia_smi", Optional[str], _option(None, "--nvidia-smi", envvar="DPFLOW_SERVER_NVIDIA_SMI",
+                                          help="nvidia-smi command on the server (a path when it is not on PATH).")),
+    ("expect_gpu", Optional[bool], _option(None, "--expect-gpu/--no-expect-gpu", envvar="DPFLOW_SERVER_EXPECT_GPU",
+                                           help="The server must have a working GPU: a missing or failing nvidia-smi fails "
+                                                "preflight and refuses smoke/train [default: on over SSH, off locally].")),
 )
 _CONNECTION_NAMES = tuple(name for name, _, _ in CONNECTION_OPTIONS)
 
@@ -67,14 +72,18 @@ def server_config_from_options(
     remote_repo: str | None = None,
     python: str | None = None,
     activate: str | None = None,
+    nvidia_smi: str | None = None,
+    expect_gpu: bool | None = None,
 ) -> ServerConfig:
     """The :class:`ServerConfig` the connection flags describe (local when ``host`` is None)."""
     if host is None:
-        return ServerConfig.local(data_root=data_root, repo_path=remote_repo, python=python, activate=activate)
+        return ServerConfig.local(data_root=data_root, repo_path=remote_repo, python=python, activate=activate,
+                                  nvidia_smi=nvidia_smi, expect_gpu=expect_gpu)
     values = dict(
         host=host, port=port, user=user, key_filename=str(key) if key else None,
         known_hosts=str(known_hosts) if known_hosts else None, trust_on_first_use=trust_on_first_use,
-        repo_path=remote_repo, python=python, activate=activate, data_root=data_root,
+        repo_path=remote_repo, python=python, activate=activate, data_root=data_root, nvidia_smi=nvidia_smi,
+        expect_gpu=expect_gpu,
     )
     return ServerConfig(**{k: v for k, v in values.items() if v is not None})
 

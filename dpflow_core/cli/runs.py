@@ -21,7 +21,8 @@ from dpflow_core.server import GpuServer, ServerConfig
 _TEMPLATE_HELP = (
     "Train command template (default: the built-in trainer). Placeholders: {run_dir}, {dataset}, "
     "{overrides}, {num_processes}, {gpu_ids}, {config_name}; the overrides are appended when not placed. "
-    "Example: 'train.py --config-name=train_diffusion_unet_timm_umi_workspace'. A template starting with "
+    "'upstream' is 'train.py --config-name={config_name}' (a Diffusion Policy / UMI checkout as --remote-repo; "
+    "give --config-name, e.g. train_diffusion_unet_timm_umi_workspace). A template starting with "
     "'accelerate' is the whole command."
 )
 
@@ -30,6 +31,29 @@ def _verdict(name: str, passed: bool, detail: str = "", *, blocking: bool = True
     label = "PASS" if passed else ("FAIL" if blocking else "WARN")
     colour = typer.colors.GREEN if passed else (typer.colors.RED if blocking else typer.colors.YELLOW)
     typer.secho(f"[{label}] {name}" + (f": {detail}" if detail else ""), fg=colour)
+
+
+def _gpu_ids(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{text!r}: expected comma-separated GPU indices like 0,1", param_hint="--gpu-ids") from exc
+
+
+def _print_identity(handle, action: str) -> None:
+    """The names a run shares (rule 1): run name, directory, tmux session, W&B directory."""
+    session = handle.detached.tmux_session or f"none ({handle.detached.method}, pid {handle.detached.pid})"
+    typer.echo(f"{action} {handle.name}")
+    typer.echo(f"  run directory:  {handle.run_dir}")
+    typer.echo(f"  tmux session:   {session}")
+    typer.echo(f"  W&B directory:  {handle.wandb_dir}")
+    typer.echo(f"  GPUs:           {','.join(map(str, handle.gpu_ids)) or 'none (CPU run)'}")
+
+
+def _release_verdict(release) -> None:
+    _verdict("released", release.verdict == "pass", release.message, blocking=release.verdict == "fail")
 
 
 def _dataset_identity(server: GpuServer, dataset: str, frequency: float | None) -> tuple[str, str, float]:
@@ -52,6 +76,7 @@ def smoke_cmd(
     num_workers: int = typer.Option(0, "--num-workers", min=0, help="dataloader.num_workers."),
     train_command: Optional[str] = typer.Option(None, "--train-command", help=_TEMPLATE_HELP),
     override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
+    gpu_id: Optional[int] = typer.Option(None, "--gpu-id", min=0, help="The GPU to use (default: a free one from nvidia-smi now); refused when busy or absent."),
     frequency: Optional[float] = typer.Option(None, "--frequency", help="Dataset frequency in Hz (default: the dataset's metadata)."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds before the smoke run is ended."),
     resume_check: bool = typer.Option(False, "--resume-check", help="Also run the resume-continuity check (two short runs)."),
@@ -59,16 +84,21 @@ def smoke_cmd(
     server_config: ServerConfig = None,
 ) -> None:
     """Smoke run: one GPU (or CPU), few steps, offline, no checkpoints; then the release check."""
-    from dpflow_core.runs import DEFAULT_TRAIN_COMMAND, check_resume_continuity, default_run_name, resolve_config_name, run_smoke, smoke_spec
+    from dpflow_core.runs import (
+        DEFAULT_TRAIN_COMMAND, check_resume_continuity, default_run_name, require_gpus, resolve_config_name, run_smoke,
+        smoke_spec,
+    )
 
     with GpuServer(server_config) as server:
-        path, sha, freq = _dataset_identity(server, dataset, frequency)
         inventory = server.gpu_inventory()
+        require_gpus(server, inventory)
+        path, sha, freq = _dataset_identity(server, dataset, frequency)
         spec = smoke_spec(
             run_name or default_run_name(sha, "smoke"), path, freq, dataset_sha256=sha,
-            config_name=resolve_config_name(config_name, inventory), epochs=epochs, max_train_steps=max_train_steps,
-            batch_size=batch_size, num_workers=num_workers, train_command=train_command or DEFAULT_TRAIN_COMMAND,
-            extra_overrides=override,
+            config_name=resolve_config_name(config_name, inventory, server), epochs=epochs,
+            max_train_steps=max_train_steps, batch_size=batch_size, num_workers=num_workers,
+            train_command=train_command or DEFAULT_TRAIN_COMMAND, extra_overrides=override,
+            gpu_ids=() if gpu_id is None else (gpu_id,),
         )
         result = run_smoke(server, spec, timeout_s=timeout)
         continuity = check_resume_continuity(server, spec) if resume_check and result.passed else None
@@ -78,10 +108,10 @@ def smoke_cmd(
             out["resume_continuity"] = continuity.metadata() | {"passed": continuity.passed}
         typer.echo(json.dumps(out, indent=2, default=str))
     else:
-        typer.echo(f"run {spec.name} in {result.handle.run_dir} ({result.handle.metadata()['gpu_ids']}, {result.seconds:.1f} s)")
+        _print_identity(result.handle, f"smoke run ({spec.config_name}, {result.seconds:.1f} s)")
         _verdict("smoke run", result.passed, "; ".join(result.problems) or
                  f"exit 0, {result.finite_losses} finite train_loss, no checkpoint")
-        _verdict("released", result.release.passed, result.release.message)
+        _release_verdict(result.release)
         if result.release.cleanup is not None:
             typer.echo(f"  cleanup: terminated {list(result.release.cleanup.terminated)}, killed {list(result.release.cleanup.killed)}")
         for step in result.oom_advice:
@@ -100,13 +130,14 @@ def smoke_cmd(
 @connection_options
 def train_cmd(
     dataset: str = typer.Argument(..., help="The dataset.npz on the GPU server."),
-    run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: train-<sha256[:12]>-<UTC time>)."),
+    run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: the running train-<sha256[:12]>-* run of this dataset, re-attached; else train-<sha256[:12]>-<UTC time>)."),
     config_name: str = typer.Option("auto", "--config-name", help="Trainer config ('auto': train_diffusion_unet_image with GPUs, demo without)."),
     epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="training.num_epochs (default: the config's)."),
     max_train_steps: Optional[int] = typer.Option(None, "--max-train-steps", min=1, help="training.max_train_steps (batches per epoch)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="dataloader.batch_size (per process)."),
     num_workers: Optional[int] = typer.Option(None, "--num-workers", min=0, help="dataloader.num_workers."),
     num_processes: int = typer.Option(0, "--num-processes", min=0, help="Processes/GPUs (0: one per free GPU; 1 on CPU)."),
+    gpu_ids: Optional[str] = typer.Option(None, "--gpu-ids", help="GPUs to use, e.g. 0,1 (default: free ones from nvidia-smi now); busy or absent ones are refused."),
     train_command: Optional[str] = typer.Option(None, "--train-command", help=_TEMPLATE_HELP),
     override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
     frequency: Optional[float] = typer.Option(None, "--frequency", help="Dataset frequency in Hz (default: the dataset's metadata)."),
@@ -119,22 +150,29 @@ def train_cmd(
 ) -> None:
     """Training in a detached tmux session named after the run; follows it, then the natural-exit check."""
     from dpflow_core.runs import (
-        DEFAULT_TRAIN_COMMAND, RunSpec, check_natural_exit, default_run_name, launch_or_attach, monitor_run, resolve_config_name,
+        CPU_RUN_NOTE, DEFAULT_TRAIN_COMMAND, RunSpec, active_or_new_run_name, check_natural_exit, launch_or_attach, monitor_run,
+        require_gpus, resolve_config_name,
     )
 
+    requested_gpus = _gpu_ids(gpu_ids)
+    if resume and not run_name:
+        raise typer.BadParameter("--resume needs the --run-name of the run to continue", param_hint="--resume")
     with GpuServer(server_config) as server:
         path, sha, freq = _dataset_identity(server, dataset, frequency)
+        # As train_run: without a name, follow the running training of this dataset instead of starting a second one.
+        name, active = (run_name, False) if run_name else active_or_new_run_name(server, sha, "train")
         inventory = server.gpu_inventory()
+        if not active:
+            require_gpus(server, inventory)
         spec = RunSpec(
-            name=run_name or default_run_name(sha, "train"), kind="train", dataset_path=path, frequency_hz=freq,
-            dataset_sha256=sha, config_name=resolve_config_name(config_name, inventory), epochs=epochs,
-            max_train_steps=max_train_steps, batch_size=batch_size, num_workers=num_workers, num_processes=num_processes,
-            train_command=train_command or DEFAULT_TRAIN_COMMAND, resume=resume, logging_mode=logging_mode,
-            extra_overrides=tuple(override),
+            name=name, kind="train", dataset_path=path, frequency_hz=freq,
+            dataset_sha256=sha, config_name=resolve_config_name(config_name, inventory, server) if not active else config_name,
+            epochs=epochs, max_train_steps=max_train_steps, batch_size=batch_size, num_workers=num_workers,
+            num_processes=num_processes, gpu_ids=requested_gpus, train_command=train_command or DEFAULT_TRAIN_COMMAND,
+            resume=resume, logging_mode=logging_mode, extra_overrides=tuple(override),
         )
         handle, attached = launch_or_attach(server, spec, inventory=inventory)
-        where = f"tmux session {handle.detached.tmux_session}" if handle.detached.tmux_session else f"pid {handle.detached.pid}"
-        typer.echo(f"{'attached to' if attached else 'launched'} {handle.name} ({where}) in {handle.run_dir}")
+        _print_identity(handle, "attached to" if attached else "launched")
         if detach:
             return
 
@@ -147,6 +185,8 @@ def train_cmd(
         report = check_natural_exit(server, handle)
     _verdict("natural exit", report.passed, "; ".join(report.problems) or
              f"exit 0, epoch {report.last_epoch}, global_step {report.last_global_step}, {report.checkpoint.describe()}")
+    if not handle.gpu_ids:
+        _verdict("GPU release", False, CPU_RUN_NOTE, blocking=False)
     for step in report.oom_advice:
         typer.echo(f"  {step}")
     if not report.passed:

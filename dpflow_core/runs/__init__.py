@@ -48,14 +48,14 @@ re-exported here.
 from __future__ import annotations
 
 from dpflow_core.runs.spec import (
-    CHECKPOINT_DIR, CPU_CONFIG_NAME, DEFAULT_TRAIN_COMMAND, GPU_CONFIG_NAME, HANDLE_NAME, LATEST_CKPT, LOG_NAME,
-    OUTPUT_LOG, RECORD_NAME, RELEASE_NAME, RUNS_DIR, STATE_DIR, TEMPLATE_FIELDS, TOKEN_ENV, RunSpec,
+    CHECKPOINT_DIR, CPU_CONFIG_NAME, CPU_RUN_NOTE, DEFAULT_TRAIN_COMMAND, GPU_CONFIG_NAME, HANDLE_NAME, LATEST_CKPT, LOG_NAME,
+    OUTPUT_LOG, RECORD_NAME, RELEASE_NAME, RUNS_DIR, STATE_DIR, TEMPLATE_FIELDS, TOKEN_ENV, TRAIN_COMMAND_PRESETS, UPSTREAM_TRAIN_COMMAND, RunSpec,
     dataset_frequency, default_run_name, hydra_value, resolve_config_name, run_dir_for, runs_root, smoke_spec,
     utc_now,
 )
-from dpflow_core.runs.gpus import FREE_GPU_MAX_USED_MIB, choose_gpus, free_gpus, gpu_memory
+from dpflow_core.runs.gpus import FREE_GPU_MAX_USED_MIB, choose_gpus, free_gpus, gpu_memory, require_gpus
 from dpflow_core.runs.command import build_command, is_full_command, launcher_args, render_train_command
-from dpflow_core.runs.state import RunHandle, find_active_runs, launch_indices, load_handle, run_disk_usage
+from dpflow_core.runs.state import RunHandle, active_or_new_run_name, find_active_runs, launch_indices, load_handle, run_disk_usage
 from dpflow_core.runs.records import CheckpointProbe, finalize_record, probe_checkpoint, reproducibility_record
 from dpflow_core.runs.launch import launch_or_attach, launch_run
 from dpflow_core.runs.processes import CleanupReport, cleanup_run, describe_process, run_processes, token_pids
@@ -69,16 +69,16 @@ from dpflow_core.runs.natural_exit import NaturalExitReport, check_natural_exit,
 from dpflow_core.runs.continuity import ContinuityReport, check_resume_continuity, compare_logs
 
 __all__ = [
-    "CHECKPOINT_DIR", "CPU_CONFIG_NAME", "DEFAULT_TRAIN_COMMAND", "FREE_GPU_MAX_USED_MIB", "GPU_CONFIG_NAME",
-    "GPU_RELEASE_TOLERANCE_MIB", "HANDLE_NAME", "LATEST_CKPT", "LOG_NAME", "OUTPUT_LOG", "RECORD_NAME",
-    "RELEASE_NAME", "RUNS_DIR", "STATE_DIR", "TEMPLATE_FIELDS", "TOKEN_ENV", "CheckpointProbe", "CleanupReport",
+    "CHECKPOINT_DIR", "CPU_CONFIG_NAME", "CPU_RUN_NOTE", "DEFAULT_TRAIN_COMMAND", "FREE_GPU_MAX_USED_MIB", "GPU_CONFIG_NAME",
+    "GPU_RELEASE_TOLERANCE_MIB", "active_or_new_run_name", "HANDLE_NAME", "LATEST_CKPT", "LOG_NAME", "OUTPUT_LOG", "RECORD_NAME",
+    "RELEASE_NAME", "RUNS_DIR", "STATE_DIR", "TEMPLATE_FIELDS", "TOKEN_ENV", "TRAIN_COMMAND_PRESETS", "UPSTREAM_TRAIN_COMMAND", "CheckpointProbe", "CleanupReport",
     "ContinuityReport", "MonitorResult", "NaturalExitReport", "ProgressCallback", "ReleaseReport", "RunHandle",
     "RunSpec", "SmokeResult", "build_command", "check_natural_exit", "check_released", "check_resume_continuity",
     "choose_gpus", "cleanup_run", "compare_logs", "dataset_frequency", "default_run_name", "describe_exit",
     "describe_process", "finalize_record", "find_active_runs", "free_gpus", "gpu_memory", "hydra_value",
     "is_full_command", "is_out_of_memory", "launch_indices", "launch_or_attach", "launch_run", "launcher_args",
     "list_checkpoints", "load_handle", "load_release_report", "monitor_run", "oom_advice", "probe_checkpoint",
-    "read_run_config", "render_train_command", "reproducibility_record", "resolve_config_name", "run_dir_for",
+    "read_run_config", "render_train_command", "reproducibility_record", "require_gpus", "resolve_config_name", "run_dir_for",
     "run_disk_usage", "run_processes", "run_smoke", "runs_root", "save_release_report", "smoke_spec", "token_pids",
     "utc_now",
 ]

@@ -16,7 +16,7 @@ from typing import Literal
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.server import GpuInventory, GpuServer
 from dpflow_core.runs.command import build_command
-from dpflow_core.runs.gpus import choose_gpus, gpu_memory
+from dpflow_core.runs.gpus import choose_gpus, gpu_memory, require_gpus
 from dpflow_core.runs.processes import describe_process, run_processes
 from dpflow_core.runs.records import probe_checkpoint, reproducibility_record
 from dpflow_core.runs.spec import (
@@ -47,15 +47,22 @@ def launch_run(
     A new run creates its run directory exclusively (an existing one is refused);
     a resume requires the directory, no live process of an earlier launch, and a
     complete ``latest.ckpt`` (:func:`probe_checkpoint`). GPUs are chosen from
-    ``nvidia-smi`` now (:func:`choose_gpus`; a smoke run takes one). The handle and
+    ``nvidia-smi`` now (:func:`choose_gpus`; a smoke run takes one, ``spec.gpu_ids``
+    must all be free); a server that must have a GPU and has none usable is refused
+    first (:func:`require_gpus`), before the run directory exists. The handle and
     the reproducibility record are written to ``<run_dir>/dpflow/launch-<k>/``.
 
     Raises:
         RunError: ``run_exists``, ``checkpoint_incomplete``, ``already_running``,
-            ``no_free_gpu``, ``bad_template``; DatasetError when the dataset is missing.
+            ``gpu_unavailable``, ``no_free_gpu``, ``gpu_busy``, ``gpu_absent``, ``bad_template``;
+            DatasetError when the dataset is missing.
     """
     run_dir = run_dir_for(server, spec.name)
     _verify_dataset(server, spec)
+    # GPU ids come from nvidia-smi of this launch; a server that must have a GPU refuses before anything is created.
+    inventory = inventory if inventory is not None else server.gpu_inventory()
+    require_gpus(server, inventory)
+    gpu_ids = choose_gpus(inventory, 1 if spec.kind == "smoke" else spec.num_processes, spec.gpu_ids)
     if spec.resume:
         if not server.exists(run_dir):
             raise RunError("resume requested but the run directory does not exist", path=run_dir, code="run_not_found")
@@ -90,8 +97,6 @@ def launch_run(
         state_dir = _state_dir(run_dir, index)
         server.mkdir(state_dir)
 
-    inventory = inventory if inventory is not None else server.gpu_inventory()
-    gpu_ids = choose_gpus(inventory, 1 if spec.kind == "smoke" else spec.num_processes)
     command, overrides, num_processes = build_command(server, spec, run_dir, gpu_ids)
     token = f"{spec.name}.{uuid.uuid4().hex[:16]}"
     env = _run_env(run_dir, token, spec)

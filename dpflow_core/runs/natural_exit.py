@@ -55,7 +55,9 @@ class NaturalExitReport:
         exit_code: from the wrapper's file (None: running, or killed with the wrapper).
         running: the run has not ended yet.
         expected_epochs, last_epoch: ``training.num_epochs`` and the last logged epoch (0-based).
-        batches_per_epoch: from the trainer's output, else from the first epoch's log.
+        batches_per_epoch: from the trainer's output, else from the first epoch's log (its
+            summary line, or, for upstream-style logs without one, its distinct global steps
+            once a later epoch started).
         expected_global_step, last_global_step: ``epochs x batches - 1`` and the last logged one.
         checkpoint: the probe of ``latest.ckpt``.
         problems: the evidence of each failed condition.
@@ -121,6 +123,10 @@ def check_natural_exit(server: GpuServer, handle: RunHandle) -> NaturalExitRepor
         first = next((r for r in records if r.get("epoch_summary") and r.get("epoch") == 0), None)
         if first is not None:
             bpe = int(first["global_step"]) + 1
+        elif last_epoch is not None and (last_epoch > 0 or status.exit_code == 0):
+            # Upstream Diffusion Policy / UMI log one line per batch and nothing else: the distinct
+            # global steps of a finished epoch 0 (a later one began, or the run exited 0) are its batches.
+            bpe = len({int(r["global_step"]) for r in steps if r.get("epoch") == 0}) or None
     expected_step = expected_epochs * bpe - 1 if expected_epochs and bpe else None
     if expected_epochs is None:
         problems.append("cannot tell how many epochs were asked (no .hydra/config.yaml, no epochs in the spec)")

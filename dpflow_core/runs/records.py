@@ -1,7 +1,8 @@
 """Records: the checkpoint probe and the reproducibility record of a launch.
 
 Takes a server and a :class:`~dpflow_core.runs.state.RunHandle`; gives what a checkpoint file holds
-(probed on the server, without loading torch here) and the launch's ``record.json`` (git state, pip
+(loaded on the server by the server's Python, never here: dpflow's own format or an upstream
+Diffusion Policy / UMI workspace checkpoint) and the launch's ``record.json`` (git state, pip
 freeze, GPUs, start and end times in UTC ISO 8601).
 """
 
@@ -16,16 +17,19 @@ from typing import Any
 
 from dpflow_core.server.preflight import repo_state
 from dpflow_core.server import GpuInventory, GpuServer
-from dpflow_core.runs.spec import RECORD_NAME, TOKEN_ENV, _run_env, utc_now
+from dpflow_core.runs.spec import CPU_RUN_NOTE, RECORD_NAME, TOKEN_ENV, _run_env, utc_now
 from dpflow_core.runs.state import RunHandle
 
 
 # ---------------------------------------------------------------- checkpoint probe
 
 _CKPT_PROBE = r"""
-import json, sys, zipfile
+import json, os, sys, zipfile
 p = sys.argv[1]
 out = {"path": p}
+# The lab's classes (pickled in an upstream-style checkpoint) import from its repository.
+if len(sys.argv) > 2 and sys.argv[2]:
+    sys.path.insert(0, sys.argv[2])
 try:
     with zipfile.ZipFile(p) as z:
         bad = z.testzip()
@@ -35,44 +39,83 @@ try:
 except Exception as exc:
     out["zip_ok"] = False
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
+payload = None
 if out["zip_ok"]:
+    import torch
     try:
-        import torch
         payload = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        payload = None
-        out["format"] = "foreign"
-        out["note"] = "not loadable with weights_only=True (%s); zip integrity verified only" % type(exc).__name__
-    if isinstance(payload, dict):
-        out["format"] = str(payload.get("format", "foreign"))
+        out["loaded_with"] = "torch.load(weights_only=True)"
+    except Exception:
+        try:  # upstream workspaces pickle with dill (torch.save(..., pickle_module=dill))
+            try:
+                import dill as pickle_module
+            except ImportError:
+                import pickle as pickle_module
+            payload = torch.load(p, map_location="cpu", weights_only=False, pickle_module=pickle_module)
+            out["loaded_with"] = "torch.load(pickle_module=%s)" % pickle_module.__name__
+        except Exception as exc:
+            out["error"] = "cannot be loaded with the server's Python: %s: %s" % (type(exc).__name__, str(exc)[:300])
+if isinstance(payload, dict):
+    out["entries"] = sorted(str(k) for k in payload)
+    if payload.get("format") == "dpflow-train-checkpoint":
+        out["format"] = "dpflow-train-checkpoint"
         for k in ("epoch", "global_step", "batch_in_epoch", "num_processes"):
             v = payload.get(k)
             if isinstance(v, int):
                 out[k] = v
-        if payload.get("format") == "dpflow-train-checkpoint":
+        try:
+            from dpflow_core.train.checkpoint import missing_checkpoint_entries
+            out["missing"] = missing_checkpoint_entries(payload)
+        except ImportError:
+            out["missing"] = [k for k in ("model", "ema", "optimizer", "lr_scheduler", "epoch", "global_step", "rank_states") if k not in payload]
+    elif isinstance(payload.get("state_dicts"), dict):
+        out["format"] = "upstream-workspace"
+        state_dicts = payload["state_dicts"]
+        pickles = payload.get("pickles") if isinstance(payload.get("pickles"), dict) else {}
+        out["state_dicts"] = sorted(str(k) for k in state_dicts)
+        out["pickles"] = sorted(str(k) for k in pickles)
+        out["missing"] = [k for k in ("model", "ema_model", "optimizer") if not state_dicts.get(k)]
+        if "cfg" not in payload:
+            out["missing"].append("cfg")
+        try:
+            import dill as unpickler
+        except ImportError:
+            import pickle as unpickler
+        for k in ("epoch", "global_step"):
             try:
-                from dpflow_core.train.checkpoint import missing_checkpoint_entries
-                out["missing"] = missing_checkpoint_entries(payload)
-            except ImportError:
-                out["missing"] = [k for k in ("model", "ema", "optimizer", "lr_scheduler", "epoch", "global_step", "rank_states") if k not in payload]
+                v = unpickler.loads(pickles[k]) if isinstance(pickles.get(k), bytes) else pickles.get(k)
+            except Exception:
+                v = None
+            if isinstance(v, int):
+                out[k] = v
+    else:
+        out["format"] = "unknown"
+        out["error"] = "neither a dpflow checkpoint nor an upstream workspace checkpoint (no 'state_dicts'); top-level keys: %s" % out["entries"][:20]
+elif payload is not None:
+    out["format"] = "unknown"
+    out["error"] = "the checkpoint holds a %s, not a dict" % type(payload).__name__
 print("DPFLOW_CKPT " + json.dumps(out))
 """
 
 
 @dataclass(frozen=True)
 class CheckpointProbe:
-    """Whether a checkpoint file on the server is complete and loadable.
+    """What a checkpoint file on the server holds, as the server's own Python loads it.
 
     Attributes:
         path: the file.
         exists: the file is there.
         size_bytes: its size.
         zip_ok: the torch zip container reads and every member passes its CRC.
-        format: ``dpflow-train-checkpoint``, or ``foreign`` (another trainer's file,
-            checked for container integrity only).
-        epoch, global_step: what a dpflow checkpoint says it holds.
-        missing: entries a dpflow checkpoint lacks to resume exactly.
-        error: why it is not loadable.
+        format: ``dpflow-train-checkpoint`` (the built-in trainer), ``upstream-workspace``
+            (Diffusion Policy / UMI ``BaseWorkspace.save_checkpoint``: ``{'cfg', 'state_dicts',
+            'pickles'}``) or ``unknown``.
+        epoch, global_step: what the checkpoint says it holds (upstream: its ``pickles``).
+        missing: entries needed to resume that it lacks (upstream: ``model``, ``ema_model``,
+            ``optimizer`` state dicts, ``cfg``).
+        entries: its top-level keys; state_dicts, pickles: an upstream checkpoint's entries.
+        loaded_with: how the server loaded it (``torch.load(weights_only=True)``, or with dill).
+        error: why it is not loadable (including a file the server's Python cannot load).
     """
 
     path: str
@@ -85,29 +128,48 @@ class CheckpointProbe:
     missing: tuple[str, ...] = ()
     error: str | None = None
     note: str | None = None
+    entries: tuple[str, ...] = ()
+    state_dicts: tuple[str, ...] = ()
+    pickles: tuple[str, ...] = ()
+    loaded_with: str | None = None
 
     @property
     def loadable(self) -> bool:
-        """True when the file exists, its container is intact and nothing needed is missing."""
+        """True when the file exists, loads on the server and holds everything needed to resume."""
         return self.exists and self.zip_ok and not self.missing and self.error is None
 
     def describe(self) -> str:
         if not self.exists:
             return f"{self.path}: missing"
+        held = f" (state_dicts: {', '.join(self.state_dicts) or 'none'})" if self.format == "upstream-workspace" else ""
         if not self.loadable:
             why = self.error or ("missing entries: " + ", ".join(self.missing))
-            return f"{self.path} ({self.size_bytes} bytes): not loadable: {why}"
-        return f"{self.path} ({self.size_bytes} bytes): loadable, format {self.format}, epoch {self.epoch}, global_step {self.global_step}"
+            return f"{self.path} ({self.size_bytes} bytes): not loadable: {why}{held}"
+        return (f"{self.path} ({self.size_bytes} bytes): loadable, format {self.format}{held}, "
+                f"epoch {self.epoch}, global_step {self.global_step}")
 
 
 def probe_checkpoint(server: GpuServer, path: str, timeout_s: float = 600.0) -> CheckpointProbe:
-    """Check a checkpoint on the server with its own Python: zip CRCs, ``torch.load(weights_only=True)``,
-    and for dpflow checkpoints the entries needed to resume (no code from the file runs)."""
+    """Load a checkpoint on the server with the server's Python and report what it holds.
+
+    Runs there (in the training repository, whose classes an upstream checkpoint pickles):
+    zip CRCs; ``torch.load(weights_only=True)``, else a full ``torch.load`` with dill (how
+    Diffusion Policy / UMI workspaces save); then the entries needed to resume: dpflow's own
+    (:func:`dpflow_core.train.checkpoint.missing_checkpoint_entries`) or an upstream
+    workspace's ``model``, ``ema_model`` and ``optimizer`` state dicts. A file that does not
+    load there, or that is neither format, is not loadable.
+
+    Returns:
+        CheckpointProbe (never raises for a bad file; ``exists`` False when it is absent).
+    """
     full = server.abspath(path)
     size = server.size(full)
     if size is None:
         return CheckpointProbe(full, False)
-    result = server.run(server.python_command(["-c", _CKPT_PROBE, full]), timeout_s=timeout_s)
+    repo = server.abspath(server.config.repo_path) if server.config.repo_path else ""
+    repo = repo if repo and server.exists(repo) else ""
+    command = server.python_command(["-c", _CKPT_PROBE, full, repo])
+    result = server.run(command, timeout_s=timeout_s, cwd=repo or None)
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith("DPFLOW_CKPT ")), None)
     if line is None:
         why = (result.stderr or result.stdout).strip()[-400:]
@@ -116,7 +178,9 @@ def probe_checkpoint(server: GpuServer, path: str, timeout_s: float = 600.0) -> 
     return CheckpointProbe(
         path=full, exists=True, size_bytes=size, zip_ok=bool(data.get("zip_ok")), format=data.get("format"),
         epoch=data.get("epoch"), global_step=data.get("global_step"), missing=tuple(data.get("missing", ())),
-        error=data.get("error"), note=data.get("note"),
+        error=data.get("error"), note=data.get("note"), entries=tuple(data.get("entries", ())),
+        state_dicts=tuple(data.get("state_dicts", ())), pickles=tuple(data.get("pickles", ())),
+        loaded_with=data.get("loaded_with"),
     )
 
 
@@ -151,6 +215,7 @@ def reproducibility_record(server: GpuServer, handle: RunHandle, inventory: GpuI
         "repo": dataclasses.asdict(repo),
         "dataset": {"path": handle.spec.dataset_path, "sha256": handle.spec.dataset_sha256, "frequency_hz": handle.spec.frequency_hz},
         "gpu_ids": list(handle.gpu_ids),
+        "gpu_release": "checked after the run" if handle.gpu_ids else CPU_RUN_NOTE,
         "nvidia_smi": inventory.to_dict(),
         "pip_freeze": _pip_freeze(server),
         "python": server.config.python,

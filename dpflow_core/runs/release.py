@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from dpflow_core.server import GpuServer
 from dpflow_core.runs.gpus import gpu_memory
 from dpflow_core.runs.processes import CleanupReport, cleanup_run, describe_process, run_processes
-from dpflow_core.runs.spec import RELEASE_NAME
+from dpflow_core.runs.spec import CPU_RUN_NOTE, RELEASE_NAME
 from dpflow_core.runs.state import RunHandle
 
 
@@ -33,7 +33,8 @@ class ReleaseReport:
 
     Attributes:
         passed: no process of the run was left and every GPU it used is back to its
-            pre-run memory (within :data:`GPU_RELEASE_TOLERANCE_MIB`).
+            pre-run memory (within :data:`GPU_RELEASE_TOLERANCE_MIB`). A CPU run that left
+            nothing is ``passed`` with ``warning`` set: its :attr:`verdict` is ``warn``.
         leftovers: processes of the run found alive (``describe_process`` strings).
         leftover_pids: their PIDs.
         gpu_status: ``ok``, ``no_gpu`` (then memory was not checked: "no GPU present") or ``error``.
@@ -41,6 +42,7 @@ class ReleaseReport:
         gpu_processes: compute processes still on those GPUs (``pid name MiB``).
         message: one line for humans.
         cleanup: what was signalled afterwards, when cleanup was asked for.
+        warning: :data:`CPU_RUN_NOTE` when the run used no GPU (its memory was not checked).
     """
 
     passed: bool
@@ -51,6 +53,14 @@ class ReleaseReport:
     gpu_processes: tuple[str, ...]
     message: str
     cleanup: CleanupReport | None = None
+    warning: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        """``fail`` (something was left), ``warn`` (a CPU run: GPU release not checked) or ``pass``."""
+        if not self.passed:
+            return "fail"
+        return "warn" if self.warning else "pass"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -66,9 +76,10 @@ class ReleaseReport:
     def metadata(self) -> dict[str, Any]:
         """Flat values for check metadata."""
         out: dict[str, Any] = {
+            "verdict": self.verdict,
             "leftover_processes": "; ".join(self.leftovers) or "none",
             "gpu_status": self.gpu_status,
-            "gpu": "no GPU present" if self.gpu_status == "no_gpu" else (
+            "gpu": self.warning or (
                 "; ".join(f"GPU {g['index']}: {g['before_mib']} -> {g['after_mib']} MiB" for g in self.gpus) or "none used"),
         }
         if self.gpu_processes:
@@ -114,11 +125,12 @@ def check_released(
         time.sleep(poll_s)
 
     gpu_procs: list[str] = []
+    warning = None
     if inventory is None:
         gpu_status = "no_gpu" if handle.gpu_status != "error" else "error"
-        gpu_note = (
-            "no GPU present: GPU memory not checked" if gpu_status == "no_gpu"
-            else "nvidia-smi failed at launch, the run used the CPU: GPU memory not checked"
+        warning = CPU_RUN_NOTE
+        gpu_note = f"{CPU_RUN_NOTE} (" + (
+            "no GPU present)" if gpu_status == "no_gpu" else "nvidia-smi failed at launch, the run used the CPU)"
         )
     else:
         gpu_status = inventory.status
@@ -137,12 +149,15 @@ def check_released(
             gpu_note = f"nvidia-smi now: {inventory.status}: {inventory.message}"
     leftovers = tuple(describe_process(p) for p in procs)
     passed = not procs and gpus_ok
-    parts = [("leftover processes: " + "; ".join(leftovers)) if leftovers else "no process of the run is left", gpu_note]
+    parts = [gpu_note] if warning else []
+    parts.append(("leftover processes: " + "; ".join(leftovers)) if leftovers else "no process of the run is left")
+    if not warning:
+        parts.append(gpu_note)
     if gpu_procs and not gpus_ok:
         parts.append("compute processes on the run's GPUs: " + "; ".join(gpu_procs))
     report = ReleaseReport(
         passed=passed, leftovers=leftovers, leftover_pids=tuple(p.pid for p in procs), gpu_status=gpu_status,
-        gpus=tuple(gpu_rows), gpu_processes=tuple(gpu_procs), message="; ".join(parts),
+        gpus=tuple(gpu_rows), gpu_processes=tuple(gpu_procs), message="; ".join(parts), warning=warning,
     )
     if cleanup and procs:
         report = dataclasses.replace(report, cleanup=cleanup_run(server, handle))

@@ -35,11 +35,20 @@ TOKEN_ENV = "DPFLOW_RUN_TOKEN"
 #: The built-in trainer. ``{config_name}`` and the other placeholders are filled by
 #: :func:`render_train_command`; the overrides are appended when not placed.
 DEFAULT_TRAIN_COMMAND = "-m dpflow_core.train --config-name={config_name}"
+#: An upstream-style repository (Diffusion Policy / UMI checkout on the server, ``repo_path``):
+#: its ``train.py`` with a workspace config, run from the repository under ``accelerate launch``,
+#: with the procedure's overrides (``task.dataset_path``, ``task.dataset_frequeny``,
+#: ``hydra.run.dir``, ``logging.*``, ``training.*``, ``checkpoint.*``) appended.
+UPSTREAM_TRAIN_COMMAND = "train.py --config-name={config_name}"
+#: Names accepted in place of a template (``--train-command upstream``).
+TRAIN_COMMAND_PRESETS = {"builtin": DEFAULT_TRAIN_COMMAND, "upstream": UPSTREAM_TRAIN_COMMAND}
 #: Placeholders a train command template may use.
 TEMPLATE_FIELDS = ("run_dir", "dataset", "overrides", "num_processes", "gpu_ids", "config_name")
 #: Config of the built-in trainer on a GPU server, and on a machine without GPU.
 GPU_CONFIG_NAME = "train_diffusion_unet_image"
 CPU_CONFIG_NAME = "demo"
+#: What a run without GPU says in place of the GPU release check (a WARN, never a plain pass).
+CPU_RUN_NOTE = "CPU run: GPU release not checked"
 _HYDRA_SAFE = re.compile(r"^[A-Za-z0-9_./~:@+-]*$")
 
 
@@ -95,7 +104,10 @@ class RunSpec:
         max_val_steps: ``training.max_val_steps``, validation batches (None: the config's).
         batch_size, num_workers: ``dataloader.*`` and ``val_dataloader.*`` (None: the config's).
         num_processes: processes/GPUs; 0 = one per free GPU (1 without GPU).
-        train_command: the train command template (see :func:`render_train_command`).
+        gpu_ids: explicit GPU indices (empty: chosen from the free GPUs of this launch's
+            nvidia-smi); a listed id that is busy or absent then is refused.
+        train_command: the train command template (see :func:`render_train_command`), or a name
+            of :data:`TRAIN_COMMAND_PRESETS` (``builtin``, ``upstream``), replaced by its template.
         resume: continue from ``<run_dir>/checkpoints/latest.ckpt`` (verified first).
         logging_mode: ``logging.mode`` (smoke runs are always ``offline``).
         extra_overrides: further Hydra overrides, appended last.
@@ -114,6 +126,7 @@ class RunSpec:
     batch_size: int | None = None
     num_workers: int | None = None
     num_processes: int = 0
+    gpu_ids: tuple[int, ...] = ()
     train_command: str = DEFAULT_TRAIN_COMMAND
     resume: bool = False
     logging_mode: str = "offline"
@@ -122,6 +135,8 @@ class RunSpec:
 
     def __post_init__(self):
         validate_name(self.name, "run name")
+        if self.train_command in TRAIN_COMMAND_PRESETS:
+            object.__setattr__(self, "train_command", TRAIN_COMMAND_PRESETS[self.train_command])
         if self.kind not in ("smoke", "train"):
             raise RunError(f"run kind must be 'smoke' or 'train', got {self.kind!r}", code="bad_config")
         if not math.isfinite(float(self.frequency_hz)) or float(self.frequency_hz) <= 0:
@@ -140,6 +155,10 @@ class RunSpec:
             raise RunError(f"num_processes must be >= 0, got {self.num_processes!r}", code="bad_config")
         if self.logging_mode not in ("offline", "online", "disabled"):
             raise RunError(f"logging mode must be offline, online or disabled, got {self.logging_mode!r}", code="bad_config")
+        if any(int(i) < 0 for i in self.gpu_ids) or len(set(self.gpu_ids)) != len(self.gpu_ids):
+            raise RunError(f"gpu_ids must be distinct indices >= 0, got {list(self.gpu_ids)!r}", code="bad_config")
+        if self.kind == "smoke" and len(self.gpu_ids) > 1:
+            raise RunError(f"a smoke run uses one GPU, got gpu_ids {list(self.gpu_ids)!r}", code="bad_config")
         if self.kind == "smoke" and self.resume:
             raise RunError("a smoke run never resumes", code="bad_config")
         if not re.match(r"^[A-Za-z0-9_.-]+$", self.config_name):
@@ -178,6 +197,7 @@ class RunSpec:
         """Inverse of :meth:`to_dict`."""
         values = dict(data)
         values["extra_overrides"] = tuple(values.get("extra_overrides", ()))
+        values["gpu_ids"] = tuple(int(i) for i in values.get("gpu_ids", ()))
         return cls(**values)
 
 
@@ -194,12 +214,15 @@ def smoke_spec(
     num_workers: int = 0,
     train_command: str = DEFAULT_TRAIN_COMMAND,
     extra_overrides: Sequence[str] = (),
+    gpu_ids: Sequence[int] = (),
 ) -> RunSpec:
-    """A smoke run (rule 6): one GPU, offline logging, no resume, few steps, small batch, no checkpoints."""
+    """A smoke run (rule 6): one GPU (``gpu_ids``: the one to use), offline logging, no resume, few steps,
+    small batch, no checkpoints."""
     return RunSpec(
         name=name, kind="smoke", dataset_path=dataset_path, frequency_hz=frequency_hz, dataset_sha256=dataset_sha256,
         config_name=config_name, epochs=epochs, max_train_steps=max_train_steps, max_val_steps=max_train_steps,
-        batch_size=batch_size, num_workers=num_workers, num_processes=1, train_command=train_command, resume=False,
+        batch_size=batch_size, num_workers=num_workers, num_processes=1, gpu_ids=tuple(gpu_ids),
+        train_command=train_command, resume=False,
         logging_mode="offline", extra_overrides=tuple(extra_overrides), save_checkpoints=False,
     )
 
@@ -246,8 +269,25 @@ def _run_env(run_dir: str, token: str, spec: RunSpec) -> dict[str, str]:
     return env
 
 
-def resolve_config_name(config_name: str, inventory: GpuInventory) -> str:
-    """``auto`` -> :data:`GPU_CONFIG_NAME` when nvidia-smi lists GPUs, else :data:`CPU_CONFIG_NAME`."""
+def resolve_config_name(config_name: str, inventory: GpuInventory, server: GpuServer | None = None) -> str:
+    """The trainer config to run: ``config_name`` itself unless it is ``auto``.
+
+    ``auto`` -> :data:`GPU_CONFIG_NAME` when nvidia-smi lists GPUs; :data:`CPU_CONFIG_NAME` only on
+    the local transport of a server that need not have a GPU (``server`` None counts as such).
+
+    Raises:
+        RunError: ``gpu_unavailable`` for ``auto`` on a server without a usable GPU that is
+            reached over SSH or must have one, naming what nvidia-smi said.
+    """
     if config_name and config_name != "auto":
         return config_name
-    return GPU_CONFIG_NAME if inventory.status == "ok" and inventory.gpus else CPU_CONFIG_NAME
+    if inventory.has_gpus:
+        return GPU_CONFIG_NAME
+    if server is None or (server.transport == "local" and not server.config.gpu_expected):
+        return CPU_CONFIG_NAME
+    why = inventory.message or "nvidia-smi lists no GPU"
+    raise RunError(
+        f"config 'auto' picks the CPU config only on the local transport without GPUs; "
+        f"{server.config.describe()} has no usable GPU ({why}): fix the GPU, or name a config explicitly",
+        code="gpu_unavailable",
+    )

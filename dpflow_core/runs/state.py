@@ -1,7 +1,8 @@
 """Launch state on the server: the :class:`RunHandle` of each launch under ``<run_dir>/dpflow/launch-<k>/``.
 
 Takes a server and a run name; gives the handles of its launches (saved as ``handle.json`` at launch),
-the active runs with a name prefix, and a run directory's disk use (bytes).
+the active runs with a name prefix (and the one of a dataset to re-attach to), and a run directory's
+disk use (bytes).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Mapping
 
 from dpflow_core.errors import RemoteError, RunError
 from dpflow_core.server import DetachedProcess, GpuServer
-from dpflow_core.runs.spec import CHECKPOINT_DIR, HANDLE_NAME, LOG_NAME, STATE_DIR, RunSpec, run_dir_for, runs_root
+from dpflow_core.runs.spec import CHECKPOINT_DIR, CPU_RUN_NOTE, HANDLE_NAME, LOG_NAME, STATE_DIR, RunSpec, run_dir_for, runs_root
 
 
 # --------------------------------------------------------------------- launch state
@@ -72,6 +73,11 @@ class RunHandle:
     def checkpoint_dir(self) -> str:
         return posixpath.join(self.run_dir, CHECKPOINT_DIR)
 
+    @property
+    def wandb_dir(self) -> str:
+        """Where W&B writes (``WANDB_DIR`` is the run directory; wandb adds ``wandb/``)."""
+        return posixpath.join(self.run_dir, "wandb")
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["spec"] = self.spec.to_dict()
@@ -99,8 +105,10 @@ class RunHandle:
             "pgid": self.detached.leader.pgid,
             "method": self.detached.method,
             "tmux_session": self.detached.tmux_session or "",
+            "wandb_dir": self.wandb_dir,
             "gpu_ids": ",".join(map(str, self.gpu_ids)) or "cpu",
             "gpu_status": self.gpu_status,
+            "gpu_release": "checked after the run" if self.gpu_ids else CPU_RUN_NOTE,
             "num_processes": self.num_processes,
             "command": self.command,
             "started_at": self.started_at,
@@ -164,6 +172,29 @@ def find_active_runs(server: GpuServer, prefix: str) -> list[RunHandle]:
         if not status.finished and not status.vanished:
             out.append(handle)
     return out
+
+
+def active_or_new_run_name(server: GpuServer, dataset_sha256: str, kind: str = "train") -> tuple[str, bool]:
+    """The run of this dataset to follow: the running ``<kind>-<sha256[:12]>-*`` run, else a new name.
+
+    Returns:
+        (name, active): ``active`` is True when a run of this dataset is running now
+        (re-attach to it), False for a fresh :func:`~dpflow_core.runs.spec.default_run_name`.
+
+    Raises:
+        RunError: ``several_active`` when more than one such run is running (name one).
+    """
+    from dpflow_core.runs.spec import default_run_name
+
+    active = find_active_runs(server, f"{kind}-{(dataset_sha256 or 'nodata')[:12]}-")
+    if len(active) > 1:
+        raise RunError(
+            f"several {kind} runs of this dataset are running: {sorted(h.name for h in active)}; name the one to follow",
+            code="several_active",
+        )
+    if active:
+        return active[0].name, True
+    return default_run_name(dataset_sha256, kind), False
 
 
 def run_disk_usage(server: GpuServer, run_dir: str) -> dict[str, int]:

@@ -27,7 +27,8 @@ matches all three may be signalled.
 
 GPU inventory comes from ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``
 and ``--query-compute-apps=...``; its absence is reported as ``no_gpu``, never as
-success.
+success. A server that must have a GPU (:attr:`ServerConfig.gpu_expected`: SSH by default)
+fails preflight and refuses launches when nvidia-smi is missing, fails or lists none.
 
 Modules: :mod:`~dpflow_core.server.config` (how to reach the server), :mod:`~dpflow_core.server.transports`
 (SSH and local), :mod:`~dpflow_core.server.procfs` (/proc parsing), :mod:`~dpflow_core.server.tmux`
@@ -48,13 +49,14 @@ from dpflow_core.server.transports import FileChunk
 from dpflow_core.server.procfs import ProcessInfo
 from dpflow_core.server.tmux import DetachedProcess, DetachedStatus
 from dpflow_core.server.nvidia_smi import (
-    GPU_APPS_QUERY_ARGS, GPU_QUERY_ARGS, GpuInfo, GpuInventory, GpuProcess, parse_compute_apps, parse_gpu_query,
+    GPU_APPS_QUERY_ARGS, GPU_QUERY_ARGS, GpuInfo, GpuInventory, GpuProcess, gpu_problem, parse_compute_apps,
+    parse_gpu_query,
 )
 from dpflow_core.server.gpu_server import GpuServer
 
 __all__ = [
     "GPU_APPS_QUERY_ARGS", "GPU_QUERY_ARGS", "PROJECT_ROOT", "CommandResult", "DetachedProcess",
     "DetachedStatus", "FileChunk", "GpuInfo", "GpuInventory", "GpuProcess", "GpuServer", "ProcessInfo",
-    "ServerConfig", "default_local_data_root", "default_local_repo", "is_sha256", "parse_compute_apps",
+    "ServerConfig", "default_local_data_root", "default_local_repo", "gpu_problem", "is_sha256", "parse_compute_apps",
     "parse_gpu_query", "sha256_file",
 ]

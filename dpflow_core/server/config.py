@@ -61,6 +61,9 @@ class ServerConfig:
             configuration like a command in a Makefile, never built from names.
         data_root: where datasets and runs go on the server (``~`` = remote home).
         nvidia_smi: the ``nvidia-smi`` command (a path when it is not on ``PATH``).
+        expect_gpu: whether the server must have a working GPU: then a missing or failing
+            ``nvidia-smi``, or one listing no GPU, fails preflight and refuses every launch.
+            ``None`` (the default) means True over SSH and False locally; see :attr:`gpu_expected`.
         tmux_socket: tmux socket name (``tmux -L``); ``None`` uses the default server.
         connect_timeout_s: TCP/SSH connect timeout, seconds.
 
@@ -81,6 +84,7 @@ class ServerConfig:
     activate: str | None = None
     data_root: str = "~/dpflow-data"
     nvidia_smi: str = "nvidia-smi"
+    expect_gpu: bool | None = None
     tmux_socket: str | None = None
     connect_timeout_s: float = 15.0
 
@@ -112,6 +116,11 @@ class ServerConfig:
     def transport(self) -> Literal["ssh", "local"]:
         """``"ssh"`` when a host is configured, else ``"local"``."""
         return "local" if self.host is None else "ssh"
+
+    @property
+    def gpu_expected(self) -> bool:
+        """:attr:`expect_gpu` when set, else True for the SSH transport and False for the local one."""
+        return self.transport == "ssh" if self.expect_gpu is None else bool(self.expect_gpu)
 
     @property
     def known_hosts_path(self) -> str:

@@ -623,22 +623,36 @@ class GpuServer:
 
     # -- GPUs
     def gpu_inventory(self, *, timeout_s: float = 60.0) -> GpuInventory:
-        """GPUs and compute processes from ``nvidia-smi`` (see :class:`GpuInventory`)."""
-        smi = [shlex.quote(w) for w in shlex.split(self.config.nvidia_smi)]
-        if not self.has_command(shlex.split(self.config.nvidia_smi)[0]):
-            return GpuInventory("no_gpu", message=f"no GPU: {self.config.nvidia_smi!r} not found on the server")
-        gpus = self.run(" ".join(smi + list(GPU_QUERY_ARGS)), timeout_s=timeout_s)
+        """GPUs and compute processes from ``nvidia-smi`` now (see :class:`GpuInventory`).
+
+        Exit status 127 (the shell found no such command) is ``no_gpu``; any other
+        non-zero status is ``error``; an answer without GPU lines is ``no_gpu``. Each
+        message names the command, its exit status and what it printed.
+        """
+        smi = " ".join(shlex.quote(w) for w in shlex.split(self.config.nvidia_smi))
+        gpu_cmd = " ".join([smi, *GPU_QUERY_ARGS])
+        gpus = self.run(gpu_cmd, timeout_s=timeout_s)
+
+        def failed(result, what: str) -> tuple[str, str]:
+            output = (result.stderr.strip() or result.stdout.strip())[-400:]
+            how = "timed out" if result.timed_out else f"exited with status {result.exit_code}"
+            return f"{what}: `{result.command}` {how}: {output or '(no output)'}", output
+
         if not gpus.ok:
+            if gpus.exit_code == 127:
+                message, output = failed(gpus, f"no GPU: {self.config.nvidia_smi!r} not found on the server")
+                return GpuInventory("no_gpu", message=message, command=gpu_cmd, exit_code=127, stderr=output)
+            message, output = failed(gpus, "nvidia-smi failed")
+            return GpuInventory("error", message=message, command=gpu_cmd, exit_code=gpus.exit_code, stderr=output)
+        rows = parse_gpu_query(gpus.stdout)
+        if not rows:
             return GpuInventory(
-                "error", message=f"nvidia-smi failed (exit {gpus.exit_code}): {(gpus.stderr or gpus.stdout).strip()[-400:]}"
+                "no_gpu", message=f"no GPU: `{gpu_cmd}` exited with status 0 and lists none",
+                command=gpu_cmd, exit_code=0, stderr=gpus.stderr.strip()[-400:],
             )
-        apps = self.run(" ".join(smi + list(GPU_APPS_QUERY_ARGS)), timeout_s=timeout_s)
+        apps_cmd = " ".join([smi, *GPU_APPS_QUERY_ARGS])
+        apps = self.run(apps_cmd, timeout_s=timeout_s)
         if not apps.ok:
-            return GpuInventory(
-                "error", parse_gpu_query(gpus.stdout),
-                message=f"nvidia-smi process query failed (exit {apps.exit_code}): {apps.stderr.strip()[-400:]}",
-            )
-        inventory = GpuInventory("ok", parse_gpu_query(gpus.stdout), parse_compute_apps(apps.stdout))
-        if not inventory.gpus:
-            return GpuInventory("no_gpu", message="no GPU: nvidia-smi lists none")
-        return inventory
+            message, output = failed(apps, "nvidia-smi process query failed")
+            return GpuInventory("error", rows, message=message, command=apps_cmd, exit_code=apps.exit_code, stderr=output)
+        return GpuInventory("ok", rows, parse_compute_apps(apps.stdout), command=apps_cmd, exit_code=0)

@@ -2,7 +2,14 @@
 
 Takes the text of ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` and of
 ``--query-compute-apps=...``; gives :class:`GpuInfo` (memory in MiB, utilisation in %),
-:class:`GpuProcess` and a :class:`GpuInventory` whose ``status`` says ``no_gpu`` when there is none.
+:class:`GpuProcess` and a :class:`GpuInventory` whose ``status`` says ``no_gpu`` when there is none
+and ``error`` when nvidia-smi failed (with the command, its exit status and its output).
+:func:`gpu_problem` says why an inventory does not satisfy a server that must have a GPU.
+
+What the real tool does when there is no usable GPU (NVIDIA's nvidia-smi documentation, "RETURN
+VALUE"): exit 9 with "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA
+driver..." on stdout when the driver is not loaded, exit 6 with "No devices were found" when the
+driver sees no GPU; the shell's 127 when the command does not exist.
 """
 
 from __future__ import annotations
@@ -48,16 +55,29 @@ class GpuInventory:
     """GPUs visible on a machine and the compute processes on them.
 
     Attributes:
-        status: ``"ok"`` (nvidia-smi answered), ``"no_gpu"`` (no nvidia-smi) or
-            ``"error"`` (nvidia-smi failed, e.g. no driver): only ``"ok"`` is success.
+        status: ``"ok"`` (nvidia-smi answered and lists GPUs), ``"no_gpu"`` (no nvidia-smi,
+            or one that lists none) or ``"error"`` (nvidia-smi failed, e.g. no driver):
+            only ``"ok"`` is success.
         gpus, processes: parsed rows (empty unless ``status == "ok"``).
-        message: why the status is not ``"ok"``.
+        message: why the status is not ``"ok"`` (command, exit status and output included).
+        command: the nvidia-smi command line that was run last.
+        exit_code: its exit status (None when nothing ran).
+        stderr: its error output (or its standard output when it printed the error there,
+            as nvidia-smi does for a driver failure), at most 400 characters.
     """
 
     status: Literal["ok", "no_gpu", "error"]
     gpus: tuple[GpuInfo, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
     message: str = ""
+    command: str = ""
+    exit_code: int | None = None
+    stderr: str = ""
+
+    @property
+    def has_gpus(self) -> bool:
+        """True when nvidia-smi answered and listed at least one GPU."""
+        return self.status == "ok" and bool(self.gpus)
 
     def processes_on(self, gpu_uuid: str) -> tuple[GpuProcess, ...]:
         """Compute processes running on the GPU with this UUID."""
@@ -66,6 +86,22 @@ class GpuInventory:
     def to_dict(self) -> dict:
         """Plain JSON-serialisable form."""
         return dataclasses.asdict(self)
+
+
+def gpu_problem(inventory: GpuInventory, expected: bool) -> str | None:
+    """Why ``inventory`` fails a server that must have a GPU, or None when it does not.
+
+    Args:
+        inventory: the current nvidia-smi inventory.
+        expected: whether a GPU is required (:attr:`ServerConfig.gpu_expected`).
+
+    Returns:
+        None when GPUs are listed or none is expected; else one sentence naming the
+        nvidia-smi command, its exit status and its output.
+    """
+    if inventory.has_gpus or not expected:
+        return None
+    return f"GPU expected on this server but {inventory.message or 'nvidia-smi lists no GPU'}"
 
 
 GPU_QUERY_ARGS = (

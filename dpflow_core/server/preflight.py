@@ -7,9 +7,13 @@ already there (by its content address); and the GPUs from ``nvidia-smi`` with
 what already runs on them.
 
 Problems (the report is not ``ok``): the interpreter does not run, torch
-cannot be imported, the dataset does not fit. Warnings: no GPU (``no_gpu`` is
-reported as such, never as success), nvidia-smi failing, CUDA unavailable,
-processes already on the GPUs, a dirty or missing repository.
+cannot be imported, the dataset does not fit, and, on a server that must have
+a GPU (:attr:`~dpflow_core.server.config.ServerConfig.gpu_expected`: the SSH
+transport by default, or ``expect_gpu``), a missing or failing nvidia-smi or one
+listing no GPU (the command, its exit status and output named). Warnings: no
+GPU on a server that need not have one (``no_gpu`` is reported as such, never as
+success), CUDA unavailable, processes already on the GPUs, a dirty or missing
+repository.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 
 from dpflow_core.server.gpu_server import GpuServer
-from dpflow_core.server.nvidia_smi import GpuInventory
+from dpflow_core.server.nvidia_smi import GpuInventory, gpu_problem
 from dpflow_core.server.paths import disk_margin_bytes, remote_dataset_path
 
 _PYTHON_PROBE = """\
@@ -97,7 +101,10 @@ class DiskCheck:
 
 @dataclass(frozen=True)
 class PreflightReport:
-    """Everything :func:`preflight` found. ``ok`` is False when ``problems`` is not empty."""
+    """Everything :func:`preflight` found. ``ok`` is False when ``problems`` is not empty.
+
+    ``gpu_expected`` says whether the server had to have a GPU (then a GPU failure is a problem).
+    """
 
     server: str
     transport: str
@@ -109,6 +116,7 @@ class PreflightReport:
     gpus: GpuInventory
     dataset_remote_path: str | None = None
     dataset_present: bool | None = None
+    gpu_expected: bool = False
     problems: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
 
@@ -153,6 +161,7 @@ class PreflightReport:
             "preflight/cuda_device_count": self.python.cuda_device_count or 0,
             "preflight/disk_free_bytes": self.disk.free_bytes,
             "preflight/gpu_status": self.gpus.status,
+            "preflight/gpu_expected": self.gpu_expected,
             "preflight/gpu_count": len(self.gpus.gpus),
             "preflight/gpu_processes": len(self.gpus.processes),
         }
@@ -262,7 +271,10 @@ def preflight(
         present = size_there is not None and (dataset_size_bytes is None or size_there == dataset_size_bytes)
 
     gpus = server.gpu_inventory()
-    if gpus.status != "ok":
+    gpu_failure = gpu_problem(gpus, server.config.gpu_expected)
+    if gpu_failure:
+        problems.append(f"gpu: {gpu_failure}")
+    elif gpus.status != "ok":
         warnings.append(gpus.message)
     elif gpus.processes:
         busy = sorted({p.gpu_uuid for p in gpus.processes})
@@ -271,7 +283,7 @@ def preflight(
     return PreflightReport(
         server=server.config.describe(), transport=server.transport, hostname=hostname, nproc=nproc,
         repo=repo, python=python, disk=disk, gpus=gpus,
-        dataset_remote_path=remote_path, dataset_present=present,
+        dataset_remote_path=remote_path, dataset_present=present, gpu_expected=server.config.gpu_expected,
         problems=tuple(problems), warnings=tuple(warnings),
     )
 

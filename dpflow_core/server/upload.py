@@ -40,7 +40,7 @@ from dpflow_core.errors import DatasetError, InvalidNameError, RemoteError
 from dpflow_core.names import validate_name
 from dpflow_core.files import sha256_file
 from dpflow_core.server.gpu_server import GpuServer
-from dpflow_core.server.paths import disk_margin_bytes, remote_dataset_path
+from dpflow_core.server.paths import disk_margin_bytes, remote_dataset_name, remote_dataset_path
 from dpflow_core.server.preflight import preflight
 
 #: ``progress(done_bytes, total_bytes)``, called during a transfer.
@@ -349,7 +349,7 @@ def upload_dataset(
     report = None
     if with_preflight:
         report = preflight(server, dataset_size_bytes=size, dataset_sha256=digest, task=task)
-    final = remote_dataset_path(server, task, digest)
+    final = remote_dataset_path(server, task, digest, remote_dataset_name(local.name))
     partial = final + ".partial"
     folder = server.mkdir(posixpath.dirname(final))
     quarantined: list[str] = []

@@ -1,0 +1,183 @@
+"""UMI export: the replay buffer as upstream UMI's ``dataset.zarr.zip`` (zarr format 2).
+
+Takes a ``dataset.npz`` (:class:`~dpflow_core.replay_buffer.ReplayBuffer`); gives the zip that upstream
+UMI's ``ReplayBuffer.copy_from_store`` / ``UmiDataset`` read, with its SHA-256 in a JSON sidecar
+(``<name>.json`` beside it, as ``dataset.json`` beside the npz).
+
+Layout (the UMI replay buffer, zarr format 2, each group and array a folder of the zip)::
+
+    data/camera0_rgb                (T, H, W, 3) uint8, one frame per chunk, JPEG-XL (imagecodecs'
+                                    numcodecs codec ``imagecodecs_jpegxl``: level and effort given here)
+    data/robot0_eef_pos             (T, 3) float32, metres
+    data/robot0_eef_rot_axis_angle  (T, 3) float32, rotation vector, radians
+    data/robot0_gripper_width       (T, 1) float32, metres
+    data/robot0_demo_start_pose     (T, 6) float32
+    data/robot0_demo_end_pose       (T, 6) float32
+    meta/episode_ends               (E,) int64, cumulative, last == T
+
+Low-dimensional arrays are one uncompressed chunk each. A reader must register the codecs first
+(``imagecodecs.numcodecs.register_codecs()``), as UMI does. The store is written by zarr into a
+temporary folder, then packed into the zip with each entry written once (zarr 3's ``ZipStore``
+appends a duplicate entry when a key is rewritten), stored uncompressed (the frames are compressed
+already), under a temporary name renamed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dpflow_core.errors import DatasetError
+from dpflow_core.files import sha256_file
+
+#: The ``data/`` arrays UMI reads, in order.
+UMI_DATA_KEYS = (
+    "camera0_rgb",
+    "robot0_eef_pos",
+    "robot0_eef_rot_axis_angle",
+    "robot0_gripper_width",
+    "robot0_demo_start_pose",
+    "robot0_demo_end_pose",
+)
+#: JPEG-XL quality (libjxl "level", 0-100; UMI's own conversion uses 80) and effort (1-9, speed).
+DEFAULT_JPEGXL_LEVEL = 80
+DEFAULT_JPEGXL_EFFORT = 3
+
+
+@dataclass(frozen=True)
+class UmiExport:
+    """What :func:`export_umi` wrote.
+
+    Attributes:
+        path: the ``dataset.zarr.zip``; sidecar_path: its JSON sidecar.
+        sha256: SHA-256 of the zip; size_bytes: its size.
+        n_steps, n_episodes: T and E.
+        image_shape: (H, W, 3) of ``camera0_rgb``.
+        jpegxl_level, jpegxl_effort: the codec settings of the frames.
+        source: the npz it came from; source_sha256: that file's SHA-256 (from its metadata when recorded).
+    """
+
+    path: str
+    sidecar_path: str
+    sha256: str
+    size_bytes: int
+    n_steps: int
+    n_episodes: int
+    image_shape: tuple[int, int, int]
+    jpegxl_level: int
+    jpegxl_effort: int
+    source: str
+    source_sha256: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def umi_sidecar_path(out: Path) -> Path:
+    """``<out>.json`` (``dataset.zarr.zip`` -> ``dataset.zarr.zip.json``)."""
+    return out.with_name(out.name + ".json")
+
+
+def _jpegxl(level: int, effort: int):
+    from imagecodecs.numcodecs import Jpegxl
+
+    return Jpegxl(level=int(level), effort=int(effort), numthreads=1)
+
+
+def export_umi(
+    dataset: str | Path,
+    out: str | Path,
+    *,
+    jpegxl_level: int = DEFAULT_JPEGXL_LEVEL,
+    jpegxl_effort: int = DEFAULT_JPEGXL_EFFORT,
+    overwrite: bool = False,
+) -> UmiExport:
+    """Write ``dataset`` (a ``dataset.npz``) as UMI's zarr replay buffer ``out`` (see the module docstring).
+
+    Args:
+        dataset: the replay buffer written by ``dpflow convert``.
+        out: the ``.zarr.zip`` to create (its sidecar ``<out>.json`` too).
+        jpegxl_level: JPEG-XL quality of the frames, 0-100 (100 is not lossless; see imagecodecs).
+        jpegxl_effort: JPEG-XL encoder effort, 1 (fast) to 9 (small).
+        overwrite: replace an existing output (and its sidecar).
+
+    Returns:
+        UmiExport with the SHA-256 of the zip.
+
+    Raises:
+        DatasetError: when the output or its sidecar exists (and not ``overwrite``), the output name
+            does not end in ``.zip``, a level or effort is out of range, or the dataset is invalid
+            (as :class:`~dpflow_core.replay_buffer.ReplayBuffer` reports it).
+    """
+    import zarr
+
+    from dpflow_core.replay_buffer import ReplayBuffer
+
+    out = Path(out)
+    sidecar = umi_sidecar_path(out)
+    if not out.name.endswith(".zip"):
+        raise DatasetError("a UMI replay buffer is a zip: name it <name>.zarr.zip", path=out, code="bad_output")
+    if not 0 <= int(jpegxl_level) <= 100:
+        raise DatasetError(f"JPEG-XL level must be 0..100, got {jpegxl_level!r}", path=out, code="bad_config")
+    if not 1 <= int(jpegxl_effort) <= 9:
+        raise DatasetError(f"JPEG-XL effort must be 1..9, got {jpegxl_effort!r}", path=out, code="bad_config")
+    for path in (out, sidecar):
+        if path.exists() and not overwrite:
+            raise DatasetError("exists already (pass --overwrite to replace it)", path=path, code="exists")
+    buffer = ReplayBuffer(dataset, required=UMI_DATA_KEYS)
+    frames = buffer["camera0_rgb"]
+    n_steps = int(frames.shape[0])
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp_zip = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        root = zarr.open_group(zarr.storage.LocalStore(work / "store"), mode="w", zarr_format=2)
+        data = root.create_group("data")
+        codec = _jpegxl(jpegxl_level, jpegxl_effort)
+        rgb = data.create_array(
+            "camera0_rgb", shape=frames.shape, chunks=(1, *frames.shape[1:]), dtype="uint8", compressors=codec,
+        )
+        for start in range(0, n_steps, 64):  # 64 frames at a time: memory stays small, chunks written once
+            rgb[start:start + 64] = np.asarray(frames[start:start + 64])
+        for key in UMI_DATA_KEYS[1:]:
+            values = np.asarray(buffer[key])
+            data.create_array(key, shape=values.shape, chunks=values.shape, dtype=values.dtype, compressors=None)[...] = values
+        meta = root.create_group("meta")
+        ends = np.asarray(buffer.episode_ends, dtype=np.int64)
+        meta.create_array("episode_ends", shape=ends.shape, chunks=ends.shape, dtype="int64", compressors=None)[...] = ends
+
+        store_dir = work / "store"
+        with zipfile.ZipFile(tmp_zip, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for folder, dirs, files in os.walk(store_dir):
+                dirs.sort()
+                for name in sorted(files):
+                    full = Path(folder) / name
+                    zf.write(full, full.relative_to(store_dir).as_posix())
+        digest = sha256_file(tmp_zip)
+        size = tmp_zip.stat().st_size
+        result = UmiExport(
+            path=str(out), sidecar_path=str(sidecar), sha256=digest, size_bytes=size, n_steps=n_steps,
+            n_episodes=int(len(ends)), image_shape=tuple(int(v) for v in frames.shape[1:]),
+            jpegxl_level=int(jpegxl_level), jpegxl_effort=int(jpegxl_effort), source=str(Path(dataset).resolve()),
+            source_sha256=buffer.metadata.get("sha256") or sha256_file(dataset),
+        )
+        sidecar_tmp = sidecar.with_name(f".{sidecar.name}.tmp-{os.getpid()}")
+        sidecar_tmp.write_text(json.dumps({**result.to_dict(), "format": "umi-zarr-v2",
+                                           "frequency_hz": buffer.metadata.get("frequency_hz")}, indent=2) + "\n")
+        os.replace(tmp_zip, out)
+        os.replace(sidecar_tmp, sidecar)
+        return result
+    finally:
+        tmp_zip.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["DEFAULT_JPEGXL_EFFORT", "DEFAULT_JPEGXL_LEVEL", "UMI_DATA_KEYS", "UmiExport", "export_umi", "umi_sidecar_path"]
