@@ -6,6 +6,12 @@ is content-addressed, ``<output_dir>/datasets/<task>/<key12>/dataset.npz`` with
 ``key12`` the first 12 hex digits of :func:`dpflow_core.conversion.dataset_key`
 (input hashes, image size, options, converter version): re-materialising the same
 inputs finds the existing dataset and reuses it instead of failing.
+
+``umi_dataset`` (never automated: materialize it when the GPU server trains with
+a lab's own UMI checkout) writes the same dataset in upstream UMI's zarr replay
+buffer layout, ``dataset.zarr.zip`` beside the ``dataset.npz``
+(:func:`dpflow_core.export.umi.export_umi`), and reuses it when its sidecar says it
+came from the same ``dataset.npz`` with the same codec settings.
 """
 
 
@@ -190,4 +196,52 @@ def dataset_npz_checks(context: dg.AssetCheckExecutionContext, dataset_npz: dict
         )
 
 
-defs = dg.Definitions(assets=[dataset_npz], asset_checks=[dataset_npz_checks])
+class UmiDatasetConfig(dg.Config):
+    """JPEG-XL settings of ``umi_dataset``'s frames."""
+
+    jpegxl_level: int = Field(default=80, description="JPEG-XL quality 0-100 of camera0_rgb frames (UMI's conversion: 80).")
+    jpegxl_effort: int = Field(default=3, description="JPEG-XL encoder effort 1 (fast) - 9 (small).")
+
+
+@dg.asset(
+    group_name="dataset",
+    kinds={"zarr"},
+    owners=OWNERS,
+    partitions_def=task_partitions,
+    description=(
+        "dataset_npz in upstream UMI's replay-buffer layout (zarr format 2 dataset.zarr.zip, JPEG-XL frames, "
+        "meta/episode_ends) for a lab's own UMI train.py; SHA-256 in its .json sidecar. Not automated."
+    ),
+)
+def umi_dataset(context: dg.AssetExecutionContext, config: UmiDatasetConfig, dataset_npz: dict) -> dg.Output[dict]:
+    from dpflow_core.export.umi import export_umi, read_umi_sidecar
+
+    out = Path(dataset_npz["path"]).with_name("dataset.zarr.zip")
+    try:
+        result = read_umi_sidecar(out, source_sha256=dataset_npz["sha256"], jpegxl_level=config.jpegxl_level,
+                                  jpegxl_effort=config.jpegxl_effort)
+        reused = result is not None
+        if result is None:
+            result = export_umi(dataset_npz["path"], out, jpegxl_level=config.jpegxl_level,
+                                jpegxl_effort=config.jpegxl_effort, overwrite=out.exists())
+    except DpflowError as exc:
+        raise dg.Failure(description=str(exc), metadata={"path": str(exc.path or out), "code": exc.code}) from exc
+    context.log.info(f"{result.path}: {result.n_episodes} episodes, {result.n_steps} steps, sha256 {result.sha256}"
+                     + (" (reused)" if reused else ""))
+    return dg.Output(
+        result.to_dict(),
+        metadata={
+            "path": dg.MetadataValue.path(result.path),
+            "sha256": result.sha256,
+            "size_bytes": result.size_bytes,
+            "n_episodes": result.n_episodes,
+            "n_steps": result.n_steps,
+            "image_shape": "x".join(str(v) for v in result.image_shape),
+            "jpegxl": f"level {result.jpegxl_level}, effort {result.jpegxl_effort}",
+            "dataset_sha256": result.source_sha256,
+            "reused": reused,
+        },
+    )
+
+
+defs = dg.Definitions(assets=[dataset_npz, umi_dataset], asset_checks=[dataset_npz_checks])

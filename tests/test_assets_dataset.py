@@ -144,3 +144,51 @@ def test_full_graph_with_pairing(tmp_path):
     assert value["n_episodes"] == 2 and Path(value["path"]).parent.parent.name == "wipe"
     z = np.load(value["path"])
     assert z["data__camera0_rgb"].shape[1:] == (30, 40, 3)
+
+
+def test_umi_dataset_is_the_npz_in_umis_zarr_layout_and_is_reused_only_when_intact(episodes, tmp_path):
+    """umi_dataset writes dataset.zarr.zip beside dataset.npz; read back with zarr's own ZipStore its
+    low-dimensional arrays and episode_ends equal the npz's, its SHA-256 is the sidecar's; a second
+    materialization reuses it, and a zip changed on disk is written anew, never reused."""
+    import zarr
+    from imagecodecs.numcodecs import register_codecs
+
+    from dpflow_core.replay_buffer import ReplayBuffer
+    from dpflow_dagster.assets_dataset import umi_dataset
+    from dpflow_dagster.resources import ProductPathIOManager
+
+    root, eps = episodes
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(_manifest(eps, root)))
+    assets = [_upstream(manifest, 2), dataset_npz, umi_dataset]
+    io = {"io_manager": ProductPathIOManager(base_dir=str(tmp_path / "io"))}
+    res = materialize_task(assets, "pick", run_config=_run_config(tmp_path), resources=io)
+    assert res.success
+    npz = Path(res.output_for_node("dataset_npz")["path"])
+    value = res.output_for_node("umi_dataset")
+    out = Path(value["path"])
+    assert out == npz.with_name("dataset.zarr.zip")
+    assert value["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert json.loads(out.with_name(out.name + ".json").read_text())["sha256"] == value["sha256"]
+    md = res.asset_materializations_for_node("umi_dataset")[0].metadata
+    assert md["path"].value == str(out) and md["reused"].value is False
+    assert md["dataset_sha256"].value == res.output_for_node("dataset_npz")["sha256"]
+
+    register_codecs()
+    group = zarr.open_group(zarr.storage.ZipStore(out, mode="r"), mode="r")
+    buffer = ReplayBuffer(npz)
+    np.testing.assert_array_equal(group["meta/episode_ends"][:], buffer.episode_ends)
+    for key in ("robot0_eef_pos", "robot0_eef_rot_axis_angle", "robot0_gripper_width"):
+        np.testing.assert_array_equal(group[f"data/{key}"][:], np.asarray(buffer[key]))
+    assert group["data/camera0_rgb"].shape == buffer["camera0_rgb"].shape
+
+    again = materialize_task(assets, "pick", run_config=_run_config(tmp_path), resources=io)
+    assert again.output_for_node("umi_dataset") == value
+    assert again.asset_materializations_for_node("umi_dataset")[0].metadata["reused"].value is True
+
+    data = bytearray(out.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    out.write_bytes(bytes(data))
+    third = materialize_task(assets, "pick", run_config=_run_config(tmp_path), resources=io)
+    assert third.asset_materializations_for_node("umi_dataset")[0].metadata["reused"].value is False
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == value["sha256"]  # written anew, deterministically

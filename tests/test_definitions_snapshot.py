@@ -123,8 +123,9 @@ def test_the_snapshot_states_the_rules_of_the_graph():
     training = {name for name, a in assets.items() if a["group"] == "training"}
     assert training == {"smoke_run", "train_run", "checkpoint", "evaluation"}
     assert {name for name, a in assets.items() if a["group"] == "dataset"} == {
-        "paired_episodes", "dataset_npz", "lerobot_dataset", "norm_stats", "remote_dataset"}
-    for name in training | {"remote_dataset", "paired_episodes"}:
+        "paired_episodes", "dataset_npz", "lerobot_dataset", "norm_stats", "remote_dataset", "umi_dataset"}
+    # umi_dataset (for a lab's own UMI train.py) is written only when asked for
+    for name in training | {"remote_dataset", "paired_episodes", "umi_dataset"}:
         assert assets[name]["automation_condition"] is None, name
     for name in ("dataset_npz", "lerobot_dataset", "norm_stats"):
         assert assets[name]["automation_condition"] == "eager, after blocking checks", name

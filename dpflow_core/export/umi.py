@@ -85,6 +85,36 @@ def umi_sidecar_path(out: Path) -> Path:
     return out.with_name(out.name + ".json")
 
 
+def read_umi_sidecar(
+    out: str | Path, *, source_sha256: str, jpegxl_level: int, jpegxl_effort: int
+) -> UmiExport | None:
+    """The earlier export at ``out`` when it holds exactly this dataset with these codec settings, else None.
+
+    Reuse is decided by content: the sidecar must name ``source_sha256`` and the same JPEG-XL level
+    and effort, and the zip's SHA-256 must equal the sidecar's (a changed or truncated zip is not
+    reused). Returns None when ``out`` or its sidecar is missing or unreadable.
+    """
+    out = Path(out)
+    sidecar = umi_sidecar_path(out)
+    try:
+        meta = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or not out.is_file():
+        return None
+    if (meta.get("source_sha256"), meta.get("jpegxl_level"), meta.get("jpegxl_effort")) != (
+        source_sha256, int(jpegxl_level), int(jpegxl_effort)
+    ):
+        return None
+    if sha256_file(out) != meta.get("sha256"):
+        return None
+    fields = {k: meta[k] for k in UmiExport.__dataclass_fields__ if k in meta}
+    if len(fields) != len(UmiExport.__dataclass_fields__):
+        return None
+    fields["image_shape"] = tuple(int(v) for v in fields["image_shape"])
+    return UmiExport(**fields)
+
+
 def _jpegxl(level: int, effort: int):
     from imagecodecs.numcodecs import Jpegxl
 
@@ -160,7 +190,10 @@ def export_umi(
                 dirs.sort()
                 for name in sorted(files):
                     full = Path(folder) / name
-                    zf.write(full, full.relative_to(store_dir).as_posix())
+                    # fixed member times (as dataset.npz): the same dataset and settings give the same bytes
+                    info = zipfile.ZipInfo(full.relative_to(store_dir).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
+                    info.external_attr = 0o644 << 16
+                    zf.writestr(info, full.read_bytes(), compress_type=zipfile.ZIP_STORED)
         digest = sha256_file(tmp_zip)
         size = tmp_zip.stat().st_size
         result = UmiExport(
@@ -180,4 +213,7 @@ def export_umi(
         shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["DEFAULT_JPEGXL_EFFORT", "DEFAULT_JPEGXL_LEVEL", "UMI_DATA_KEYS", "UmiExport", "export_umi", "umi_sidecar_path"]
+__all__ = [
+    "DEFAULT_JPEGXL_EFFORT", "DEFAULT_JPEGXL_LEVEL", "UMI_DATA_KEYS", "UmiExport", "export_umi", "read_umi_sidecar",
+    "umi_sidecar_path",
+]
