@@ -119,6 +119,24 @@ def check_asset_settings(assets: dict, config: Optional[Path], job) -> None:
                 raise _refuse(config, field, f" under 'assets: {name}'", fields_by_step[name])
 
 
+def check_run_config(job, run_config: dict, config: Optional[Path]) -> None:
+    """Refuse asset settings of the wrong type or value (e.g. ``max_train_steps: three``) before any work.
+
+    Uses Dagster's own validation of the job's run config (:func:`dagster.validate_run_config`).
+
+    Raises:
+        typer.BadParameter: naming the file and each setting Dagster rejected, with its reason.
+    """
+    import dagster as dg
+    from dagster._core.errors import DagsterInvalidConfigError
+
+    try:
+        dg.validate_run_config(job, run_config)
+    except DagsterInvalidConfigError as exc:
+        reasons = "; ".join(e.message for e in exc.errors) or str(exc)
+        raise typer.BadParameter(f"{config or 'the demo settings'}: invalid asset settings: {reasons}") from None
+
+
 def _merge(base: dict, extra: dict) -> dict:
     out = {k: dict(v) for k, v in base.items()}
     for key, values in (extra or {}).items():
@@ -272,6 +290,14 @@ def run_demo(
 
     job = defs.resolve_job_def("dpflow_pipeline")
     check_asset_settings(settings.get("assets") or {}, config, job)
+    asset_config = _merge(DEMO_ASSET_CONFIG, settings.get("assets") or {})
+    ops = {node.name for node in job.graph.node_defs} | set(job.graph.node_dict)
+    run_config = {
+        "ops": {name: {"config": values} for name, values in asset_config.items() if name in ops},
+        # the follower prints progress and failures (their reasons, without stack traces)
+        "loggers": {"console": {"config": {"log_level": "CRITICAL"}}},
+    }
+    check_run_config(job, run_config, config)
 
     out.mkdir(parents=True, exist_ok=True)
     if recordings is None:
@@ -304,13 +330,6 @@ def run_demo(
 
     from dpflow_dagster.partitions import task_partitions
 
-    asset_config = _merge(DEMO_ASSET_CONFIG, settings.get("assets") or {})
-    ops = {node.name for node in job.graph.node_defs} | set(job.graph.node_dict)
-    run_config = {
-        "ops": {name: {"config": values} for name, values in asset_config.items() if name in ops},
-        # the follower prints progress and failures (their reasons, without stack traces)
-        "loggers": {"console": {"config": {"log_level": "CRITICAL"}}},
-    }
     instance = dg.DagsterInstance.get()
     if not instance.has_dynamic_partition(task_partitions.name, task):
         instance.add_dynamic_partitions(task_partitions.name, [task])

@@ -177,10 +177,12 @@ def test_main_job_on_recordings_from_another_writer(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("server:\n  hostname: gpu01\n", "unknown key 'hostname' under 'server'; valid keys: activate, data_root, host,"),
+        ("server:\n  hostname: gpu01\n", "unknown key 'hostname' under 'server'; valid keys: activate, data_root, expect_gpu, host,"),
         ("- just\n- a list\n", "expected a mapping at the top level"),
         ("recording: /data/x\n", "unknown key 'recording' at the top level; valid keys: assets, out, recordings, server"),
         ("assets:\n  dataset_npzz: {image_width: 64}\n", "unknown key 'dataset_npzz' under 'assets'; valid keys: checkpoint,"),
+        ("assets:\n  smoke_run: {max_train_steps: three}\n",
+         'invalid asset settings: Invalid scalar at path root:ops:smoke_run:config:max_train_steps. Value "three"'),
         ("assets:\n  dataset_npz: {image_widht: 64}\n",
          "unknown key 'image_widht' under 'assets: dataset_npz'; valid keys: frequency_tolerance, image_height, image_width,"),
     ],
@@ -231,8 +233,8 @@ def test_the_readme_lists_every_environment_variable_dpflow_reads():
 
 @pytest.mark.slow
 def test_a_failed_demo_names_the_failed_step_and_its_reason(tmp_path):
-    """One episode cannot be normalised: the summary says which step failed and why, names what did not
-    run, and shows no stack trace (nor a count of zero failed checks)."""
+    """One episode cannot be split into training and held-out episodes: the summary says which check failed
+    and why, names what did not run, and shows no stack trace (nor a count of zero failed checks)."""
     from dpflow_core.recordings.samples import write_task
 
     write_task(tmp_path / "matrix_output", episodes=1, seconds=3.0, task="one_take")
@@ -248,8 +250,11 @@ def test_a_failed_demo_names_the_failed_step_and_its_reason(tmp_path):
     assert proc.returncode == 1, out[-3000:]
     summary = out[out.index("dpflow demo failed"):]
     assert "dpflow demo failed (task 'one_take')" in summary
-    assert "step dataset_npz failed:" in summary and "zero variance" in summary
+    # one episode converts (issue 15), but the split by episode needs two: the blocking check says so
+    assert ("check dataset_npz:min_two_episodes (task one_take) failed: 1 episodes (at least 2 for a train/val "
+            "split by episode)") in summary
     assert "not run (an upstream step or blocking check failed):" in summary and "train_run" in summary
+    assert "umi_dataset" not in summary  # not part of the main job
     assert "Traceback" not in out and "0 failed check" not in out
     [run] = dg.DagsterInstance.from_config(str(home)).get_runs()
     assert run.status == dg.DagsterRunStatus.FAILURE
