@@ -22,6 +22,7 @@ import dagster as dg
 from pydantic import Field
 
 from dpflow_core.conversion import convert, dataset_key, load_inputs
+from dpflow_core.conversion.align import DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES
 from dpflow_core.dataset import CHECKS, MIN_TRAIN_LENGTH, validate_dataset
 from dpflow_core.errors import DpflowError
 from dpflow_core.files import default_workdir
@@ -42,6 +43,15 @@ class DatasetConfig(dg.Config):
         default=0.5, description="Reject episodes whose aligned frames cover less of the recording."
     )
     frequency_tolerance: float = Field(default=0.05, description="Relative tolerance of an episode's frame rate.")
+    max_gap_s: float = Field(
+        default=DEFAULT_MAX_GAP_S, description="A hole in the camera stream longer than this (s) is never bridged."
+    )
+    gap_policy: str = Field(
+        default="split", description="Such a hole: 'split' the episode into segments, or 'reject' the episode."
+    )
+    min_segment_frames: int = Field(
+        default=DEFAULT_MIN_SEGMENT_FRAMES, description="Shortest segment kept after a split (frames)."
+    )
     output_dir: Optional[str] = Field(
         default=None,
         description="Work folder; datasets go to <output_dir>/datasets/<task>/<key>/. Default $DPFLOW_WORKDIR, else <cwd>/outputs.",
@@ -93,6 +103,9 @@ def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired
         invalid_pose_policy=config.invalid_pose_policy,
         min_overlap_fraction=config.min_overlap_fraction,
         frequency_tolerance=config.frequency_tolerance,
+        max_gap_s=config.max_gap_s,
+        gap_policy=config.gap_policy,
+        min_segment_frames=config.min_segment_frames,
     )
 
     def progress(stage: str, done: int, total: int) -> None:

@@ -169,6 +169,35 @@ def test_gap_policy_reject_names_the_hole(gap_task, tmp_path):
     assert not (tmp_path / "dataset.npz").exists()
 
 
+def test_dataset_npz_asset_takes_the_gap_options(gap_task, tmp_path):
+    """The launchpad's gap options reach the conversion: split with a 20-frame minimum keeps both
+    segments; reject fails the step with the reason naming the hole."""
+    import dagster as dg
+    from partitioned import materialize
+
+    from dpflow_core.pairing import write_manifest
+    from dpflow_dagster.assets_dataset import dataset_npz
+
+    ep, m = gap_task
+    manifest = write_manifest(m, tmp_path / "manifest.json")
+
+    @dg.asset(name="paired_episodes", group_name="dataset")
+    def paired_episodes() -> dict:
+        return {"manifest_path": str(manifest), "root": str(tmp_path), "task": "pick_place", "accepted": 1, "rejected": 0}
+
+    def config(**gap):
+        return dg.RunConfig(ops={"dataset_npz": {"config": {
+            "image_width": SIZE[0], "image_height": SIZE[1], "workers": 1, "output_dir": str(tmp_path / "work"), **gap}}})
+
+    split = materialize([paired_episodes, dataset_npz], "pick_place", run_config=config(min_segment_frames=20))
+    assert split.success and split.output_for_node("dataset_npz")["n_episodes"] == 2
+    rejected = materialize([paired_episodes, dataset_npz], "pick_place", run_config=config(gap_policy="reject"),
+                           raise_on_error=False)
+    assert not rejected.success
+    [failure] = [e for e in rejected.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "gap_policy is 'reject'" in failure.step_failure_data.error.message + str(failure.step_failure_data.user_failure_data)
+
+
 def test_report_lists_the_hole(gap_task, tmp_path):
     from dpflow_core.report import episode_quality
 
