@@ -12,17 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
+from dpflow_core.conversion.jobs import pid_alive
 from dpflow_core.errors import ConversionError
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_stale(folder: Path, names: Iterable[str] | None = None) -> list[str]:
@@ -43,7 +34,7 @@ def _remove_stale(folder: Path, names: Iterable[str] | None = None) -> list[str]
         stem, dot, kind = base.rpartition(".")
         if not (sep and dot and kind in ("partial", "work") and pid.isdigit()):
             continue
-        if (wanted is not None and stem not in wanted) or _pid_alive(int(pid)):
+        if (wanted is not None and stem not in wanted) or pid_alive(int(pid)):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

@@ -212,12 +212,13 @@ def _die_with_parent(main_pid: int) -> None:
                 pass
             time.sleep(0.2)
 
-    if not _alive(main_pid):
+    if not pid_alive(main_pid):
         os._exit(1)
     threading.Thread(target=watch, name="dpflow-parent-watch", daemon=True).start()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists (signal 0; a process of another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -1,33 +1,5 @@
-"""The GPU server: the machine that trains, reached over SSH or used locally.
-
-One interface, :class:`GpuServer`, with two transports that share every code
-path above the three primitives they provide (run a shell script, open a
-file, close):
-
-* SSH through Fabric (:class:`fabric.Connection`, Paramiko underneath) when
-  :attr:`ServerConfig.host` is set. Host keys are checked against a
-  known_hosts file; an unknown key is refused unless
-  :attr:`ServerConfig.trust_on_first_use` is set explicitly, a changed key is
-  always refused. SSH config files are not read, so what runs is what the
-  configuration says.
-* The local machine through Invoke (Fabric's own local runner) when no host
-  is configured: the embedded default.
-
-Everything that reaches a remote shell is either a fixed string of this
-module or passed through :func:`shlex.quote`; names (task, run, stem) are
-checked with :func:`dpflow_core.names.validate_name` before anything runs.
-
-Process queries read ``/proc`` (the server is Linux). A detached process is
-started in a tmux session named after the run (fallback: ``setsid``) through a
-small ``sh`` wrapper that records its PID before the command starts and the
-command's exit status when it ends, so a later call, or a later program, can
-tell a natural exit from a vanished process. Identity of a process is
-(PID, start time in clock ticks since boot, command line): only a process that
-matches all three may be signalled.
-
-GPU inventory comes from ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``
-and ``--query-compute-apps=...``; its absence is reported as ``no_gpu``, never as
-success.
+""":class:`GpuServer`, the one interface to the training machine over either transport
+(how the transports, quoting, process identity and GPU inventory work: :mod:`dpflow_core.server`).
 
 This module is over 500 lines on purpose: :class:`GpuServer` is the
 one facade every stage uses (paths, commands, files, hashes, processes, detached processes, GPUs),
