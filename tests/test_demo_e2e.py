@@ -184,7 +184,7 @@ def test_main_job_on_recordings_from_another_writer(tmp_path):
         ("assets:\n  smoke_run: {max_train_steps: three}\n",
          'invalid asset settings: Invalid scalar at path root:ops:smoke_run:config:max_train_steps. Value "three"'),
         ("assets:\n  dataset_npz: {image_widht: 64}\n",
-         "unknown key 'image_widht' under 'assets: dataset_npz'; valid keys: frequency_tolerance, image_height, image_width,"),
+         "unknown key 'image_widht' under 'assets: dataset_npz'; valid keys: frequency_tolerance, gap_policy, image_height, image_width,"),
     ],
 )
 def test_bad_config_file_is_refused_before_any_work(tmp_path, text, message):
