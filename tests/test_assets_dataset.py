@@ -17,7 +17,7 @@ from synthetic_dataset import synthetic_arrays, write_npz
 from dpflow_core.recordings import samples
 from dpflow_core.dataset import CHECKS
 from dpflow_core.recordings.topics import DAS_DEFAULT
-from dpflow_dagster.assets_dataset import dataset_npz, dataset_npz_checks
+from dpflow_dagster.defs.dataset import dataset_npz, dataset_npz_checks
 
 SPEC = samples.SampleSpec(seconds=2.0, width=160, height=120, gop_size=15)
 
@@ -129,7 +129,7 @@ def test_blocking_check_stops_downstream(tmp_path):
 
 
 def test_full_graph_with_pairing(tmp_path):
-    from dpflow_dagster import assets_recordings
+    from dpflow_dagster.defs import recordings as assets_recordings
 
     samples.write_task(tmp_path / "rec", episodes=2, seconds=2.0, task="wipe", spec=SPEC)
     run_config = dg.RunConfig(ops={
@@ -154,7 +154,7 @@ def test_umi_dataset_is_the_npz_in_umis_zarr_layout_and_is_reused_only_when_inta
     from imagecodecs.numcodecs import register_codecs
 
     from dpflow_core.replay_buffer import ReplayBuffer
-    from dpflow_dagster.assets_dataset import umi_dataset
+    from dpflow_dagster.defs.dataset import umi_dataset
     from dpflow_dagster.resources import ProductPathIOManager
 
     root, eps = episodes

@@ -9,8 +9,8 @@ import dagster as dg
 import pytest
 
 from dpflow_core.pairing import load_manifest, pair_recordings
-from dpflow_dagster import assets_recordings
-from dpflow_dagster.assets_recordings import defs, paired_episodes
+from dpflow_dagster.defs import recordings as assets_recordings
+from dpflow_dagster.defs.recordings import defs, paired_episodes
 from dpflow_dagster.partitions import recordings_root
 from partitioned import add_task
 from partitioned import materialize as materialize_task

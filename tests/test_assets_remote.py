@@ -16,7 +16,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from dpflow_dagster.assets_remote import remote_dataset, remote_dataset_sha256_match
+from dpflow_dagster.defs.remote import remote_dataset, remote_dataset_sha256_match
 from dpflow_dagster.partitions import task_partitions
 from partitioned import materialize as materialize_task
 from dpflow_dagster.resources import GpuServerResource, default_resources

@@ -13,7 +13,7 @@ from synthetic_dataset import write_synthetic_dataset
 from test_runs import FAKE_TRAINER
 
 from dpflow_core.server import sha256_file
-from dpflow_dagster import assets_training as at
+from dpflow_dagster.defs import training as at
 from dpflow_dagster.resources import GpuServerResource
 
 TMUX_SOCKET = "dpflow-test-assets"

@@ -176,7 +176,7 @@ def test_dataset_npz_asset_takes_the_gap_options(gap_task, tmp_path):
     from partitioned import materialize
 
     from dpflow_core.pairing import write_manifest
-    from dpflow_dagster.assets_dataset import dataset_npz
+    from dpflow_dagster.defs.dataset import dataset_npz
 
     ep, m = gap_task
     manifest = write_manifest(m, tmp_path / "manifest.json")

@@ -52,6 +52,23 @@ def test_definitions_load():
     assert repo is not None
 
 
+def test_dg_check_defs_loads_the_project():
+    """The ``dg`` command line finds the project through pyproject.toml's [tool.dg] table and loads the
+    definitions from the ``dpflow_dagster/defs`` folder, with no warning on the way."""
+    dg_cli = Path(sys.executable).with_name("dg")
+    proc = subprocess.run([str(dg_cli), "check", "defs"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "All definitions loaded successfully." in out
+    assert "warning" not in out.lower(), out
+    from dpflow_dagster import definitions
+
+    stage_modules = {p.stem for p in (REPO / "dpflow_dagster" / "defs").glob("*.py")} - {"__init__"}
+    assert stage_modules == {"recordings", "dataset", "lerobot", "remote", "training", "pipeline", "resources"}
+    assert {"paired_episodes", "dataset_npz", "remote_dataset", "train_run"} <= {
+        k.to_user_string() for k in definitions.defs.resolve_asset_graph().get_all_asset_keys()}
+
+
 # ------------------------------------------------------------------ module graph and size
 
 MAX_MODULE_LINES = 500

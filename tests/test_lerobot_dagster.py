@@ -12,7 +12,7 @@ import pytest
 from dpflow_core import export as lr
 from dpflow_core.pairing import pair_recordings, write_manifest
 from dpflow_core.recordings.samples import SampleSpec, write_task
-from dpflow_dagster import assets_lerobot
+from dpflow_dagster.defs import lerobot as assets_lerobot
 from partitioned import materialize as materialize_task
 
 SPEC = SampleSpec(seconds=2.0, width=96, height=64, gop_size=15)

@@ -24,9 +24,9 @@ import pytest
 
 from dpflow_core.dataset import CHECKS
 from dpflow_core.files import sha256_file
-from dpflow_dagster.assets_dataset import dataset_npz, dataset_npz_checks
-from dpflow_dagster.assets_recordings import paired_episodes
-from dpflow_dagster.assets_remote import remote_dataset, remote_dataset_sha256_match
+from dpflow_dagster.defs.dataset import dataset_npz, dataset_npz_checks
+from dpflow_dagster.defs.recordings import paired_episodes
+from dpflow_dagster.defs.remote import remote_dataset, remote_dataset_sha256_match
 from dpflow_dagster.resources import GpuServerResource, ProductPathIOManager
 from partitioned import add_task
 from recording_fixtures import SMALL, cut_at_fraction, write_small_task

@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from dpflow_dagster.assets_recordings import defs
+from dpflow_dagster.defs.recordings import defs
 from dpflow_dagster.sensors import paired_episodes_job, parse_cursor, recordings_sensor
 from recording_fixtures import write_small_episode, write_small_task
 
