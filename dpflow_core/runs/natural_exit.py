@@ -106,7 +106,18 @@ def check_natural_exit(server: GpuServer, handle: RunHandle) -> NaturalExitRepor
         problems.append("no exit status recorded: the run was killed together with its wrapper (SIGKILL, OOM killer or reboot)")
     elif status.exit_code != 0:
         problems.append(f"{describe_exit(status.exit_code)}: {_last_error_line(output)}")
+    return judge_completion(server, handle, exit_code=status.exit_code, running=running, output=output, problems=problems)
 
+
+def judge_completion(
+    server: GpuServer, handle, *, exit_code: int | None, running: bool, output: str, problems: list[str],
+) -> NaturalExitReport:
+    """The trainer's own completion evidence added to ``problems`` about the exit: last logged epoch and
+    global_step against the config, and ``latest.ckpt`` complete (rule 10).
+
+    ``handle`` is a :class:`RunHandle` or any launch record with the same ``spec``, ``run_dir``,
+    ``log_path``, ``output_path``, ``checkpoint_dir`` and ``gpu_ids`` (a Slurm job, a multi-host run).
+    """
     cfg = read_run_config(server, handle.run_dir)
     expected_epochs = _select(cfg, "training.num_epochs")
     if expected_epochs is None:
@@ -123,7 +134,7 @@ def check_natural_exit(server: GpuServer, handle: RunHandle) -> NaturalExitRepor
         first = next((r for r in records if r.get("epoch_summary") and r.get("epoch") == 0), None)
         if first is not None:
             bpe = int(first["global_step"]) + 1
-        elif last_epoch is not None and (last_epoch > 0 or status.exit_code == 0):
+        elif last_epoch is not None and (last_epoch > 0 or exit_code == 0):
             # Upstream Diffusion Policy / UMI log one line per batch and nothing else: the distinct
             # global steps of a finished epoch 0 (a later one began, or the run exited 0) are its batches.
             bpe = len({int(r["global_step"]) for r in steps if r.get("epoch") == 0}) or None
@@ -150,7 +161,7 @@ def check_natural_exit(server: GpuServer, handle: RunHandle) -> NaturalExitRepor
             inventory=server.gpu_inventory() if handle.gpu_ids else None,
         ))
     return NaturalExitReport(
-        passed=not problems, exit_code=status.exit_code, running=running,
+        passed=not problems, exit_code=exit_code, running=running,
         expected_epochs=int(expected_epochs) if expected_epochs is not None else None, last_epoch=last_epoch,
         batches_per_epoch=bpe, expected_global_step=expected_step, last_global_step=last_step, checkpoint=probe,
         problems=tuple(problems), oom_advice=advice, output_tail=output[-4000:],

@@ -42,7 +42,7 @@ there). The server API is re-exported here.
 from __future__ import annotations
 
 from dpflow_core.server.config import (
-    PROJECT_ROOT, CommandResult, ServerConfig, default_local_data_root, default_local_repo, is_sha256,
+    PROJECT_ROOT, CommandResult, ServerConfig, SlurmSettings, default_local_data_root, default_local_repo, is_sha256,
 )
 from dpflow_core.files import sha256_file
 from dpflow_core.server.transports import FileChunk
@@ -57,6 +57,6 @@ from dpflow_core.server.gpu_server import GpuServer
 __all__ = [
     "GPU_APPS_QUERY_ARGS", "GPU_QUERY_ARGS", "PROJECT_ROOT", "CommandResult", "DetachedProcess",
     "DetachedStatus", "FileChunk", "GpuInfo", "GpuInventory", "GpuProcess", "GpuServer", "ProcessInfo",
-    "ServerConfig", "default_local_data_root", "default_local_repo", "gpu_problem", "is_sha256", "parse_compute_apps",
+    "ServerConfig", "SlurmSettings", "default_local_data_root", "default_local_repo", "gpu_problem", "is_sha256", "parse_compute_apps",
     "parse_gpu_query", "sha256_file",
 ]

@@ -38,6 +38,65 @@ def default_local_repo() -> str | None:
     return str(PROJECT_ROOT) if (PROJECT_ROOT / ".git").exists() else None
 
 
+_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:=+-]{1,128}$")
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """Where and how a Slurm cluster runs dpflow's jobs (``server.slurm`` of a lab.yaml).
+
+    Attributes:
+        partition: ``--partition`` (None: the cluster's default partition).
+        account: ``--account`` (None: the user's default).
+        nodes: ``--nodes`` of a training job; each node runs one ``accelerate launch`` through ``srun``.
+            A smoke run always uses one node.
+        gpus_per_node: ``--gpus-per-node`` and the processes per node; 0 runs one CPU process per node (gloo).
+        cpus_per_task: ``--cpus-per-task`` (None: the cluster's default).
+        time_limit: ``--time`` in Slurm's format (``MM``, ``HH:MM:SS``, ``D-HH:MM:SS``; None: the partition's).
+        extra_sbatch: further ``#SBATCH`` lines, each an option such as ``--qos=high`` or ``--mem=64G``.
+        main_process_port: the rendezvous port on the first node (None: derived from the run name).
+
+    Raises:
+        RemoteError: ``bad_config`` for a value that is not a plain Slurm word, a bad time limit, nodes < 1,
+            GPUs < 0, or an extra line that is not a single ``--option``.
+    """
+
+    partition: str | None = None
+    account: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    time_limit: str | None = None
+    extra_sbatch: tuple[str, ...] = ()
+    main_process_port: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_sbatch", tuple(self.extra_sbatch))
+        for key in ("partition", "account"):
+            value = getattr(self, key)
+            if value is not None and not _SLURM_WORD.match(str(value)):
+                raise RemoteError(f"slurm.{key} {value!r} is not a Slurm name", code="bad_config")
+        if int(self.nodes) < 1:
+            raise RemoteError(f"slurm.nodes must be >= 1, got {self.nodes!r}", code="bad_config")
+        if int(self.gpus_per_node) < 0:
+            raise RemoteError(f"slurm.gpus_per_node must be >= 0, got {self.gpus_per_node!r}", code="bad_config")
+        if self.cpus_per_task is not None and int(self.cpus_per_task) < 1:
+            raise RemoteError(f"slurm.cpus_per_task must be >= 1, got {self.cpus_per_task!r}", code="bad_config")
+        if self.time_limit is not None and not _SLURM_TIME.match(str(self.time_limit)):
+            raise RemoteError(
+                f"slurm.time_limit {self.time_limit!r} is not a Slurm time (MM, HH:MM:SS or D-HH:MM:SS)", code="bad_config"
+            )
+        if self.main_process_port is not None and not 1024 <= int(self.main_process_port) <= 65535:
+            raise RemoteError(f"slurm.main_process_port must be 1024..65535, got {self.main_process_port!r}", code="bad_config")
+        for line in self.extra_sbatch:
+            if not re.match(r"^--[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:=@%/+-]+)?$", str(line)):
+                raise RemoteError(
+                    f"slurm.extra_sbatch line {line!r} must be one option like --qos=high (no spaces or shell syntax)",
+                    code="bad_config",
+                )
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """How to reach the GPU server and where things live on it.
@@ -66,6 +125,9 @@ class ServerConfig:
             ``None`` (the default) means True over SSH and False locally; see :attr:`gpu_expected`.
         tmux_socket: tmux socket name (``tmux -L``); ``None`` uses the default server.
         connect_timeout_s: TCP/SSH connect timeout, seconds.
+        scheduler: ``none`` (start runs in tmux on this server) or ``slurm`` (this server is a login
+            node, or the local machine, where ``sbatch`` submits runs to the cluster in :attr:`slurm`).
+        slurm: the Slurm settings (defaults when ``scheduler`` is ``slurm`` and none are given).
 
     Raises:
         RemoteError: for a port outside 1..65535, or a host or user containing
@@ -87,8 +149,14 @@ class ServerConfig:
     expect_gpu: bool | None = None
     tmux_socket: str | None = None
     connect_timeout_s: float = 15.0
+    scheduler: Literal["none", "slurm"] = "none"
+    slurm: SlurmSettings | None = None
 
     def __post_init__(self) -> None:
+        if self.scheduler not in ("none", "slurm"):
+            raise RemoteError(f"scheduler must be 'none' or 'slurm', got {self.scheduler!r}", code="bad_config")
+        if self.scheduler == "slurm" and self.slurm is None:
+            object.__setattr__(self, "slurm", SlurmSettings())
         if not 1 <= int(self.port) <= 65535:
             raise RemoteError(f"invalid SSH port {self.port!r}: must be 1..65535", code="bad_config")
         if self.host is not None and (not _HOST_PATTERN.match(self.host) or self.host.startswith("-")):

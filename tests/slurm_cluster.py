@@ -1,0 +1,198 @@
+"""A private Slurm cluster on loopback for tests (fixture ``slurm_cluster``).
+
+Debian's ``slurm-wlm`` (22.05) and ``munge``, started as root by the fixture in a temporary folder:
+one ``munged`` with its own key and socket, one ``slurmctld`` and two ``slurmd`` (nodes ``n1`` and
+``n2``, both on 127.0.0.1 with their own ports: Debian builds Slurm with ``MULTIPLE_SLURMD``),
+CPU-only nodes (no GRES), one partition ``debug``. Job accounting comes from
+``JobCompType=jobcomp/filetxt``, read with ``sacct -c``. Every daemon runs in the foreground and is
+stopped by its own PID when the session ends; nothing binds outside 127.0.0.1 (the nodes' and the
+controller's addresses are 127.0.0.1, the ports free ones).
+
+Usage in a test module::
+
+    from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
+
+``SLURM_CONF`` is set in this process's environment while the cluster runs, so ``sbatch``,
+``squeue``, ``sacct``, ``sinfo`` and ``scancel`` run by the local transport reach it. Missing
+binaries skip the tests, or fail them when ``CI`` is set (:func:`conftest.require_service`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import require_service
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+PARTITION = "debug"
+NODES = ("n1", "n2")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """A running test cluster."""
+
+    root: Path
+    conf: Path
+    partition: str
+    nodes: tuple[str, ...]
+
+    def env(self) -> dict[str, str]:
+        """The environment the Slurm commands need (``SLURM_CONF``)."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a Slurm command against this cluster."""
+        return subprocess.run(list(args), env=self.env(), capture_output=True, text=True, check=check, timeout=60)
+
+    def logs(self) -> str:
+        """The daemons' logs (for failure messages)."""
+        return "\n".join(f"== {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))
+
+
+def _config(root: Path, socket_path: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
+    lines = [
+        "ClusterName=dpflowtest",
+        "SlurmctldHost=localhost(127.0.0.1)",
+        f"SlurmctldPort={ctld_port}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={socket_path}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={root / 'state'}",
+        f"SlurmdSpoolDir={root / 'spool'}/%n",
+        f"SlurmctldPidFile={root / 'slurmctld.pid'}",
+        f"SlurmdPidFile={root / 'slurmd-%n.pid'}",
+        f"SlurmctldLogFile={root / 'slurmctld.log'}",
+        f"SlurmdLogFile={root / 'slurmd-%n.log'}",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "MpiDefault=none",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=sched_interval=1",
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={root / 'jobcomp.txt'}",
+        "JobAcctGatherType=jobacct_gather/none",
+        "MailProg=/bin/true",
+        "ReturnToService=2",
+        "SlurmdParameters=config_overrides",
+        "KillWait=5",
+        "MinJobAge=300",
+        "InactiveLimit=0",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=60",
+    ]
+    for name, port in node_ports.items():
+        lines.append(
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs=2 RealMemory=1000 State=UNKNOWN"
+        )
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4")
+    return "\n".join(lines) + "\n"
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # by its own PID
+    for proc in reversed(procs):
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def start_cluster(root: Path) -> tuple[SlurmCluster, list[subprocess.Popen]]:
+    """Write keys and configs under ``root`` and start munged, slurmctld and the slurmd of each node."""
+    procs: list[subprocess.Popen] = []
+    keydir, sockdir = root / "munge-key", root / "munge-socket"
+    keydir.mkdir(mode=0o700)
+    sockdir.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    key = keydir / "munge.key"
+    subprocess.run(["mungekey", "--create", "--keyfile", str(key)], check=True)
+    socket_path = sockdir / "munge.socket"
+    (root / "state").mkdir()
+    (root / "spool").mkdir()
+    for node in NODES:
+        (root / "spool" / node).mkdir()
+    node_ports = {node: _free_port() for node in NODES}
+    conf = root / "slurm.conf"
+    conf.write_text(_config(root, socket_path, _free_port(), node_ports))
+    cluster = SlurmCluster(root=root, conf=conf, partition=PARTITION, nodes=NODES)
+    env = cluster.env()
+    try:
+        procs.append(subprocess.Popen(
+            ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={socket_path}",
+             f"--pid-file={root / 'munged.pid'}", f"--log-file={root / 'munged.log'}",
+             f"--seed-file={root / 'munged.seed'}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        ))
+        deadline = time.monotonic() + 10
+        while not socket_path.exists():
+            if procs[0].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"munged did not start: {cluster.logs()}")
+            time.sleep(0.05)
+        procs.append(subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", str(conf)], env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        ))
+        for node in NODES:
+            procs.append(subprocess.Popen(
+                ["slurmd", "-D", "-N", node, "-f", str(conf)], env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            ))
+        deadline = time.monotonic() + 30
+        while True:
+            states = cluster.run("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split()
+            if states and all(s == "idle" for s in states[1::2]) and len(states) == 2 * len(NODES):
+                break
+            dead = [p.args[0] for p in procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"Slurm cluster not idle (exited: {dead}, sinfo: {states}): {cluster.logs()}")
+            time.sleep(0.1)
+    except BaseException:
+        _stop(procs)
+        raise
+    return cluster, procs
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The session's private Slurm cluster (2 CPU nodes on 127.0.0.1); ``SLURM_CONF`` points at it meanwhile."""
+    missing = [d for d in DAEMONS + ("sbatch", "mungekey") if shutil.which(d) is None and not os.path.exists(f"/usr/sbin/{d}")]
+    if missing:
+        require_service("slurm", f"{', '.join(missing)} not found")
+    if os.geteuid() != 0:
+        require_service("slurm", "the test cluster's daemons run as root (SlurmUser=root)")
+    root = Path(tempfile.mkdtemp(prefix="dpflow-slurm-"))
+    cluster, procs = start_cluster(root)
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+        _stop(procs)
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,184 @@
+"""Runs on a real Slurm cluster (slurm-wlm 22.05 + munge, two slurmd CPU nodes on 127.0.0.1), one per session.
+
+Submitted through the local transport (the machine is its own login node). Ground truth comes from
+Slurm itself (``sacct``, ``squeue``), the checkpoint files, and the trainer's log.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import torch
+from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
+from synthetic_dataset import write_synthetic_dataset
+
+from dpflow_core.errors import RemoteError
+from dpflow_core.files import sha256_file
+from dpflow_core.logs import parse_log_text
+from dpflow_core.runs import RunSpec, smoke_spec
+from dpflow_core.runs.slurm import SLURM_RECORD, cancel_job, job_state, load_job, submit_run, wait_job
+from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, run_slurm_smoke, slurm_preflight
+from dpflow_core.server import GpuServer, ServerConfig, SlurmSettings
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "dataset.npz"
+    path = write_synthetic_dataset(path, n_episodes=4, episode_length=40, image_size=(32, 32), frequency_hz=10.0)
+    return str(path), sha256_file(path)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    git = ["git", "-C", str(repo), "-c", "user.name=dpflow", "-c", "user.email=dpflow@localhost"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    (repo / "README").write_text("training repository\n")
+    subprocess.run(git + ["add", "README"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "initial"], check=True)
+    return str(repo)
+
+
+def _server(tmp_path, repo, **slurm) -> GpuServer:
+    settings = SlurmSettings(partition="debug", **slurm)
+    return GpuServer(ServerConfig.local(data_root=str(tmp_path / "cluster"), repo_path=repo, scheduler="slurm", slurm=settings))
+
+
+def _train_spec(name, dataset, **kw) -> RunSpec:
+    path, sha = dataset
+    values = dict(name=name, kind="train", dataset_path=path, frequency_hz=10.0, dataset_sha256=sha, config_name="tiny",
+                  epochs=1, max_train_steps=2, max_val_steps=1, batch_size=4, num_workers=0, logging_mode="disabled")
+    values.update(kw)
+    return RunSpec(**values)
+
+
+def _sacct(cluster, job_id: str, fields: str) -> str:
+    return cluster.run("sacct", "-c", "-n", "-P", "-j", job_id, "-o", fields).stdout.strip()
+
+
+def _wait_running(server, job, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = job_state(server, job.job_id)
+        if state is not None and state.state == "RUNNING":
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"job {job.job_id} never ran: {job_state(server, job.job_id)}")
+
+
+def test_settings_are_validated():
+    with pytest.raises(RemoteError, match="time_limit"):
+        SlurmSettings(time_limit="two hours")
+    with pytest.raises(RemoteError, match="extra_sbatch"):
+        SlurmSettings(extra_sbatch=("--qos=high; rm -rf /",))
+    with pytest.raises(RemoteError, match="scheduler"):
+        ServerConfig(scheduler="pbs")
+    assert ServerConfig(scheduler="slurm").slurm == SlurmSettings()
+
+
+def test_preflight_sees_the_partition_the_gpus_and_the_dataset_from_a_compute_node(slurm_cluster, tmp_path, repo, dataset):
+    path, sha = dataset
+    with _server(tmp_path, repo, nodes=2) as server:
+        ok = slurm_preflight(server, path, sha)
+        assert ok.passed, ok.checks
+        assert {c[0] for c in ok.checks} == {"partition", "gpus", "dataset"}
+        bad = slurm_preflight(server, path, "0" * 64)
+        assert not bad.passed and f"SHA-256 {sha} != {'0' * 64}" in dict((c[0], c[2]) for c in bad.checks)["dataset"]
+    with _server(tmp_path, repo, gpus_per_node=1) as server:
+        gpus = dict((c[0], c) for c in slurm_preflight(server, path, sha).checks)["gpus"]
+        assert gpus[1] is False and "at most 0 GPU(s) per node" in gpus[2]
+    with GpuServer(ServerConfig.local(data_root=str(tmp_path), scheduler="slurm",
+                                      slurm=SlurmSettings(partition="nosuch"))) as server:
+        part = slurm_preflight(server, path, sha).checks[0]
+        assert part[:2] == ("partition", False) and "nosuch" in part[2]
+    with _server(tmp_path, repo, nodes=3) as server:
+        part = slurm_preflight(server, path, sha).checks[0]
+        assert part[1] is False and "2 usable node(s), 3 asked" in part[2]
+
+
+def test_smoke_run_is_one_node_and_completes_with_its_job_id_recorded(slurm_cluster, tmp_path, repo, dataset):
+    path, sha = dataset
+    with _server(tmp_path, repo, nodes=2) as server:
+        spec = smoke_spec("slurm-smoke", path, 10.0, dataset_sha256=sha, config_name="tiny", max_train_steps=2, batch_size=4)
+        result = run_slurm_smoke(server, spec, timeout_s=300)
+        assert result.passed, (result.problems, server.read_text(result.job.output_path)[-3000:])
+        job = result.job
+        assert (result.state.state, result.state.exit_code) == ("COMPLETED", "0:0")
+        assert result.finite_losses == 2 and result.checkpoints == ()
+        assert result.release.passed, result.release.message
+        record = json.loads(server.read_text(f"{job.state_dir}/{SLURM_RECORD}"))
+        assert record["job_id"] == job.job_id and job.nodes == 1
+        assert load_job(server, "slurm-smoke").job_id == job.job_id  # re-attach by the recorded id
+    assert _sacct(slurm_cluster, job.job_id, "JobName,State,ExitCode,NNodes") == "slurm-smoke|COMPLETED|0:0|1"
+
+
+@pytest.mark.slow
+def test_two_node_training_trains_saves_and_resumes(slurm_cluster, tmp_path, repo, dataset):
+    with _server(tmp_path, repo, nodes=2) as server:
+        job = submit_run(server, _train_spec("slurm-2n", dataset, epochs=1))
+        state = wait_job(server, job, timeout_s=400)
+        report = check_slurm_exit(server, job)
+        assert report.passed, (report.problems, server.read_text(job.output_path)[-4000:])
+        assert (state.state, state.exit_code) == ("COMPLETED", "0:0")
+        assert check_slurm_released(server, job).passed
+        first = torch.load(f"{job.run_dir}/checkpoints/latest.ckpt", weights_only=False, map_location="cpu")
+        assert first["num_processes"] == 2 and len(first["rank_states"]) == 2
+        assert (first["epoch"], first["global_step"]) == (1, 2)
+
+        resumed = submit_run(server, _train_spec("slurm-2n", dataset, epochs=2, resume=True))
+        assert resumed.launch_index == 1 and resumed.job_id != job.job_id
+        wait_job(server, resumed, timeout_s=400)
+        report = check_slurm_exit(server, resumed)
+        assert report.passed, (report.problems, server.read_text(resumed.output_path)[-4000:])
+        last = torch.load(f"{job.run_dir}/checkpoints/latest.ckpt", weights_only=False, map_location="cpu")
+        assert (last["epoch"], last["global_step"]) == (2, 4) and last["num_processes"] == 2
+        steps = [r for r in parse_log_text(server.read_text(job.log_path)) if not r.get("epoch_summary")]
+        assert [r["global_step"] for r in steps] == [0, 1, 2, 3]
+        assert "resumed from" in server.read_text(resumed.output_path)
+    for jid in (job.job_id, resumed.job_id):
+        assert _sacct(slurm_cluster, jid, "State,ExitCode,NNodes,NodeList") == "COMPLETED|0:0|2|n[1-2]"
+
+
+def test_a_job_cancelled_from_outside_is_reported_as_cancelled(slurm_cluster, tmp_path, repo, dataset):
+    with _server(tmp_path, repo, nodes=1) as server:
+        job = submit_run(server, _train_spec("slurm-cancelled", dataset, epochs=1000, max_train_steps=1000))
+        _wait_running(server, job)
+        slurm_cluster.run("scancel", job.job_id)  # an administrator, from outside dpflow
+        state = wait_job(server, job, timeout_s=60)
+        assert state.state == "CANCELLED"
+        report = check_slurm_exit(server, job)
+        assert not report.passed
+        assert any(p.startswith(f"job {job.job_id} CANCELLED: cancelled") for p in report.problems), report.problems
+        release = check_slurm_released(server, job)
+        assert release.passed, release.message
+
+
+def test_a_foreign_job_of_the_same_name_is_never_cancelled(slurm_cluster, tmp_path, repo, dataset):
+    name = "slurm-mine"
+    foreign = slurm_cluster.run("sbatch", "--parsable", f"--job-name={name}", "-p", "debug", "-o", "/dev/null",
+                                "--wrap", "sleep 300").stdout.strip()
+    try:
+        with _server(tmp_path, repo, nodes=1) as server:
+            job = submit_run(server, _train_spec(name, dataset, epochs=1000, max_train_steps=1000))
+            _wait_running(server, job)
+            assert cancel_job(server, job) is True
+            assert wait_job(server, job, timeout_s=60).state == "CANCELLED"
+            assert cancel_job(server, job) is False  # ended: nothing is signalled again
+            other = job_state(server, foreign)
+            assert other is not None and other.name == name and other.state in ("RUNNING", "PENDING")
+            assert check_slurm_released(server, job).passed
+    finally:
+        slurm_cluster.run("scancel", foreign, check=False)  # the test's own job, by its id
+
+
+def test_a_dataset_that_does_not_match_its_sha256_trains_nothing(slurm_cluster, tmp_path, repo, dataset):
+    with _server(tmp_path, repo, nodes=2) as server:
+        job = submit_run(server, _train_spec("slurm-badsha", dataset, dataset_sha256="f" * 64))
+        state = wait_job(server, job, timeout_s=120)
+        assert (state.state, state.exit_code) == ("FAILED", "3:0")
+        report = check_slurm_exit(server, job)
+        assert "the dataset's SHA-256 did not match on a node: nothing was trained" in report.problems
+        assert not server.exists(job.log_path)
