@@ -46,6 +46,7 @@ from dpflow_core.cli import platform as _platform  # noqa: E402,F401
 from dpflow_core.cli import lerobot as _lerobot  # noqa: E402,F401
 from dpflow_core.cli import demo as _demo  # noqa: E402,F401
 from dpflow_core.cli import validate as _validate  # noqa: E402,F401
+from dpflow_core.cli import scale as _scale  # noqa: E402,F401
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ import hashlib
 import posixpath
 import shlex
 import string
+from dataclasses import dataclass
 from typing import Sequence
 
 from dpflow_core.errors import RunError
@@ -25,8 +26,41 @@ def _main_process_port(name: str) -> int:
     return 29500 + int(hashlib.sha256(name.encode()).hexdigest(), 16) % 1000
 
 
-def launcher_args(num_processes: int, gpu_ids: Sequence[int], run_name: str) -> list[str]:
-    """``accelerate launch`` options for N processes on the given GPUs (CPU: one process)."""
+@dataclass(frozen=True)
+class MachineRank:
+    """This machine's place in a multi-machine launch (accelerate's ``--num_machines`` family).
+
+    Attributes:
+        rank: ``--machine_rank`` (0 is the main machine, which hosts the rendezvous).
+        count: ``--num_machines``.
+        main_address: ``--main_process_ip``, the main machine's address as the others reach it.
+        port: ``--main_process_port`` on the main machine.
+    """
+
+    rank: int
+    count: int
+    main_address: str
+    port: int
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "count": self.count, "main_address": self.main_address, "port": self.port}
+
+
+def launcher_args(num_processes: int, gpu_ids: Sequence[int], run_name: str, machine: MachineRank | None = None) -> list[str]:
+    """``accelerate launch`` options for N processes on the given GPUs (CPU: one process).
+
+    With ``machine``, the options of one machine of a multi-machine run: ``--num_processes`` is the
+    total over all machines (processes per machine x machines), ``--multi_gpu`` always (CPU
+    processes then use gloo, with ``ACCELERATE_USE_CPU`` set by the launch).
+    """
+    if machine is not None:
+        total = max(1, len(gpu_ids)) * int(machine.count)
+        args = ["--multi_gpu", "--num_processes", str(total), "--num_machines", str(int(machine.count)),
+                "--machine_rank", str(int(machine.rank)), "--main_process_ip", machine.main_address,
+                "--main_process_port", str(int(machine.port)), "--mixed_precision", "no", "--dynamo_backend", "no"]
+        if gpu_ids:
+            args += ["--gpu_ids", ",".join(str(int(g)) for g in gpu_ids)]
+        return args
     if not gpu_ids:
         return ["--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     args = ["--num_processes", str(int(num_processes)), "--gpu_ids", ",".join(str(int(g)) for g in gpu_ids),
@@ -87,12 +121,15 @@ def is_full_command(template: str) -> bool:
     return bool(words) and posixpath.basename(words[0]) == "accelerate"
 
 
-def build_command(server: GpuServer, spec: RunSpec, run_dir: str, gpu_ids: Sequence[int]) -> tuple[str, list[str], int]:
+def build_command(
+    server: GpuServer, spec: RunSpec, run_dir: str, gpu_ids: Sequence[int], machine: MachineRank | None = None,
+) -> tuple[str, list[str], int]:
     """The shell command of a run, its overrides, and the process count.
 
     ``<activate> && <python> -m accelerate.commands.launch <launcher_args> <train command>``;
     a template starting with ``accelerate`` is the whole command (its placeholders give
-    the process count and GPU ids).
+    the process count and GPU ids). ``machine`` makes it one machine of a multi-machine run;
+    the returned count is this machine's processes.
     """
     num_processes = len(gpu_ids) if gpu_ids else 1
     overrides = spec.overrides(run_dir)
@@ -104,7 +141,7 @@ def build_command(server: GpuServer, spec: RunSpec, run_dir: str, gpu_ids: Seque
         line = train
     else:
         python = " ".join(shlex.quote(w) for w in shlex.split(server.config.python))
-        launch = " ".join(shlex.quote(a) for a in ["-m", "accelerate.commands.launch", *launcher_args(num_processes, gpu_ids, spec.name)])
+        launch = " ".join(shlex.quote(a) for a in ["-m", "accelerate.commands.launch", *launcher_args(num_processes, gpu_ids, spec.name, machine)])
         line = f"{python} {launch} {train}"
     if server.config.activate:
         line = f"{server.config.activate} && {line}"

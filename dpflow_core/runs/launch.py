@@ -15,7 +15,7 @@ from typing import Literal
 
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.server import GpuInventory, GpuServer
-from dpflow_core.runs.command import build_command
+from dpflow_core.runs.command import MachineRank, build_command
 from dpflow_core.runs.gpus import choose_gpus, gpu_memory, require_gpus
 from dpflow_core.runs.processes import describe_process, run_processes
 from dpflow_core.runs.records import probe_checkpoint, reproducibility_record
@@ -41,6 +41,8 @@ def launch_run(
     method: Literal["auto", "tmux", "setsid"] = "auto",
     record: bool = True,
     inventory: GpuInventory | None = None,
+    machine: MachineRank | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> RunHandle:
     """Start a run detached on the server (new run, or an explicit resume).
 
@@ -51,6 +53,9 @@ def launch_run(
     must all be free); a server that must have a GPU and has none usable is refused
     first (:func:`require_gpus`), before the run directory exists. The handle and
     the reproducibility record are written to ``<run_dir>/dpflow/launch-<k>/``.
+    ``machine`` makes this launch one machine of a multi-machine run
+    (:mod:`~dpflow_core.runs.multihost`); ``extra_env`` adds environment variables (such as
+    ``GLOO_SOCKET_IFNAME``).
 
     Raises:
         RunError: ``run_exists``, ``checkpoint_incomplete``, ``already_running``,
@@ -97,9 +102,11 @@ def launch_run(
         state_dir = _state_dir(run_dir, index)
         server.mkdir(state_dir)
 
-    command, overrides, num_processes = build_command(server, spec, run_dir, gpu_ids)
+    command, overrides, num_processes = build_command(server, spec, run_dir, gpu_ids, machine)
     token = f"{spec.name}.{uuid.uuid4().hex[:16]}"
-    env = _run_env(run_dir, token, spec)
+    env = _run_env(run_dir, token, spec) | dict(extra_env or {})
+    if machine is not None and not gpu_ids:
+        env["ACCELERATE_USE_CPU"] = "true"
     cwd = server.config.repo_path or run_dir
     before = gpu_memory(inventory, gpu_ids)
     started_at = utc_now()
