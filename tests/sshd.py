@@ -98,8 +98,26 @@ def _wait_for_banner(port: int, proc: subprocess.Popen, timeout_s: float = 10.0)
     return False
 
 
-def start_sshd(root: Path) -> tuple[SshdServer, subprocess.Popen]:
-    """Generate keys and a config under ``root`` and start sshd; return it and its process."""
+def _wait_for_log(log: Path, proc: subprocess.Popen, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if log.exists() and "Server listening on" in log.read_text():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def start_sshd(
+    root: Path, address: str = "127.0.0.1", port: int | None = None, prefix: tuple[str, ...] = (),
+) -> tuple[SshdServer, subprocess.Popen]:
+    """Generate keys and a config under ``root`` and start sshd; return it and its process.
+
+    ``address`` and ``port`` are where it listens (default: 127.0.0.1 and a free port); ``prefix``
+    runs it through another command (``ip netns exec NS`` for a host in a network namespace, whose
+    readiness is then read from sshd's log instead of a connection from here).
+    """
     for name in ("host_ed25519", "id_ed25519"):
         subprocess.run(
             ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dpflow-test-{name}", "-f", str(root / name)],
@@ -113,11 +131,11 @@ def start_sshd(root: Path) -> tuple[SshdServer, subprocess.Popen]:
         (p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if os.path.exists(p)),
         "internal-sftp",
     )
-    port = _free_port()
+    port = port or _free_port()
     config = root / "sshd_config"
     config.write_text(
         "\n".join([
-            "ListenAddress 127.0.0.1",
+            f"ListenAddress {address}",
             f"Port {port}",
             f"HostKey {root / 'host_ed25519'}",
             f"PidFile {root / 'sshd.pid'}",
@@ -137,15 +155,15 @@ def start_sshd(root: Path) -> tuple[SshdServer, subprocess.Popen]:
         ])
     )
     log = root / "sshd.log"
-    proc = subprocess.Popen([SSHD, "-D", "-f", str(config), "-E", str(log)], stdin=subprocess.DEVNULL)
-    if not _wait_for_banner(port, proc):
+    proc = subprocess.Popen([*prefix, SSHD, "-D", "-f", str(config), "-E", str(log)], stdin=subprocess.DEVNULL)
+    if not (_wait_for_log(log, proc) if prefix else _wait_for_banner(port, proc)):
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
         raise RuntimeError(f"sshd did not start: {log.read_text() if log.exists() else ''}")
     host_pub = " ".join((root / "host_ed25519.pub").read_text().split()[:2])
     server = SshdServer(
-        host="127.0.0.1", port=port, user=user, key_path=root / "id_ed25519",
+        host=address, port=port, user=user, key_path=root / "id_ed25519",
         known_hosts=root / "known_hosts", host_public_key=host_pub, pid=proc.pid, log_path=log, root=root,
     )
     server.known_hosts.write_text(server.known_hosts_line())

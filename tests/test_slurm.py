@@ -1,14 +1,19 @@
 """Runs on a real Slurm cluster (slurm-wlm 22.05 + munge, two slurmd CPU nodes on 127.0.0.1), one per session.
 
 Submitted through the local transport (the machine is its own login node). Ground truth comes from
-Slurm itself (``sacct``, ``squeue``), the checkpoint files, and the trainer's log.
+Slurm itself (``sacct``, ``squeue``), the checkpoint files, and the trainer's log. The README's
+Slurm lab.yaml is run end to end here (smoke, 2-node training, resume) through ``dpflow scale``;
+all Slurm tests share this module so that they share one cluster.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +23,12 @@ from synthetic_dataset import write_synthetic_dataset
 from dpflow_core.errors import RemoteError
 from dpflow_core.files import sha256_file
 from dpflow_core.logs import parse_log_text
-from dpflow_core.runs import RunSpec, smoke_spec
+from dpflow_core.runs import RunSpec
 from dpflow_core.runs.slurm import SLURM_RECORD, cancel_job, job_state, load_job, submit_run, wait_job
-from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, run_slurm_smoke, slurm_preflight
+from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, slurm_preflight
+from dpflow_core.server.lab import lab_servers
+
+REPO = Path(__file__).resolve().parents[1]
 from dpflow_core.server import GpuServer, ServerConfig, SlurmSettings
 
 
@@ -40,6 +48,24 @@ def repo(tmp_path_factory):
     subprocess.run(git + ["add", "README"], check=True)
     subprocess.run(git + ["commit", "-q", "-m", "initial"], check=True)
     return str(repo)
+
+
+def readme_lab(title: str) -> dict:
+    """The README's ``# lab.yaml: <title>`` example, parsed."""
+    import yaml
+
+    blocks = re.findall(r"```yaml\n(# lab\.yaml: ([^\n]+)\n.*?)```", (REPO / "README.md").read_text(), re.S)
+    found = [text for text, name in blocks if name.strip() == title]
+    assert len(found) == 1, f"README has {len(found)} lab.yaml examples titled {title!r}"
+    return yaml.safe_load(found[0])
+
+
+def dpflow(*args: str, prefix: tuple[str, ...] = (), timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """Run the dpflow CLI; its DPFLOW_JSON result line parsed (None when absent)."""
+    proc = subprocess.run([*prefix, str(Path(sys.executable).parent / "dpflow"), *args], capture_output=True, text=True,
+                          timeout=timeout)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("DPFLOW_JSON ")), None)
+    return proc, json.loads(line.split(" ", 1)[1]) if line else None
 
 
 def _server(tmp_path, repo, **slurm) -> GpuServer:
@@ -99,54 +125,12 @@ def test_preflight_sees_the_partition_the_gpus_and_the_dataset_from_a_compute_no
         assert part[1] is False and "2 usable node(s), 3 asked" in part[2]
 
 
-def test_smoke_run_is_one_node_and_completes_with_its_job_id_recorded(slurm_cluster, tmp_path, repo, dataset):
-    path, sha = dataset
-    with _server(tmp_path, repo, nodes=2) as server:
-        spec = smoke_spec("slurm-smoke", path, 10.0, dataset_sha256=sha, config_name="tiny", max_train_steps=2, batch_size=4)
-        result = run_slurm_smoke(server, spec, timeout_s=300)
-        assert result.passed, (result.problems, server.read_text(result.job.output_path)[-3000:])
-        job = result.job
-        assert (result.state.state, result.state.exit_code) == ("COMPLETED", "0:0")
-        assert result.finite_losses == 2 and result.checkpoints == ()
-        assert result.release.passed, result.release.message
-        record = json.loads(server.read_text(f"{job.state_dir}/{SLURM_RECORD}"))
-        assert record["job_id"] == job.job_id and job.nodes == 1
-        assert load_job(server, "slurm-smoke").job_id == job.job_id  # re-attach by the recorded id
-    assert _sacct(slurm_cluster, job.job_id, "JobName,State,ExitCode,NNodes") == "slurm-smoke|COMPLETED|0:0|1"
-
-
-@pytest.mark.slow
-def test_two_node_training_trains_saves_and_resumes(slurm_cluster, tmp_path, repo, dataset):
-    with _server(tmp_path, repo, nodes=2) as server:
-        job = submit_run(server, _train_spec("slurm-2n", dataset, epochs=1))
-        state = wait_job(server, job, timeout_s=400)
-        report = check_slurm_exit(server, job)
-        assert report.passed, (report.problems, server.read_text(job.output_path)[-4000:])
-        assert (state.state, state.exit_code) == ("COMPLETED", "0:0")
-        assert check_slurm_released(server, job).passed
-        first = torch.load(f"{job.run_dir}/checkpoints/latest.ckpt", weights_only=False, map_location="cpu")
-        assert first["num_processes"] == 2 and len(first["rank_states"]) == 2
-        assert (first["epoch"], first["global_step"]) == (1, 2)
-
-        resumed = submit_run(server, _train_spec("slurm-2n", dataset, epochs=2, resume=True))
-        assert resumed.launch_index == 1 and resumed.job_id != job.job_id
-        wait_job(server, resumed, timeout_s=400)
-        report = check_slurm_exit(server, resumed)
-        assert report.passed, (report.problems, server.read_text(resumed.output_path)[-4000:])
-        last = torch.load(f"{job.run_dir}/checkpoints/latest.ckpt", weights_only=False, map_location="cpu")
-        assert (last["epoch"], last["global_step"]) == (2, 4) and last["num_processes"] == 2
-        steps = [r for r in parse_log_text(server.read_text(job.log_path)) if not r.get("epoch_summary")]
-        assert [r["global_step"] for r in steps] == [0, 1, 2, 3]
-        assert "resumed from" in server.read_text(resumed.output_path)
-    for jid in (job.job_id, resumed.job_id):
-        assert _sacct(slurm_cluster, jid, "State,ExitCode,NNodes,NodeList") == "COMPLETED|0:0|2|n[1-2]"
-
-
 def test_a_job_cancelled_from_outside_is_reported_as_cancelled(slurm_cluster, tmp_path, repo, dataset):
     with _server(tmp_path, repo, nodes=1) as server:
         job = submit_run(server, _train_spec("slurm-cancelled", dataset, epochs=1000, max_train_steps=1000))
         _wait_running(server, job)
         slurm_cluster.run("scancel", job.job_id)  # an administrator, from outside dpflow
+        job = load_job(server, "slurm-cancelled")  # re-attached from the record: found by job id
         state = wait_job(server, job, timeout_s=60)
         assert state.state == "CANCELLED"
         report = check_slurm_exit(server, job)
@@ -182,3 +166,57 @@ def test_a_dataset_that_does_not_match_its_sha256_trains_nothing(slurm_cluster, 
         report = check_slurm_exit(server, job)
         assert "the dataset's SHA-256 did not match on a node: nothing was trained" in report.problems
         assert not server.exists(job.log_path)
+
+
+@pytest.mark.slow
+def test_readme_slurm_lab_smoke_trains_on_two_nodes_saves_and_resumes(slurm_cluster, tmp_path, dataset):
+    import yaml
+
+    lab = readme_lab("a Slurm cluster")
+    server = lab["server"]
+    assert server["scheduler"] == "slurm" and server["slurm"]["nodes"] == 2
+    # This machine is the login node (the README: leave out host to submit from this machine); the
+    # test cluster's partition, CPU nodes and memory replace the lab's; the keys stay the README's.
+    for key in ("host", "user", "key_file", "known_hosts"):
+        server.pop(key)
+    server.update(python=sys.executable, data_root=str(tmp_path / "shared"))
+    server["slurm"].update(partition="debug", gpus_per_node=0, cpus_per_task=1, extra_sbatch=["--mem=200M"])
+    server["slurm"].pop("account")  # the test cluster keeps no accounts
+    assert set(server["slurm"]) == {"partition", "nodes", "gpus_per_node", "cpus_per_task", "time_limit", "extra_sbatch"}
+    assert lab_servers(server).mode == "slurm"
+    lab_file = tmp_path / "lab.yaml"
+    lab_file.write_text(yaml.safe_dump(lab))
+    path, sha = dataset
+    common = ["--lab", str(lab_file), path, "--config-name", "tiny", "--batch-size", "4", "--json"]
+
+    proc, smoke = dpflow("scale", "smoke", *common, "--run-name", "readme-smoke", "--max-train-steps", "2")
+    assert proc.returncode == 0 and smoke["passed"], proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert smoke["state"] == "COMPLETED" and "has left the queue; no step left" in smoke["release"]
+    assert _sacct(slurm_cluster, smoke["job_id"], "JobName,State,ExitCode,NNodes") == "readme-smoke|COMPLETED|0:0|1"
+    assert not Path(smoke["run_dir"], "checkpoints").exists() or not list(Path(smoke["run_dir"], "checkpoints").iterdir())
+    record = json.loads(Path(smoke["run_dir"], "dpflow/launch-0", SLURM_RECORD).read_text())
+    assert record["job_id"] == smoke["job_id"]
+
+    train = ["scale", "train", *common, "--run-name", "readme-2n", "--max-train-steps", "2", "--logging-mode", "disabled"]
+    proc, first = dpflow(*train, "--epochs", "1")
+    assert proc.returncode == 0 and first["passed"], proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert first["sha256"] == sha and (first["state"], first["exit_code"]) == ("COMPLETED", "0:0")
+    run_dir = Path(first["run_dir"])
+    script = (run_dir / "dpflow/launch-0/job.sbatch").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --partition=debug", "#SBATCH --time=12:00:00", "#SBATCH --mem=200M",
+                 "#SBATCH --job-name=readme-2n", "#SBATCH --cpus-per-task=1"):
+        assert line in script
+    ckpt = torch.load(run_dir / "checkpoints/latest.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["num_processes"] == 2 and len(ckpt["rank_states"]) == 2
+    assert (ckpt["epoch"], ckpt["global_step"]) == (1, 2)
+
+    proc, second = dpflow(*train, "--epochs", "2", "--resume")
+    assert proc.returncode == 0 and second["passed"], proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert second["run_dir"] == first["run_dir"] and second["job_id"] != first["job_id"]
+    last = torch.load(run_dir / "checkpoints/latest.ckpt", weights_only=False, map_location="cpu")
+    assert (last["epoch"], last["global_step"]) == (2, 4) and last["num_processes"] == 2
+    steps = [r for r in parse_log_text((run_dir / "logs.json.txt").read_text()) if not r.get("epoch_summary")]
+    assert [r["global_step"] for r in steps] == [0, 1, 2, 3]
+    assert "resumed from" in (run_dir / "dpflow/launch-1/output.log").read_text()
+    for jid in (first["job_id"], second["job_id"]):
+        assert _sacct(slurm_cluster, jid, "State,ExitCode,NNodes,NodeList") == "COMPLETED|0:0|2|n[1-2]"

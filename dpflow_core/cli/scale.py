@@ -75,7 +75,7 @@ def _upload(servers, dataset: Path) -> tuple[list[str], str, float]:
     return paths, sha, dataset_frequency(servers[0], paths[0])
 
 
-def _spec(kind, name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override):
+def _spec(kind, name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override, logging_mode):
     from dpflow_core.runs import RunSpec, default_run_name, smoke_spec
 
     name = name or default_run_name(sha, kind)
@@ -84,7 +84,7 @@ def _spec(kind, name, path, sha, freq, config_name, epochs, max_train_steps, bat
                           max_train_steps=max_train_steps or 3, batch_size=batch_size or 4, extra_overrides=override)
     return RunSpec(name=name, kind="train", dataset_path=path, frequency_hz=freq, dataset_sha256=sha, config_name=config_name,
                    epochs=epochs, max_train_steps=max_train_steps, batch_size=batch_size, resume=resume,
-                   extra_overrides=tuple(override))
+                   logging_mode=logging_mode, extra_overrides=tuple(override))
 
 
 def _slurm(server: GpuServer, spec, timeout: float) -> dict:
@@ -147,7 +147,8 @@ def _hosts(servers, lab: LabServers, spec, paths: list[str], timeout: float) -> 
             "released": [r.passed for r in result.releases]}
 
 
-def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json):
+def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json,
+         logging_mode="offline"):
     if not dataset.is_file():
         raise typer.BadParameter(f"{dataset} does not exist", param_hint="DATASET")
     lab = load_lab(lab_path)
@@ -155,7 +156,8 @@ def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps
         servers = [stack.enter_context(GpuServer(c)) for c in lab.servers]
         paths, sha, freq = _upload(servers, dataset)
         path = paths[0]
-        spec = _spec(kind, run_name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override)
+        spec = _spec(kind, run_name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override,
+                     logging_mode)
         typer.echo(f"{kind} run {spec.name} ({lab.mode}, {len(servers)} server(s))")
         if lab.mode == "slurm":
             out = _slurm(servers[0], spec, timeout)
@@ -201,10 +203,12 @@ def train_cmd(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="dataloader.batch_size (per process)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run (--run-name) from its verified latest.ckpt."),
     override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
+    logging_mode: str = typer.Option("offline", "--logging-mode", help="logging.mode: offline | online | disabled."),
     timeout: float = typer.Option(86400.0, "--timeout", help="Seconds before the run is ended."),
     as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON line (prefix DPFLOW_JSON)."),
 ) -> None:
     """Training on the cluster (sbatch + srun + accelerate) or on every host (accelerate multi-machine)."""
     if resume and not run_name:
         raise typer.BadParameter("--resume needs the --run-name of the run to continue", param_hint="--resume")
-    _run("train", lab, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json)
+    _run("train", lab, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json,
+         logging_mode)
