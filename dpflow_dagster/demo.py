@@ -43,6 +43,7 @@ from rich.console import Console
 
 from dpflow_core.errors import InvalidNameError
 from dpflow_core.names import validate_name
+from dpflow_core.server.lab import SCALE_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
 # soft_wrap: paths are printed whole, also when the output goes to a file or a CI log
@@ -81,6 +82,9 @@ def _refuse(config: Optional[Path], key: object, where: str, valid) -> typer.Bad
 def check_lab_settings(settings: dict, config: Optional[Path]) -> None:
     """Refuse unknown top-level and ``server:`` keys of a lab.yaml, naming the key, the file and the valid keys.
 
+    The keys of a Slurm cluster or several servers (``scheduler``, ``slurm``, ``hosts``, ...) are refused
+    with the command that runs them (``dpflow scale``): the main job drives one server.
+
     Raises:
         typer.BadParameter: an unknown key, or ``server``/``assets`` not a mapping.
     """
@@ -91,6 +95,11 @@ def check_lab_settings(settings: dict, config: Optional[Path]) -> None:
         if settings.get(section) is not None and not isinstance(settings[section], dict):
             raise typer.BadParameter(f"{config}: {section!r} must be a mapping, got {settings[section]!r}")
     for key in settings.get("server") or {}:
+        if key in SCALE_KEYS:
+            raise typer.BadParameter(
+                f"{config}: server.{key}: the main job drives one GPU server; run a Slurm cluster or several "
+                f"servers with `dpflow scale smoke|train --lab {config} DATASET` (README, Scaling out)"
+            )
         if key not in _SERVER_ENV:
             raise _refuse(config, key, " under 'server'", _SERVER_ENV)
 

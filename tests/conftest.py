@@ -20,6 +20,8 @@ INSTALL = {
     "docker compose": "apt-get install -y docker-compose",
     "tmux": "apt-get install -y tmux",
     "rsync": "apt-get install -y rsync",
+    "slurm": "apt-get install -y slurm-wlm munge (the tests start their own cluster as root)",
+    "netns": "apt-get install -y iproute2, and run the tests as root",
 }
 
 

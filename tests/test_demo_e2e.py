@@ -179,6 +179,8 @@ def test_main_job_on_recordings_from_another_writer(tmp_path):
     [
         ("server:\n  hostname: gpu01\n", "unknown key 'hostname' under 'server'; valid keys: activate, data_root, expect_gpu, host,"),
         ("- just\n- a list\n", "expected a mapping at the top level"),
+        ("server:\n  scheduler: slurm\n", "server.scheduler: the main job drives one GPU server; run a Slurm cluster or several "
+                                          "servers with `dpflow scale smoke|train --lab"),
         ("recording: /data/x\n", "unknown key 'recording' at the top level; valid keys: assets, out, recordings, server"),
         ("assets:\n  dataset_npzz: {image_width: 64}\n", "unknown key 'dataset_npzz' under 'assets'; valid keys: checkpoint,"),
         ("assets:\n  smoke_run: {max_train_steps: three}\n",

@@ -41,8 +41,11 @@ Modules, in the order of a run's life: :mod:`~dpflow_core.runs.spec` (spec and n
 records), :mod:`~dpflow_core.runs.launch`, :mod:`~dpflow_core.runs.processes` (ownership, cleanup),
 :mod:`~dpflow_core.runs.release`, :mod:`~dpflow_core.runs.oom` (OOM advice),
 :mod:`~dpflow_core.runs.monitor`, :mod:`~dpflow_core.runs.smoke`, :mod:`~dpflow_core.runs.natural_exit`
-and :mod:`~dpflow_core.runs.continuity` (resume continuity). The names other code uses are
-re-exported here.
+and :mod:`~dpflow_core.runs.continuity` (resume continuity). Beyond one server:
+:mod:`~dpflow_core.runs.slurm` (sbatch, squeue/sacct, scancel by job id) with
+:mod:`~dpflow_core.runs.slurm_checks` (natural exit, release, smoke, preflight on a cluster), and
+:mod:`~dpflow_core.runs.multihost` (one run over several servers, accelerate's multi-machine launch).
+The names other code uses are re-exported here.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ plus the trainer's own evidence (:func:`~dpflow_core.runs.natural_exit.judge_com
 (``squeue --steps``), no process with the run's token on the submitting machine. ``sacct`` is
 asked normally first; on a cluster without an accounting database (``jobcomp/filetxt`` only) it
 falls back to ``sacct --completion``. States and exit codes are Slurm's (``sacct(1)``, "JOB STATE
-CODES"; ``ExitCode`` is ``status:signal``).
+CODES"; ``ExitCode`` is ``status:signal``). The checks live in :mod:`~dpflow_core.runs.slurm_checks`.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ Modules: :mod:`~dpflow_core.server.config` (how to reach the server), :mod:`~dpf
 :mod:`~dpflow_core.server.gpu_server` (:class:`GpuServer`, the one interface),
 :mod:`~dpflow_core.server.preflight` (is the server ready?) and :mod:`~dpflow_core.server.upload`
 (dataset upload, verified by SHA-256), with :mod:`~dpflow_core.server.paths` (where a dataset lives
-there). The server API is re-exported here.
+there), and :mod:`~dpflow_core.server.lab` (a lab.yaml's ``server:`` section: one server, a Slurm
+cluster with :class:`SlurmSettings`, or several hosts). The server API is re-exported here.
 """
 
 from __future__ import annotations
