@@ -22,7 +22,7 @@ import torch
 import yaml
 from netns_hosts import IFNAME, two_hosts  # noqa: F401  (the fixture)
 from synthetic_dataset import write_synthetic_dataset
-from test_slurm import dpflow, readme_lab
+from scale_helpers import dpflow, readme_lab
 
 from dpflow_core.errors import RemoteError
 from dpflow_core.server.lab import lab_servers

@@ -9,7 +9,6 @@ all Slurm tests share this module so that they share one cluster.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
+from scale_helpers import dpflow, readme_lab
 from synthetic_dataset import write_synthetic_dataset
 
 from dpflow_core.errors import RemoteError
@@ -27,8 +27,6 @@ from dpflow_core.runs import RunSpec
 from dpflow_core.runs.slurm import SLURM_RECORD, cancel_job, job_state, load_job, submit_run, wait_job
 from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, slurm_preflight
 from dpflow_core.server.lab import lab_servers
-
-REPO = Path(__file__).resolve().parents[1]
 from dpflow_core.server import GpuServer, ServerConfig, SlurmSettings
 
 
@@ -48,24 +46,6 @@ def repo(tmp_path_factory):
     subprocess.run(git + ["add", "README"], check=True)
     subprocess.run(git + ["commit", "-q", "-m", "initial"], check=True)
     return str(repo)
-
-
-def readme_lab(title: str) -> dict:
-    """The README's ``# lab.yaml: <title>`` example, parsed."""
-    import yaml
-
-    blocks = re.findall(r"```yaml\n(# lab\.yaml: ([^\n]+)\n.*?)```", (REPO / "README.md").read_text(), re.S)
-    found = [text for text, name in blocks if name.strip() == title]
-    assert len(found) == 1, f"README has {len(found)} lab.yaml examples titled {title!r}"
-    return yaml.safe_load(found[0])
-
-
-def dpflow(*args: str, prefix: tuple[str, ...] = (), timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict | None]:
-    """Run the dpflow CLI; its DPFLOW_JSON result line parsed (None when absent)."""
-    proc = subprocess.run([*prefix, str(Path(sys.executable).parent / "dpflow"), *args], capture_output=True, text=True,
-                          timeout=timeout)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("DPFLOW_JSON ")), None)
-    return proc, json.loads(line.split(" ", 1)[1]) if line else None
 
 
 def _server(tmp_path, repo, **slurm) -> GpuServer:
