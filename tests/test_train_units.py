@@ -298,3 +298,45 @@ def test_dataset_frequency_scales_latency_and_zero_warns_loudly(buffer, caplog):
     assert "differs from the 10 Hz measured" in caplog.text
     with pytest.raises(DatasetError, match="dataset_frequeny"):
         resolve_frequency(-1, buffer)
+
+
+def test_pretrained_obs_encoder_trains_at_a_tenth_of_the_lr_in_the_umi_config(buffer, tmp_path):
+    from diffusers.optimization import get_scheduler
+    from hydra import compose, initialize_config_dir
+
+    from dpflow_core.train.app import CONFIG_DIR
+    from dpflow_core.train.policy import optimizer_param_groups
+    from dpflow_core.train.workspace import obs_encoder_lr_scale
+
+    weights = "policy.obs_encoder.rgb_model.pretrained_path=/weights/open_clip_pytorch_model.bin"
+    with initialize_config_dir(config_dir=str(CONFIG_DIR)):
+        umi = [compose("train_diffusion_unet_timm_umi", overrides=["task.dataset_path=x.npz", *extra])
+               for extra in ([weights], [], [weights, "optimizer.pretrained_obs_encoder_lr_scale=0.5"])]
+        image = compose("train_diffusion_unet_image", overrides=["task.dataset_path=x.npz", weights])
+    # UMI: 0.1x for a pretrained encoder, the full rate for a random one; configurable; 1 elsewhere
+    assert [obs_encoder_lr_scale(c) for c in umi] == [0.1, 1.0, 0.5]
+    assert obs_encoder_lr_scale(image) == 1.0 and umi[0].optimizer.lr == 3.0e-4
+
+    spec = ObsActionSpec(n_obs_steps=2, horizon=4)
+    policy = build_policy(TINY_POLICY, spec, 2, shape_meta(buffer, spec), normalizer_stats(buffer, spec))
+    groups = optimizer_param_groups(policy, 3.0e-4, 0.1)
+    assert [g["name"] for g in groups] == ["model", "obs_encoder"]
+    encoder = {id(p) for p in policy.obs_encoder.parameters()}
+    assert {id(p) for p in groups[1]["params"]} == encoder and encoder
+    assert not encoder & {id(p) for p in groups[0]["params"]}
+    assert len(groups[0]["params"]) + len(groups[1]["params"]) == len(list(policy.parameters()))
+    optimizer = torch.optim.AdamW(groups, lr=3.0e-4)
+    schedule = get_scheduler("cosine", optimizer=optimizer, num_warmup_steps=2, num_training_steps=10)
+    for _ in range(4):
+        optimizer.step()
+        schedule.step()
+    model_lr, encoder_lr = schedule.get_last_lr()
+    assert 0 < model_lr < 3.0e-4 and encoder_lr == pytest.approx(0.1 * model_lr, rel=1e-12)
+    assert [g["initial_lr"] for g in optimizer.param_groups] == [3.0e-4, pytest.approx(3.0e-5, rel=1e-12)]
+
+    lowdim_spec = ObsActionSpec(n_obs_steps=2, horizon=4, rgb_keys=())  # the demo config's kind
+    no_camera = build_policy(TINY_POLICY, lowdim_spec, 2, shape_meta(buffer, lowdim_spec), normalizer_stats(buffer, lowdim_spec))
+    [only] = optimizer_param_groups(no_camera, 1e-3, 0.1)
+    assert only["name"] == "model" and len(only["params"]) == len(list(no_camera.parameters()))
+    with pytest.raises(ValueError, match="obs_encoder_lr_scale must be a finite number > 0, got 0"):
+        optimizer_param_groups(policy, 1e-3, 0)

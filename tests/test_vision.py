@@ -343,6 +343,12 @@ def test_timm_umi_config_trains_through_the_trainer_entry_point(tmp_path):
     cfg = OmegaConf.create(latest["cfg"])
     assert cfg.policy.obs_encoder.rgb_model._target_ == "dpflow_core.train.vit.ViTEncoder"
     assert cfg.policy.noise_scheduler.num_train_timesteps == 50 and cfg.optimizer.lr == 3.0e-4
+    # UMI's param groups: the pretrained ViT (and the rest of the encoder) at 0.1x the U-Net's lr
+    groups = {g["name"]: g for g in latest["optimizer"]["param_groups"]}
+    assert sorted(groups) == ["model", "obs_encoder"]
+    assert groups["model"]["initial_lr"] == 3.0e-4 and groups["obs_encoder"]["initial_lr"] == pytest.approx(3.0e-5)
+    n_encoder = sum(1 for k in latest["model"] if k.startswith("obs_encoder.") and "trunk" in k)
+    assert len(groups["obs_encoder"]["params"]) >= n_encoder > 0
     # the ViT started from the file: after 2 AdamW steps at lr <= 3e-4 each weight is within ~2 lr of it,
     # while a random start differs by far more
     src = timm_clip_state_dict(seed=5)

@@ -10,6 +10,7 @@ Both schedulers come from ``diffusers`` and share one set of betas.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -289,3 +290,30 @@ def build_policy(
         load_pretrained=load_pretrained,
         normalizer_modes=normalizer_modes(spec, shape_meta["lowdim"]),
     )
+
+
+def optimizer_param_groups(
+    policy: DiffusionUnetImagePolicy, lr: float, obs_encoder_lr_scale: float = 1.0
+) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups: the observation encoder at ``lr * obs_encoder_lr_scale``.
+
+    Group ``"model"`` holds every trainable parameter outside ``policy.obs_encoder`` (the
+    U-Net) at ``lr``; group ``"obs_encoder"`` the encoder's trainable parameters at
+    ``lr * obs_encoder_lr_scale``, left out when the encoder has none (a low-dimensional-only
+    policy). UMI's timm workspace (Chi et al., RSS 2024) trains a pretrained encoder at 0.1x
+    the learning rate this way. The learning-rate schedule scales both groups alike, and
+    ``"model"`` comes first, so the logged ``lr`` (group 0) is the U-Net's.
+
+    Raises:
+        ValueError: ``lr`` or ``obs_encoder_lr_scale`` is not a finite number > 0.
+    """
+    for name, value in (("optimizer.lr", lr), ("obs_encoder_lr_scale", obs_encoder_lr_scale)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    encoder = [p for p in policy.obs_encoder.parameters() if p.requires_grad]
+    inside = {id(p) for p in encoder}
+    rest = [p for p in policy.parameters() if p.requires_grad and id(p) not in inside]
+    groups = [{"name": "model", "params": rest, "lr": float(lr)}]
+    if encoder:
+        groups.append({"name": "obs_encoder", "params": encoder, "lr": float(lr) * float(obs_encoder_lr_scale)})
+    return groups

@@ -56,7 +56,7 @@ from dpflow_core.train.data import (
     split_episodes,
 )
 from dpflow_core.train.logs import JsonLinesLogger
-from dpflow_core.train.policy import DiffusionUnetImagePolicy, build_policy
+from dpflow_core.train.policy import DiffusionUnetImagePolicy, build_policy, optimizer_param_groups
 from dpflow_core.train.sampler import EpochBatchSampler
 
 log = logging.getLogger("dpflow.train")
@@ -66,6 +66,19 @@ CHECKPOINT_DIR = "checkpoints"
 LOGGING_MODES = ("offline", "online", "disabled")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 
+
+
+def obs_encoder_lr_scale(cfg: DictConfig) -> float:
+    """The observation encoder's learning-rate factor: ``optimizer.pretrained_obs_encoder_lr_scale``
+    when the image model starts from a file (``policy.obs_encoder.rgb_model.pretrained_path``), else 1.
+
+    As UMI's timm workspace, which trains a pretrained encoder at 0.1x (its config) and a
+    randomly initialised one at the full rate. Missing key: 1 (configs written before it).
+    """
+    rgb_model = cfg.policy.obs_encoder.get("rgb_model") or {}
+    if rgb_model.get("pretrained_path") is None:
+        return 1.0
+    return float(cfg.optimizer.get("pretrained_obs_encoder_lr_scale", 1.0))
 
 def seed_everything(seed: int) -> None:
     """Seed python ``random``, numpy's global generator and torch (CPU and CUDA)."""
@@ -143,6 +156,9 @@ def _check_config(cfg: DictConfig) -> None:
     for name, value in positive.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise RunError(f"{name} must be a positive integer, got {value!r}")
+    scale = OmegaConf.select(cfg, "optimizer.pretrained_obs_encoder_lr_scale", default=1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise RunError(f"optimizer.pretrained_obs_encoder_lr_scale must be a finite number > 0, got {scale!r}")
     for name in (
         "dataloader.num_workers",
         "val_dataloader.num_workers",
@@ -343,7 +359,7 @@ class Workspace:
         ).to(self.device)
         opt = cfg.optimizer
         optimizer = torch.optim.AdamW(
-            policy.parameters(),
+            optimizer_param_groups(policy, float(opt.lr), obs_encoder_lr_scale(cfg)),
             lr=float(opt.lr),
             betas=tuple(float(b) for b in opt.betas),
             eps=float(opt.eps),
