@@ -4,7 +4,8 @@ The repository is a git checkout whose ``train.py`` is tests/upstream_trainer.py
 ours for upstream Diffusion Policy / UMI's ``train.py``: same command line, same run directory,
 workspace checkpoints saved with ``torch.save(..., pickle_module=dill)``. dpflow launches it
 with the ``upstream`` template, the checkpoint probe loads its checkpoints with the server's
-Python, and the natural-exit (completion) check fails when the optimizer state is missing.
+Python, the natural-exit (completion) check fails when the optimizer state is missing, and the
+resume-continuity check passes on a real resume of it and fails when the restore loses state.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import pytest
 import torch
 from sshd import sshd_server  # noqa: F401  (fixture)
 
+from dpflow_core.logs import parse_log_text
 from dpflow_core.runs import (
-    UPSTREAM_TRAIN_COMMAND, RunSpec, check_natural_exit, launch_run, list_checkpoints, monitor_run, probe_checkpoint,
+    UPSTREAM_TRAIN_COMMAND, RunSpec, check_natural_exit, check_resume_continuity, launch_run, list_checkpoints,
+    load_handle, monitor_run, probe_checkpoint, smoke_spec,
 )
 from dpflow_core.server import GpuServer, ServerConfig
 
@@ -134,3 +137,49 @@ def test_a_checkpoint_the_servers_python_cannot_load_is_not_complete(tmp_path):
         probe = probe_checkpoint(server, bad)
     assert probe.zip_ok and not probe.loadable
     assert probe.error.startswith("cannot be loaded with the server's Python: ")
+
+
+def _continuity(server, dataset, *extra):
+    base = smoke_spec("umi-cont", dataset, 59.94, config_name=UMI_CONFIG, train_command="upstream", batch_size=4,
+                      extra_overrides=extra)
+    return check_resume_continuity(server, base, epochs=2, steps_per_epoch=3, timeout_s=300)
+
+
+def test_resume_continuity_of_the_upstream_trainer(config, dataset):
+    with GpuServer(config) as server:
+        report = _continuity(server, dataset)
+        full = parse_log_text(server.read_text(f"{load_handle(server, report.full_run).run_dir}/logs.json.txt"))
+        cont = parse_log_text(server.read_text(f"{load_handle(server, report.resumed_run).run_dir}/logs.json.txt"))
+    assert report.passed, (report.problems, report.mismatches)
+    # the first epoch's top-k file held global_step 3 (3 batches done): epoch 1 is steps 3, 4, 5
+    assert report.resume_step == 3 and report.compared == 3 and report.commit
+    assert report.max_loss_rel_diff == 0.0 and report.max_lr_rel_diff == 0.0  # CPU, same ops: bit for bit
+    # independent ground truth: the two logs as the trainer wrote them
+    assert [r["global_step"] for r in cont] == [3, 4, 5] and [r["epoch"] for r in cont] == [1, 1, 1]
+    assert cont == full[3:]
+    assert len({r["lr"] for r in full}) == 6 and len({r["train_loss"] for r in cont}) == 3  # schedule and loss move
+
+
+@pytest.mark.parametrize("fault, transport", [("standin.restore=model,ema_model", "ssh"),
+                                              ("standin.reset_global_step=true", "local")])
+def test_resume_continuity_fails_when_the_restore_loses_state(request, tmp_path, umi_checkout, dataset, fault, transport):
+    values = dict(data_root=str(tmp_path / "server"), python=sys.executable, repo_path=str(umi_checkout),
+                  tmux_socket=TMUX_SOCKET)
+    config = (ServerConfig.local(**values) if transport == "local"
+              else request.getfixturevalue("sshd_server").server_config(**values, expect_gpu=False))
+    with GpuServer(config) as server:
+        report = _continuity(server, dataset, fault)
+    assert not report.passed
+    text = "; ".join(report.mismatches)
+    if fault.startswith("standin.restore"):
+        # a fresh AdamW state: the first resumed batch's loss (before its update) agrees, the next ones do not;
+        # the schedule follows global_step, which was restored
+        assert not report.problems  # both runs ended well; their logs disagree
+        assert report.compared == 3 and report.max_lr_rel_diff == 0.0 and report.max_loss_rel_diff > 1e-3
+        assert "step 4: train_loss" in text and "step 3:" not in text
+    else:
+        # global_step restarted at 0: the resumed log holds steps 0-2, the uninterrupted one 3-5
+        assert report.mismatches[0] == ("the resumed run logged global_step 0-2, before the checkpoint's "
+                                        "global_step 3: its step counter did not continue")
+        assert "only uninterrupted [(3, False), (4, False), (5, False)]" in text
+        assert report.compared == 0 and report.problems == ("the resumed run logged nothing to compare",)

@@ -94,7 +94,8 @@ def compare_logs(
 ) -> tuple[int, float, float, list[str]]:
     """Compare the resumed log with the uninterrupted one from ``resume_step`` on.
 
-    Records are matched by (``global_step``, summary or not).
+    Records are matched by (``global_step``, summary or not). A resumed record before
+    ``resume_step`` is a mismatch too (a step counter that restarted).
 
     Returns:
         (records compared, max loss relative difference, max lr relative difference,
@@ -106,6 +107,11 @@ def compare_logs(
     a = {key(r): r for r in full if is_finite_number(r.get("global_step")) and int(r["global_step"]) >= resume_step}
     b = {key(r): r for r in resumed if is_finite_number(r.get("global_step")) and int(r["global_step"]) >= resume_step}
     mismatches = []
+    before = sorted({int(r["global_step"]) for r in resumed
+                     if is_finite_number(r.get("global_step")) and int(r["global_step"]) < resume_step})
+    if before:  # the restore lost the step counter (or the trainer ignored the checkpoint)
+        mismatches.append(f"the resumed run logged global_step {before[0]}-{before[-1]}, before the checkpoint's "
+                          f"global_step {resume_step}: its step counter did not continue")
     if set(a) != set(b):
         only_a = sorted(set(a) - set(b))[:5]
         only_b = sorted(set(b) - set(a))[:5]
