@@ -31,6 +31,7 @@ of this machine (the local GPU-server transport). A YAML file given with
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import uuid
@@ -207,6 +208,11 @@ def failure_reason(event) -> str:
     return error.message.strip().replace("\n", "; ")
 
 
+#: A step failure caused by failed blocking checks: dpflow's (:func:`~dpflow_dagster.partitions.fail_blocking_checks`)
+#: or Dagster's own wording.
+BLOCKING_FAILURE = re.compile(r"failed: (blocking check \S+ failed|\d+ blocking asset checks? failed)")
+
+
 def failure_summary(result, steps_in_job: set[str]) -> tuple[list[str], list[str]]:
     """(failures, warnings). Failures: one line per failed ERROR-severity check (with its task and
     description), per failed step (its reason) and one naming the steps of ``steps_in_job`` that did
@@ -229,7 +235,7 @@ def failure_summary(result, steps_in_job: set[str]) -> tuple[list[str], list[str
         elif kind == "STEP_START":
             started.add(event.step_key)
     # a step that failed because its blocking checks did is named by those checks' lines already
-    lines = checks + [line for line in steps if not (checks and "blocking asset check" in line)]
+    lines = checks + [line for line in steps if not (checks and BLOCKING_FAILURE.search(line))]
     not_run = sorted(steps_in_job - started)
     if lines and not_run:
         lines.append(f"not run (an upstream step or blocking check failed): {', '.join(not_run)}")

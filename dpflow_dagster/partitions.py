@@ -21,16 +21,22 @@ Every asset check follows its asset's partition (:func:`task_asset_check`,
 partition only, and its result is recorded for that task (the Checks tab shows
 the partition; each result's metadata also names the ``task``). Partitioned asset
 checks are a preview API in Dagster 1.13; only that one warning is silenced.
+
+A blocking check that fails fails its step with dpflow's reason
+(:func:`fail_blocking_checks`): the check, the task and the check's description,
+which is what the failed run's page shows first, in place of Dagster's
+"1 blocking asset check failed with ERROR severity".
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import dagster as dg
 
@@ -130,13 +136,55 @@ def task_check_spec(name: str, **kwargs: Any) -> dg.AssetCheckSpec:
 
 
 def task_asset_check(**kwargs: Any) -> Callable[[Callable], dg.AssetChecksDefinition]:
-    """``@dg.asset_check(**kwargs)`` partitioned like its asset: the check evaluates the run's task partition."""
+    """``@dg.asset_check(**kwargs)`` partitioned like its asset: the check evaluates the run's task partition.
+
+    With ``blocking=True`` a failed ERROR-severity result is recorded, then the step fails with
+    :func:`fail_blocking_checks`'s reason.
+    """
 
     def decorate(fn: Callable) -> dg.AssetChecksDefinition:
+        compute = fn
+        if kwargs.get("blocking"):
+            @functools.wraps(fn)
+            def compute(context, *args, **kw):  # a generator: the result is recorded before the step fails
+                result = fn(context, *args, **kw)
+                yield result
+                fail_blocking_checks(context, [result])
+
         with _partitioned_check_preview():
-            return dg.asset_check(partitions_def=task_partitions, **kwargs)(fn)
+            return dg.asset_check(partitions_def=task_partitions, **kwargs)(compute)
 
     return decorate
+
+
+def fail_blocking_checks(context: dg.AssetCheckExecutionContext, results: Sequence[dg.AssetCheckResult]) -> None:
+    """Fail the check step with dpflow's reason when a blocking check failed with ERROR severity.
+
+    Call it after the results were yielded (so they are recorded). One line per failed check,
+    ``blocking check <asset>:<check> failed for task <task>: <description>``, joined with "; ".
+
+    Raises:
+        dagster.Failure: with that description and metadata ``task`` and ``failed_checks``.
+    """
+    specs = list(context.check_specs)
+    failed = []
+    for index, result in enumerate(results):
+        if result.passed or result.severity != dg.AssetCheckSeverity.ERROR:
+            continue
+        spec = next((s for s in specs if s.name == result.check_name), None) or specs[index]
+        if not spec.blocking:
+            continue
+        asset = (result.asset_key or spec.asset_key).to_user_string()
+        failed.append((f"{asset}:{spec.name}", result.description or "no description"))
+    if not failed:
+        return
+    task = context.partition_key if context.has_partition_key else None
+    where = f" for task {task}" if task else ""
+    raise dg.Failure(
+        description="; ".join(f"blocking check {name} failed{where}: {why}" for name, why in failed),
+        metadata={**({"task": task} if task else {}), "failed_checks": ", ".join(name for name, _ in failed)},
+        allow_retries=False,
+    )
 
 
 def check_partition_metadata(context: dg.AssetCheckExecutionContext) -> dict[str, str]:

@@ -18,6 +18,7 @@ from dpflow_core.recordings import samples
 from dpflow_core.dataset import CHECKS
 from dpflow_core.recordings.topics import DAS_DEFAULT
 from dpflow_dagster.defs.dataset import dataset_npz, dataset_npz_checks
+from dpflow_dagster.partitions import task_partitions
 
 SPEC = samples.SampleSpec(seconds=2.0, width=160, height=120, gop_size=15)
 
@@ -192,3 +193,34 @@ def test_umi_dataset_is_the_npz_in_umis_zarr_layout_and_is_reused_only_when_inta
     third = materialize_task(assets, "pick", run_config=_run_config(tmp_path), resources=io)
     assert third.asset_materializations_for_node("umi_dataset")[0].metadata["reused"].value is False
     assert hashlib.sha256(out.read_bytes()).hexdigest() == value["sha256"]  # written anew, deterministically
+
+
+def test_a_failed_blocking_check_fails_the_run_with_dpflows_reason(tmp_path):
+    """The run page shows the run's failure event first: its error is the check, the task and why."""
+    arrays = synthetic_arrays(n_episodes=2, episode_length=60, image_size=(32, 32))
+    arrays["data__robot0_eef_rot_axis_angle"][4] = [3.5, 0.0, 0.0]
+    path = write_npz(tmp_path / "dataset.npz", arrays)
+
+    @dg.asset(name="dataset_npz", partitions_def=task_partitions)
+    def stub() -> dict:
+        return {"path": str(path), "image_size": [32, 32]}
+
+    (tmp_path / "dagster_home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as instance:  # SQLite storage on disk
+        res = materialize_task([stub, dataset_npz_checks], "pick_cup", instance=instance, raise_on_error=False)
+        assert not res.success
+        records = instance.get_records_for_run(res.run_id).records
+        events = [r.event_log_entry.dagster_event for r in records if r.event_log_entry.dagster_event]
+        run = instance.get_run_by_id(res.run_id)
+    [evaluation] = [e.asset_check_evaluation_data for e in events
+                    if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed]
+    assert evaluation.check_name == "rotation_norm_le_pi" and evaluation.partition == "pick_cup"
+    reason = f"blocking check dataset_npz:rotation_norm_le_pi failed for task pick_cup: {evaluation.description}"
+    assert "3.5" in evaluation.description  # the check's own figure, from the damaged pose
+    [step_failure] = [e for e in events if e.event_type_value == "STEP_FAILURE"]
+    assert step_failure.step_failure_data.user_failure_data.description == reason
+    assert step_failure.step_failure_data.user_failure_data.metadata["task"].value == "pick_cup"
+    [run_failure] = [e for e in events if e.event_type == dg.DagsterEventType.RUN_FAILURE]
+    error = run_failure.job_failure_data.error
+    assert reason in error.message and "blocking asset check failed" not in error.message
+    assert run.status == dg.DagsterRunStatus.FAILURE

@@ -121,6 +121,11 @@ def test_materialize_upload_and_check_then_catch_corruption(tmp_path, dataset):
     assert check_meta["remote_sha256"] == hashlib.sha256(Path(check_meta["quarantine_path"]).read_bytes()).hexdigest()
     assert not Path(expected_path).exists()
     assert not [m for m in rerun.get_asset_materialization_events() if m.asset_key == dg.AssetKey("smoke_probe")]
+    # the check's step, and with it the run, fails with dpflow's reason: the check, the task and both hashes
+    [failure] = [e for e in rerun.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description == (
+        f"blocking check remote_dataset:remote_dataset_sha256_match failed for task pick_place: {evaluation.description}")
+    assert dataset["sha256"] in evaluation.description and check_meta["remote_sha256"] in evaluation.description
 
 
 def test_mismatch_at_upload_fails_with_both_hashes(tmp_path, dataset):

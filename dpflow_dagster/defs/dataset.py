@@ -27,7 +27,9 @@ from dpflow_core.dataset import CHECKS, MIN_TRAIN_LENGTH, validate_dataset
 from dpflow_core.errors import DpflowError
 from dpflow_core.files import default_workdir
 from dpflow_core.names import validate_name
-from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, check_partition_metadata, task_check_spec, task_partitions
+from dpflow_dagster.partitions import (
+    CONVERSION_AUTOMATION, OWNERS, check_partition_metadata, fail_blocking_checks, task_check_spec, task_partitions,
+)
 
 
 class DatasetConfig(dg.Config):
@@ -195,8 +197,8 @@ def dataset_npz_checks(context: dg.AssetCheckExecutionContext, dataset_npz: dict
         min_train_length=context.op_execution_context.op_config["min_train_length"],
         max_short_episodes=context.op_execution_context.op_config["max_short_episodes"],
     )
-    for r in results:
-        yield dg.AssetCheckResult(
+    evaluations = [
+        dg.AssetCheckResult(
             asset_key="dataset_npz",
             check_name=r.name,
             passed=r.passed,
@@ -207,6 +209,10 @@ def dataset_npz_checks(context: dg.AssetCheckExecutionContext, dataset_npz: dict
                 **{k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in r.metadata.items()},
             },
         )
+        for r in results
+    ]
+    yield from evaluations
+    fail_blocking_checks(context, evaluations)
 
 
 class UmiDatasetConfig(dg.Config):
