@@ -101,9 +101,17 @@ def test_upload_keeps_the_zarr_zip_name_on_the_server(dataset, tmp_path):
     from dpflow_core.server import GpuServer, ServerConfig
     from dpflow_core.server.upload import upload_dataset
 
+    from dpflow_core.replay_buffer import ReplayBuffer
+    from dpflow_core.runs import dataset_frequency
+
     out = export_umi(dataset, tmp_path / "dataset.zarr.zip")
     with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"))) as server:
         result = upload_dataset(server, out.path, task="pick_cup", expected_sha256=out.sha256, method="stream")
+        # the run spec's task.dataset_frequeny comes from the zip on the server (its root .zattrs), as for an npz
+        frequency = dataset_frequency(server, result.remote_path)
+    assert frequency == ReplayBuffer(dataset).metadata["frequency_hz"] > 0
+    with zipfile.ZipFile(out.path) as zf:
+        assert json.loads(zf.read(".zattrs")) == {"frequency_hz": frequency}
     assert result.verified
     assert result.remote_path == str(tmp_path / "server" / "pick_cup" / out.sha256[:16] / "dataset.zarr.zip")
     assert sha256_file(result.remote_path) == out.sha256

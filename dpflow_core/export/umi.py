@@ -15,6 +15,8 @@ Layout (the UMI replay buffer, zarr format 2, each group and array a folder of t
     data/robot0_demo_end_pose       (T, 6) float32
     meta/episode_ends               (E,) int64, cumulative, last == T
 
+The root group's attributes (``.zattrs``) hold ``frequency_hz``, the dataset's measured rate (Hz),
+read on the GPU server for ``task.dataset_frequeny`` (:func:`dpflow_core.runs.dataset_frequency`).
 Low-dimensional arrays are one uncompressed chunk each. A reader must register the codecs first
 (``imagecodecs.numcodecs.register_codecs()``), as UMI does. The store is written by zarr into a
 temporary folder, then packed into the zip with each entry written once (zarr 3's ``ZipStore``
@@ -180,6 +182,9 @@ def export_umi(
         for key in UMI_DATA_KEYS[1:]:
             values = np.asarray(buffer[key])
             data.create_array(key, shape=values.shape, chunks=values.shape, dtype=values.dtype, compressors=None)[...] = values
+        frequency = buffer.metadata.get("frequency_hz")
+        if frequency is not None:  # for the server's run spec (task.dataset_frequeny); UMI's reader ignores it
+            root.attrs["frequency_hz"] = float(frequency)
         meta = root.create_group("meta")
         ends = np.asarray(buffer.episode_ends, dtype=np.int64)
         meta.create_array("episode_ends", shape=ends.shape, chunks=ends.shape, dtype="int64", compressors=None)[...] = ends

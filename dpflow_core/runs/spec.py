@@ -228,16 +228,25 @@ def smoke_spec(
 
 
 def dataset_frequency(server: GpuServer, dataset_path: str, timeout_s: float = 120.0) -> float:
-    """The measured frequency (Hz) recorded in the dataset's ``meta__info_json`` member, read on the server.
+    """The measured frequency (Hz) recorded in the dataset, read on the server.
+
+    A ``dataset.npz``: its ``meta__info_json`` member; a UMI ``dataset.zarr.zip`` (``dpflow
+    export-umi``, a zip holding a zarr format 2 root ``.zgroup``): its root ``.zattrs``.
 
     Raises:
         DatasetError: when the file is missing or its metadata has no positive ``frequency_hz``.
     """
     script = (
-        "import json, sys, numpy as np\n"
-        "a = np.load(sys.argv[1])['meta__info_json']\n"
+        "import json, sys, zipfile, numpy as np\n"
+        "p = sys.argv[1]\n"
+        "z = zipfile.ZipFile(p) if zipfile.is_zipfile(p) else None\n"
+        "if z is not None and '.zgroup' in z.namelist():\n"
+        "    attrs = json.loads(z.read('.zattrs')) if '.zattrs' in z.namelist() else {}\n"
+        "    print('DPFLOW_FREQ', json.dumps(attrs.get('frequency_hz')), 'zarr')\n"
+        "    sys.exit(0)\n"
+        "a = np.load(p)['meta__info_json']\n"
         "t = a.tobytes().decode() if a.dtype == np.uint8 else (str(a.reshape(-1)[0]) if a.dtype.kind == 'U' else b''.join(a.reshape(-1).tolist()).decode())\n"
-        "print('DPFLOW_FREQ', json.dumps(json.loads(t).get('frequency_hz')))\n"
+        "print('DPFLOW_FREQ', json.dumps(json.loads(t).get('frequency_hz')), 'npz')\n"
     )
     path = server.abspath(dataset_path)
     if server.size(path) is None:
@@ -246,9 +255,11 @@ def dataset_frequency(server: GpuServer, dataset_path: str, timeout_s: float = 1
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith("DPFLOW_FREQ ")), None)
     if not result.ok or line is None:
         raise DatasetError(f"cannot read the dataset metadata: {(result.stderr or result.stdout).strip()[-400:]}", path=path)
-    value = json.loads(line.split(" ", 1)[1])
+    _, text, kind = line.split(" ", 2)
+    value = json.loads(text)
     if not is_finite_number(value) or value <= 0:
-        raise DatasetError(f"meta__info_json has no positive frequency_hz (got {value!r})", path=path, code="bad_frequency")
+        where = "the zarr root's .zattrs (write it with dpflow export-umi)" if kind == "zarr" else "meta__info_json"
+        raise DatasetError(f"{where} has no positive frequency_hz (got {value!r})", path=path, code="bad_frequency")
     return float(value)
 
 
