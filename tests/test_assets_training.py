@@ -180,6 +180,10 @@ def test_a_leaking_smoke_run_fails_released_and_blocks_training(tmp_path, fake):
     assert released.metadata["now/leftover_processes"].value == "none"
     assert "train_run" not in materializations(result)  # the blocking check stopped it
     assert not (tmp_path / "server" / "runs" / "train-b").exists()
+    # the run fails with dpflow's reason: the check, the task and what the check found
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description == (
+        f"blocking check smoke_run:released failed for task {TASK}: {released.description}")
 
 
 @pytest.mark.slow
