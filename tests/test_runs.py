@@ -182,6 +182,11 @@ def test_smoke_overrides_and_command(server, dataset, fake_trainer):
                      "checkpoint.topk.k=0", "task.dataset_frequeny=29.97", "hydra.run.dir=/runs/s1",
                      "training.max_train_steps=3", "dataloader.batch_size=4", "dataloader.num_workers=0"):
         assert expected in overrides
+    # An upstream-style train.py always gets resume=true: UMI's workspace keeps the optimizer out of
+    # its checkpoints otherwise, and it resumes only from an existing latest.ckpt.
+    upstream = RunSpec(**{**spec.to_dict(), "kind": "train", "train_command": "upstream"})
+    assert not upstream.builtin_trainer and "training.resume=true" in upstream.overrides("/runs/s1")
+    assert "training.resume=false" not in upstream.overrides("/runs/s1")
     cmd, _, n = build_command(server, spec, "/runs/s1", [])
     assert n == 1 and "-m accelerate.commands.launch --cpu --num_processes 1" in cmd
     assert "-m dpflow_core.train --config-name=tiny" in cmd and cmd.endswith("checkpoint.topk.k=0")

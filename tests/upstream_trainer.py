@@ -26,6 +26,10 @@ from a generator seeded with (seed, global_step), so a resumed run sees the batc
 uninterrupted one saw without RNG state in the checkpoint (upstream keeps none).
 Checkpoint ``pickles``: ``epoch`` is the last finished epoch, ``global_step`` the batches done.
 
+As UMI's workspace, a run with ``training.resume=false`` leaves the optimizer state out of its
+checkpoints (such a checkpoint cannot resume); dpflow therefore passes ``training.resume=true``
+to every upstream-style run (it resumes only when the run directory already has ``latest.ckpt``).
+
 Test-only overrides: ``standin.drop=optimizer,ema_model`` leaves those state dicts out of
 every checkpoint (an incomplete checkpoint); ``standin.restore=model,ema_model`` loads only
 those on resume (a restore that loses the optimizer state); ``standin.reset_global_step=true``
@@ -112,6 +116,8 @@ def main(argv: list[str]) -> int:
     save_last = args.get("checkpoint.save_last_ckpt", "true") != "false"
     topk = int(args.get("checkpoint.topk.k", "2"))
     drop = tuple(d for d in args.get("standin.drop", "").split(",") if d)
+    if args.get("training.resume", "false") != "true":
+        drop += ("optimizer",)  # UMI's workspace keeps the optimizer out of its checkpoints unless resume is on
     step_s = float(args.get("standin.step_s", "0"))
     cfg = {
         "name": config_name,

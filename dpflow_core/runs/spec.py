@@ -164,15 +164,28 @@ class RunSpec:
         if not re.match(r"^[A-Za-z0-9_.-]+$", self.config_name):
             raise RunError(f"invalid config name {self.config_name!r}", code="bad_config")
 
+    @property
+    def builtin_trainer(self) -> bool:
+        """Whether the train command is dpflow's own trainer (``-m dpflow_core.train``)."""
+        return "dpflow_core.train" in self.train_command
+
     def overrides(self, run_dir: str) -> list[str]:
-        """The Hydra overrides dpflow passes (the trainer's ``train.py``-compatible keys)."""
+        """The Hydra overrides dpflow passes (the trainer's ``train.py``-compatible keys).
+
+        ``training.resume`` is ``true`` for every run of an upstream-style trainer: Diffusion
+        Policy / UMI workspaces resume only when ``<hydra.run.dir>/checkpoints/latest.ckpt``
+        exists (never the case in a new run directory), and UMI's workspace leaves the optimizer
+        state out of its checkpoints when ``training.resume`` is false, which would make every
+        checkpoint unable to resume. The built-in trainer refuses ``resume=true`` without a
+        checkpoint, so it gets ``self.resume``.
+        """
         out = [
             f"task.dataset_path={hydra_value(self.dataset_path)}",
             f"task.dataset_frequeny={float(self.frequency_hz):.10g}",
             f"hydra.run.dir={hydra_value(run_dir)}",
             f"logging.mode={'offline' if self.kind == 'smoke' else self.logging_mode}",
             f"logging.name={self.name}",
-            f"training.resume={hydra_value(bool(self.resume))}",
+            f"training.resume={hydra_value(bool(self.resume) or not self.builtin_trainer)}",
         ]
         if self.epochs is not None:
             out.append(f"training.num_epochs={int(self.epochs)}")
