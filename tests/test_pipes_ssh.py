@@ -155,3 +155,27 @@ def test_without_pipes_the_same_reports_come_from_logs_json(sshd_server, tmp_pat
     assert {o["source"] for o in observed} == {"logs.json.txt"}
     check = checks_by_name(result)["natural_exit"]
     assert check.passed and check.metadata["reported_from_run"].value is False
+
+
+@pytest.mark.sshd
+@pytest.mark.slow
+def test_smoke_run_reports_through_the_same_pipes_reader(sshd_server, tmp_path):  # noqa: F811
+    dataset = write_synthetic_dataset(tmp_path / "dataset.npz", n_episodes=4, episode_length=40, image_size=(32, 32))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(at.smoke_run.partitions_def.name, [TASK])
+    result = dg.materialize(
+        [stub_remote_dataset(dataset, 10.0), at.smoke_run], instance=instance, partition_key=TASK,
+        resources={"gpu_server": _resource(sshd_server, tmp_path)},
+        run_config=dg.RunConfig(ops={"smoke_run": at.SmokeRunConfig(
+            run_name="smoke-pipes", config_name="tiny", epochs=1, max_train_steps=3, batch_size=4)}),
+    )
+    assert result.success
+    meta = {k: v.value for k, v in materializations(result)["smoke_run"].items()}
+    [messages_file] = (tmp_path / "server" / "runs" / "smoke-pipes" / "dpflow").glob("pipes-*.jsonl")
+    messages = [json.loads(line) for line in messages_file.read_text().splitlines()]
+    assert meta["reports"] == "dagster-pipes" and meta["pipes_messages"] == len(messages)
+    steps = [m["params"]["payload"]["global_step"] for m in messages
+             if m["method"] == "report_custom_message" and m["params"]["payload"]["kind"] == "step"]
+    # every step is reported (N = 1), the epoch summary repeats the last one
+    assert steps == [0, 1, 2, 2]
+    assert [o["global_step"] for _, o in _step_observations(result, instance)] == steps

@@ -112,6 +112,7 @@ class SmokeRunConfig(dg.Config):
     timeout_s: float = Field(default=900.0, description="Seconds before the smoke run is ended.")
     resume_check_epochs: int = Field(default=2, description="Epochs of the resume-continuity check's runs (>= 2).")
     resume_check_steps: int = Field(default=2, description="Batches per epoch of the resume-continuity check's runs.")
+    pipes: bool = Field(default=True, description="The built-in trainer reports each step through Dagster Pipes; off: logs.json.txt only.")
 
 
 @dg.asset(
@@ -141,11 +142,26 @@ def smoke_run(
             num_workers=config.num_workers, train_command=config.train_command, extra_overrides=config.extra_overrides,
         )
         context.log.info(f"smoke run {spec.name} on {server.config.describe()}")
-        result = run_smoke(server, spec, timeout_s=config.timeout_s)
+        # the same reports as train_run: Dagster Pipes for the built-in trainer (step reports, log lines)
+        with contextlib.ExitStack() as stack:
+            session, reader = None, None
+            if config.pipes and is_builtin_trainer(spec.train_command):
+                reader = PipesSshMessageReader(context, server, messages_path(run_dir_for(server, spec.name)), spec.name)
+                session = stack.enter_context(dg.open_pipes_session(
+                    context, dg.PipesEnvContextInjector(), reader, extras={"report_every_n_steps": 1},
+                ))
+            result = run_smoke(
+                server, spec, timeout_s=config.timeout_s,
+                extra_env=dict(session.get_bootstrap_env_vars()) if session else None,
+                on_poll=reader.poll if reader else None,
+            )
     metadata = {
         **result.metadata(), "path": dg.MetadataValue.path(result.handle.run_dir),
         "output_tail": dg.MetadataValue.text(result.output_tail[-3000:]),
+        "reports": "dagster-pipes" if reader else "logs.json.txt",
     }
+    if reader is not None:
+        metadata["pipes_messages"] = reader.handled
     if result.oom_advice:
         metadata["oom_advice"] = dg.MetadataValue.md(_lines(result.oom_advice))
     if not result.passed:
