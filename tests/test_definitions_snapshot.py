@@ -1,7 +1,7 @@
 """Snapshot of the Dagster definitions: an accidental rewiring of the graph fails here.
 
 The snapshot (tests/snapshots/definitions.json) holds, per asset: group, kinds,
-owners, dependencies, partitions, automation condition (its label), pools and
+owners, code version, dependencies, partitions, automation condition (its label), pools and
 asset checks (name, blocking, pool); and the sensors, jobs and resources. The
 test recomputes it from ``dpflow_dagster.definitions`` and prints a unified diff
 when they differ. After an intended change, rewrite it with
@@ -59,6 +59,7 @@ def definitions_snapshot(definitions: dg.Definitions) -> dict:
         name = key.to_user_string()
         assets[name] = {
             "group": node.group_name,
+            "code_version": node.code_version,
             "kinds": sorted(node.kinds),
             "owners": sorted(node.owners),
             "deps": sorted(k.to_user_string() for k in node.parent_keys),
@@ -119,7 +120,7 @@ def test_the_snapshot_states_the_rules_of_the_graph():
     assert {a["partitions"] for a in assets.values()} == {"DynamicPartitionsDefinition(task)"}
     # every check follows its asset's task partition (an unpartitioned one loads every task's value)
     assert {c["partitions"] for a in assets.values() for c in a["checks"]} == {"DynamicPartitionsDefinition(task)"}
-    assert all(a["owners"] and a["described"] and a["kinds"] for a in assets.values())
+    assert all(a["owners"] and a["described"] and a["kinds"] and a["code_version"] for a in assets.values())
     training = {name for name, a in assets.items() if a["group"] == "training"}
     assert training == {"smoke_run", "train_run", "checkpoint", "evaluation"}
     assert {name for name, a in assets.items() if a["group"] == "dataset"} == {

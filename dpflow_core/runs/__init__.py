@@ -53,14 +53,15 @@ from __future__ import annotations
 from dpflow_core.runs.spec import (
     CHECKPOINT_DIR, CPU_CONFIG_NAME, CPU_RUN_NOTE, DEFAULT_TRAIN_COMMAND, GPU_CONFIG_NAME, HANDLE_NAME, LATEST_CKPT, LOG_NAME,
     OUTPUT_LOG, RECORD_NAME, RELEASE_NAME, RUNS_DIR, STATE_DIR, TEMPLATE_FIELDS, TOKEN_ENV, TRAIN_COMMAND_PRESETS, UPSTREAM_TRAIN_COMMAND, RunSpec,
-    dataset_frequency, default_run_name, hydra_value, resolve_config_name, run_dir_for, runs_root, smoke_spec,
+    dataset_frequency, default_run_name, hydra_value, is_builtin_trainer, resolve_config_name, run_dir_for, runs_root, smoke_spec,
     utc_now,
 )
 from dpflow_core.runs.gpus import FREE_GPU_MAX_USED_MIB, choose_gpus, free_gpus, gpu_memory, require_gpus
 from dpflow_core.runs.command import build_command, is_full_command, launcher_args, render_train_command
 from dpflow_core.runs.state import RunHandle, active_or_new_run_name, find_active_runs, launch_indices, load_handle, run_disk_usage
 from dpflow_core.runs.records import CheckpointProbe, finalize_record, probe_checkpoint, reproducibility_record
-from dpflow_core.runs.launch import launch_or_attach, launch_run
+from dpflow_core.runs.launch import attachable_handle, launch_or_attach, launch_run
+from dpflow_core.runs.messages import JsonLinesFollower
 from dpflow_core.runs.processes import CleanupReport, cleanup_run, describe_process, run_processes, token_pids
 from dpflow_core.runs.release import (
     GPU_RELEASE_TOLERANCE_MIB, ReleaseReport, check_released, load_release_report, save_release_report,
@@ -79,7 +80,7 @@ __all__ = [
     "RunSpec", "SmokeResult", "build_command", "check_natural_exit", "check_released", "check_resume_continuity",
     "choose_gpus", "cleanup_run", "compare_logs", "dataset_frequency", "default_run_name", "describe_exit",
     "describe_process", "finalize_record", "find_active_runs", "free_gpus", "gpu_memory", "hydra_value",
-    "is_full_command", "is_out_of_memory", "launch_indices", "launch_or_attach", "launch_run", "launcher_args",
+    "JsonLinesFollower", "attachable_handle", "is_builtin_trainer", "is_full_command", "is_out_of_memory", "launch_indices", "launch_or_attach", "launch_run", "launcher_args",
     "list_checkpoints", "load_handle", "load_release_report", "monitor_run", "oom_advice", "probe_checkpoint",
     "read_run_config", "render_train_command", "reproducibility_record", "require_gpus", "resolve_config_name", "run_dir_for",
     "run_disk_usage", "run_processes", "run_smoke", "runs_root", "save_release_report", "smoke_spec", "token_pids",

@@ -55,7 +55,8 @@ def launch_run(
     the reproducibility record are written to ``<run_dir>/dpflow/launch-<k>/``.
     ``machine`` makes this launch one machine of a multi-machine run
     (:mod:`~dpflow_core.runs.multihost`); ``extra_env`` adds environment variables (such as
-    ``GLOO_SOCKET_IFNAME``).
+    ``GLOO_SOCKET_IFNAME``, or the Dagster Pipes bootstrap variables), exported by the
+    wrapper script with shell quoting (:meth:`GpuServer.start_detached`).
 
     Raises:
         RunError: ``run_exists``, ``checkpoint_incomplete``, ``already_running``,
@@ -127,26 +128,35 @@ def launch_run(
     return handle
 
 
+def attachable_handle(server: GpuServer, spec: RunSpec) -> RunHandle | None:
+    """The launch of run ``spec.name`` that :func:`launch_or_attach` would attach to, else None.
+
+    That is the latest launch when it still runs, or (without ``spec.resume``) when it ended.
+    """
+    run_dir = run_dir_for(server, spec.name)
+    if not server.exists(run_dir):
+        return None
+    try:
+        handle = load_handle(server, spec.name)
+    except RunError:
+        return None
+    status = server.detached_status(handle.detached)
+    running = not status.finished and not status.vanished
+    return handle if running or not spec.resume else None
+
+
 def launch_or_attach(server: GpuServer, spec: RunSpec, **kwargs) -> tuple[RunHandle, bool]:
     """Attach to run ``spec.name`` when it was launched already, else launch it.
 
     A re-materialization (after the orchestrator died or the SSH connection
     dropped) finds the launch record and follows the running session instead of
     starting a second one. With ``spec.resume`` a finished earlier launch is
-    resumed; a running one is attached to.
+    resumed; a running one is attached to (:func:`attachable_handle`).
 
     Returns:
         (handle, attached): ``attached`` is True when nothing was launched.
     """
-    run_dir = run_dir_for(server, spec.name)
-    if server.exists(run_dir):
-        try:
-            handle = load_handle(server, spec.name)
-        except RunError:
-            handle = None
-        if handle is not None:
-            status = server.detached_status(handle.detached)
-            running = not status.finished and not status.vanished
-            if running or not spec.resume:
-                return handle, True
+    handle = attachable_handle(server, spec)
+    if handle is not None:
+        return handle, True
     return launch_run(server, spec, **kwargs), False

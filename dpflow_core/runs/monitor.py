@@ -76,6 +76,7 @@ def monitor_run(
     stall_timeout_s: float = 900.0,
     timeout_s: float | None = None,
     on_progress: ProgressCallback | None = None,
+    on_poll: Callable[[], None] | None = None,
     stop_on_failure: bool = True,
     reconnect_attempts: int = 5,
 ) -> MonitorResult:
@@ -85,6 +86,8 @@ def monitor_run(
     whole history). A dropped SSH connection is re-opened (up to
     ``reconnect_attempts`` times in a row). With ``stop_on_failure`` a run with a
     NaN loss or a stall is ended (:func:`cleanup_run`: its own processes only).
+    ``on_poll`` (a reader of the run's Pipes messages, say) is called on every poll, inside
+    the same reconnect handling, and once more after the run ended, so it sees the last lines.
     """
     tailer = LogTailer(server, handle.log_path)
     started = time.monotonic()
@@ -92,6 +95,11 @@ def monitor_run(
     while True:
         try:
             new = tailer.poll()
+            if new and on_progress is not None:
+                # inside the reconnect handling: a callback that reads the server may meet the drop too
+                on_progress(tailer.progress, new)
+            if on_poll is not None:
+                on_poll()
             status = server.detached_status(handle.detached)
             failures = 0
         except _CONNECTION_ERRORS as exc:
@@ -104,13 +112,13 @@ def monitor_run(
             time.sleep(min(30.0, poll_s * failures))
             continue
         p = tailer.progress
-        if new and on_progress is not None:
-            on_progress(p, new)
         if p.nonfinite is not None and not status.finished:
             stopped = cleanup_run(server, handle) if stop_on_failure else None
             return MonitorResult("nan", None, p, f"non-finite loss at global_step {p.nonfinite.get('global_step')}: {p.nonfinite}", stopped)
         if status.finished and not status.leader_alive:
             tailer.poll()
+            if on_poll is not None:
+                on_poll()
             p = tailer.progress
             return MonitorResult("finished", status.exit_code, p, describe_exit(status.exit_code))
         if status.vanished:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import posixpath
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from dpflow_core.errors import RunError
 from dpflow_core.logs import LogProgress, LogTailer, is_finite_number
@@ -84,6 +84,9 @@ def run_smoke(
     timeout_s: float = 900.0,
     release_wait_s: float = 10.0,
     cleanup: bool = True,
+    extra_env: dict[str, str] | None = None,
+    on_poll: Callable[[], None] | None = None,
+    poll_s: float = 0.5,
 ) -> SmokeResult:
     """Run a smoke run in the foreground and judge it (rules 6 and 7).
 
@@ -91,12 +94,24 @@ def run_smoke(
     at launch) and waited for; after ``timeout_s`` its processes are ended. Then the
     release check runs (and, with ``cleanup``, ends leftovers proven to be the
     run's); its report is stored with the launch for the blocking asset check.
+    ``extra_env`` goes to the run's environment (:func:`launch_run`); ``on_poll`` is called every
+    ``poll_s`` seconds while it runs and once after it ended (a reader of its Pipes messages).
     """
     if spec.kind != "smoke":
         raise RunError(f"run_smoke needs a smoke spec, got kind {spec.kind!r}", code="bad_config")
     started = time.monotonic()
-    handle = launch_run(server, spec, method="setsid")
-    status = server.wait_detached(handle.detached, timeout_s)
+    handle = launch_run(server, spec, method="setsid", extra_env=extra_env)
+    if on_poll is None:
+        status = server.wait_detached(handle.detached, timeout_s)
+    else:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            on_poll()
+            status = server.detached_status(handle.detached)
+            if status.finished or status.vanished or time.monotonic() > deadline:
+                break
+            time.sleep(poll_s)
+        on_poll()
     timed_out = not status.finished and not status.vanished
     if timed_out:
         cleanup_run(server, handle)

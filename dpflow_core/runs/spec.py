@@ -52,6 +52,12 @@ CPU_RUN_NOTE = "CPU run: GPU release not checked"
 _HYDRA_SAFE = re.compile(r"^[A-Za-z0-9_./~:@+-]*$")
 
 
+def is_builtin_trainer(train_command: str) -> bool:
+    """True when the train command template runs the built-in trainer (``-m dpflow_core.train``)."""
+    words = TRAIN_COMMAND_PRESETS.get(train_command, train_command).split()
+    return any(a == "-m" and b == "dpflow_core.train" for a, b in zip(words, words[1:]))
+
+
 def utc_now() -> str:
     """Current UTC time as ISO 8601 with seconds (``2025-01-31T12:00:00+00:00``)."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

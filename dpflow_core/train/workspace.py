@@ -55,6 +55,7 @@ from dpflow_core.train.data import (
     shape_meta,
     split_episodes,
 )
+from dpflow_core.train.pipes import PipesReporter, open_reporter
 from dpflow_core.train.logs import JsonLinesLogger
 from dpflow_core.train.policy import DiffusionUnetImagePolicy, build_policy, optimizer_param_groups
 from dpflow_core.train.sampler import EpochBatchSampler
@@ -232,6 +233,8 @@ class Workspace:
         self.log_path = self.run_dir / LOG_NAME
         self.wandb: _WandbRun | None = None
         self.json_log: JsonLinesLogger | None = None
+        # reports to Dagster when launched through Dagster Pipes (main process only; None otherwise)
+        self.pipes: PipesReporter | None = None
 
     def _shared_run_dir(self, own: Path) -> Path:
         """Every process uses the main process's run directory (``${now:...}`` may differ by a second)."""
@@ -536,13 +539,17 @@ class Workspace:
             name, evicted = self.topk.propose(metrics) if metrics is not None else (None, [])
             if c.save_last_ckpt or name:
                 payload = self._payload(states)
+                written = []
                 if c.save_last_ckpt:
-                    ckpt.atomic_save(payload, self.latest_path)
+                    written.append(ckpt.atomic_save(payload, self.latest_path))
                     if name:
-                        ckpt.atomic_copy(self.latest_path, self.ckpt_dir / name)
+                        written.append(ckpt.atomic_copy(self.latest_path, self.ckpt_dir / name))
                 else:
-                    ckpt.atomic_save(payload, self.ckpt_dir / name)
+                    written.append(ckpt.atomic_save(payload, self.ckpt_dir / name))
                 del payload
+                if self.pipes is not None:
+                    for path in written:
+                        self.pipes.checkpoint_saved(Path(path), self.global_step - 1, self.epoch - 1 if metrics else self.epoch)
                 for old in evicted:
                     (self.ckpt_dir / old).unlink(missing_ok=True)
         self.accelerator.wait_for_everyone()
@@ -552,6 +559,8 @@ class Workspace:
     def _log(self, record: Mapping[str, Any]) -> None:
         if self.json_log is not None:
             self.json_log.log(record)
+        if self.pipes is not None:
+            self.pipes.step(record, force=bool(record.get("epoch_summary")))
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != "epoch_summary"}, step=int(record["global_step"]))
 
@@ -698,6 +707,9 @@ class Workspace:
                     "dropped %d log lines written after the checkpoint (work lost at the interruption)",
                     self.json_log.dropped,
                 )
+            self.pipes = open_reporter(
+                total_steps=int(cfg.training.num_epochs) * self.batches_per_epoch, start_step=self.global_step
+            )
             if str(cfg.logging.mode) != "disabled":
                 resolved = OmegaConf.to_container(cfg, resolve=True)
                 self.wandb = _WandbRun(cfg, self.run_dir, self.wandb_id, resolved)
@@ -723,6 +735,8 @@ class Workspace:
                 self.json_log.close()
             if self.wandb is not None:
                 self.wandb.finish(exit_code=exit_code)
+            if self.pipes is not None and exit_code != 0:
+                self.pipes.close()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         log.info(
@@ -731,13 +745,19 @@ class Workspace:
             self.epoch,
             self.global_step,
         )
-        return {
+        summary = {
             "run_dir": str(self.run_dir),
             "epoch": self.epoch,
             "global_step": self.global_step,
             "latest_checkpoint": str(self.latest_path) if self.latest_path.exists() else None,
             "metrics": metrics,
         }
+        if self.pipes is not None:
+            try:
+                self.pipes.finish(summary, int(cfg.training.num_epochs))
+            finally:
+                self.pipes.close()
+        return summary
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:

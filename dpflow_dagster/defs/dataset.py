@@ -21,7 +21,7 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from dpflow_core.conversion import convert, dataset_key, load_inputs
+from dpflow_core.conversion import CONVERTER_VERSION, convert, dataset_key, load_inputs
 from dpflow_core.conversion.align import DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES
 from dpflow_core.dataset import CHECKS, MIN_TRAIN_LENGTH, validate_dataset
 from dpflow_core.errors import DpflowError
@@ -89,6 +89,7 @@ def _rejected_table(rejected: list[dict]) -> str:
     group_name="dataset",
     kinds={"numpy"},
     owners=OWNERS,
+    code_version=f"converter-{CONVERTER_VERSION}",
     partitions_def=task_partitions,
     automation_condition=CONVERSION_AUTOMATION,
     description=(
@@ -97,7 +98,7 @@ def _rejected_table(rejected: list[dict]) -> str:
         "dataset.json sidecar and norm_stats.json."
     ),
 )
-def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired_episodes: dict) -> dg.Output[dict]:
+def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired_episodes: dict) -> dg.MaterializeResult[dict]:
     image_size = (config.image_width, config.image_height)
     output_dir = Path(config.output_dir) if config.output_dir else default_workdir()
     manifest_path = paired_episodes["manifest_path"]
@@ -132,8 +133,9 @@ def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired
     lengths = meta["episode_lengths"]
     if result.reused:
         context.log.info(f"reusing the identical dataset already at {result.path} (sha256 {result.sha256})")
-    return dg.Output(
-        result.contract(),
+    return dg.MaterializeResult(
+        value=result.contract(),
+        data_version=dg.DataVersion(result.sha256),
         metadata={
             "path": dg.MetadataValue.path(str(result.path)),
             "sha256": result.sha256,
@@ -226,13 +228,14 @@ class UmiDatasetConfig(dg.Config):
     group_name="dataset",
     kinds={"zarr"},
     owners=OWNERS,
+    code_version="1",
     partitions_def=task_partitions,
     description=(
         "dataset_npz in upstream UMI's replay-buffer layout (zarr format 2 dataset.zarr.zip, JPEG-XL frames, "
         "meta/episode_ends) for a lab's own UMI train.py; SHA-256 in its .json sidecar. Not automated."
     ),
 )
-def umi_dataset(context: dg.AssetExecutionContext, config: UmiDatasetConfig, dataset_npz: dict) -> dg.Output[dict]:
+def umi_dataset(context: dg.AssetExecutionContext, config: UmiDatasetConfig, dataset_npz: dict) -> dg.MaterializeResult[dict]:
     from dpflow_core.export.umi import export_umi, read_umi_sidecar
 
     out = Path(dataset_npz["path"]).with_name("dataset.zarr.zip")
@@ -247,8 +250,9 @@ def umi_dataset(context: dg.AssetExecutionContext, config: UmiDatasetConfig, dat
         raise dg.Failure(description=str(exc), metadata={"path": str(exc.path or out), "code": exc.code}) from exc
     context.log.info(f"{result.path}: {result.n_episodes} episodes, {result.n_steps} steps, sha256 {result.sha256}"
                      + (" (reused)" if reused else ""))
-    return dg.Output(
-        result.to_dict(),
+    return dg.MaterializeResult(
+        value=result.to_dict(),
+        data_version=dg.DataVersion(result.sha256),
         metadata={
             "path": dg.MetadataValue.path(result.path),
             "sha256": result.sha256,

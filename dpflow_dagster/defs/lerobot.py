@@ -62,6 +62,7 @@ def _skipped_table(skipped: dict[str, str]) -> str:
     group_name="dataset",
     kinds={"parquet"},
     owners=OWNERS,
+    code_version="1",
     partitions_def=task_partitions,
     automation_condition=CONVERSION_AUTOMATION,
     description=(
@@ -120,6 +121,7 @@ def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetCon
     group_name="dataset",
     kinds={"parquet"},
     owners=OWNERS,
+    code_version="1",
     partitions_def=task_partitions,
     automation_condition=CONVERSION_AUTOMATION,
     description=(

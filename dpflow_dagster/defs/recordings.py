@@ -18,7 +18,7 @@ import dagster as dg
 from pydantic import Field
 
 from dpflow_core.errors import DpflowError
-from dpflow_core.pairing import Manifest, pair_recordings, save_manifest
+from dpflow_core.pairing import MANIFEST_VERSION, Manifest, pair_recordings, save_manifest
 from dpflow_core.report import EpisodeQuality, episode_quality, markdown_table, write_report
 from dpflow_dagster.partitions import OWNERS, recordings_root, task_folder, task_partitions
 from dpflow_core.files import default_workdir
@@ -124,6 +124,7 @@ def _quality_metadata(
     group_name="dataset",
     kinds={"mcap"},
     owners=OWNERS,
+    code_version=f"pairing-{MANIFEST_VERSION}",
     partitions_def=task_partitions,
     description=(
         "Exact <STEM>.mcap + <STEM>_vio.mcap + <STEM>_vio.json triples of the partition's Matrix Studio task folder: "
@@ -132,7 +133,7 @@ def _quality_metadata(
         "report beside it."
     ),
 )
-def paired_episodes(context: dg.AssetExecutionContext, config: PairedEpisodesConfig) -> dg.Output[dict]:
+def paired_episodes(context: dg.AssetExecutionContext, config: PairedEpisodesConfig) -> dg.MaterializeResult[dict]:
     output_dir = Path(config.output_dir) if config.output_dir else default_workdir()
     try:
         root = task_folder(Path(config.root) if config.root else recordings_root(), context.partition_key)
@@ -167,7 +168,7 @@ def paired_episodes(context: dg.AssetExecutionContext, config: PairedEpisodesCon
     }
     if config.quality and manifest.accepted:
         metadata.update(_quality_metadata(context, config, path, output_dir))
-    return dg.Output(value, metadata=metadata)
+    return dg.MaterializeResult(value=value, metadata=metadata, data_version=dg.DataVersion(manifest.content_hash()))
 
 
 defs = dg.Definitions(assets=[paired_episodes], jobs=[paired_episodes_job], sensors=[recordings_sensor])

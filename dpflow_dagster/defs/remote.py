@@ -31,10 +31,11 @@ def _verification_metadata(v) -> dict:
     group_name="dataset",
     kinds={"ssh"},
     owners=OWNERS,
+    code_version="1",
     partitions_def=task_partitions,
     description="dataset.npz on the GPU server at <data_root>/<task>/<sha256[:16]>/dataset.npz, SHA-256 verified there.",
 )
-def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_server: GpuServerResource) -> dg.Output:
+def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_server: GpuServerResource) -> dg.MaterializeResult[dict]:
     """Upload ``dataset_npz["path"]`` (resumable), verify its SHA-256 on the server, record preflight."""
     try:
         with gpu_server.connect() as server:
@@ -76,7 +77,10 @@ def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_ser
     if report is not None:
         metadata.update(report.to_metadata())
         metadata["preflight/gpus"] = dg.MetadataValue.md(report.gpu_markdown())
-    return dg.Output(result.to_remote_dataset(dataset_npz.get("frequency_hz", 0.0)), metadata=metadata)
+    return dg.MaterializeResult(
+        value=result.to_remote_dataset(dataset_npz.get("frequency_hz", 0.0)), metadata=metadata,
+        data_version=dg.DataVersion(result.sha256),
+    )
 
 
 @task_asset_check(

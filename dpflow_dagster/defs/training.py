@@ -41,6 +41,9 @@ from dpflow_core.runs import (
     check_released,
     check_resume_continuity,
     active_or_new_run_name,
+    attachable_handle,
+    is_builtin_trainer,
+    run_dir_for,
     default_run_name,
     gpu_memory,
     launch_or_attach,
@@ -54,6 +57,7 @@ from dpflow_core.runs import (
     smoke_spec,
 )
 from dpflow_dagster.lineage import dataset_lineage
+from dpflow_dagster.pipes import LogTailReporter, PipesSshMessageReader, messages_path, reported_results
 from dpflow_dagster.partitions import OWNERS, check_partition_metadata, task_asset_check, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 
@@ -108,11 +112,13 @@ class SmokeRunConfig(dg.Config):
     timeout_s: float = Field(default=900.0, description="Seconds before the smoke run is ended.")
     resume_check_epochs: int = Field(default=2, description="Epochs of the resume-continuity check's runs (>= 2).")
     resume_check_steps: int = Field(default=2, description="Batches per epoch of the resume-continuity check's runs.")
+    pipes: bool = Field(default=True, description="The built-in trainer reports each step through Dagster Pipes; off: logs.json.txt only.")
 
 
 @dg.asset(
     group_name=GROUP,
     owners=OWNERS,
+    code_version="1",
     partitions_def=task_partitions,
     pool=POOL,
     kinds={"pytorch", "ssh"},
@@ -136,11 +142,26 @@ def smoke_run(
             num_workers=config.num_workers, train_command=config.train_command, extra_overrides=config.extra_overrides,
         )
         context.log.info(f"smoke run {spec.name} on {server.config.describe()}")
-        result = run_smoke(server, spec, timeout_s=config.timeout_s)
+        # the same reports as train_run: Dagster Pipes for the built-in trainer (step reports, log lines)
+        with contextlib.ExitStack() as stack:
+            session, reader = None, None
+            if config.pipes and is_builtin_trainer(spec.train_command):
+                reader = PipesSshMessageReader(context, server, messages_path(run_dir_for(server, spec.name)), spec.name)
+                session = stack.enter_context(dg.open_pipes_session(
+                    context, dg.PipesEnvContextInjector(), reader, extras={"report_every_n_steps": 1},
+                ))
+            result = run_smoke(
+                server, spec, timeout_s=config.timeout_s,
+                extra_env=dict(session.get_bootstrap_env_vars()) if session else None,
+                on_poll=reader.poll if reader else None,
+            )
     metadata = {
         **result.metadata(), "path": dg.MetadataValue.path(result.handle.run_dir),
         "output_tail": dg.MetadataValue.text(result.output_tail[-3000:]),
+        "reports": "dagster-pipes" if reader else "logs.json.txt",
     }
+    if reader is not None:
+        metadata["pipes_messages"] = reader.handled
     if result.oom_advice:
         metadata["oom_advice"] = dg.MetadataValue.md(_lines(result.oom_advice))
     if not result.passed:
@@ -243,11 +264,14 @@ class TrainRunConfig(dg.Config):
     stall_timeout_s: float = Field(default=900.0, description="Seconds without a new log line after the first step that count as a stall.")
     monitor_timeout_s: float = Field(default=0.0, description="Stop following after this many seconds (0: until the run ends); re-materialize to re-attach.")
     observation_every_s: float = Field(default=60.0, description="Seconds between progress observations (GPU memory, disk) in the asset's history.")
+    pipes: bool = Field(default=True, description="The built-in trainer reports through Dagster Pipes (log lines, step reports, checkpoints, the final materialization); off: logs.json.txt only.")
+    report_every_n_steps: int = Field(default=10, description="Global steps between step reports (loss, lr, steps/s, ETA) in the run's event log.")
 
 
 @dg.asset(
     group_name=GROUP,
     owners=OWNERS,
+    code_version="1",
     partitions_def=task_partitions,
     pool=POOL,
     kinds={"pytorch", "ssh"},
@@ -256,8 +280,9 @@ class TrainRunConfig(dg.Config):
 )
 def train_run(
     context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: dict, gpu_server: GpuServerResource
-) -> dg.Output[dict]:
-    """Launch (or re-attach to) the training run and follow ``logs.json.txt`` until it ends."""
+) -> dg.MaterializeResult[dict]:
+    """Launch (or re-attach to) the training run and follow it until it ends: its Dagster Pipes messages
+    (built-in trainer, :mod:`dpflow_dagster.pipes`) or its ``logs.json.txt`` (a foreign trainer, a re-attach)."""
     with _failure_on_error(), gpu_server.connect() as server:
         name, active = config.run_name, False
         if not name and not config.resume:
@@ -274,42 +299,60 @@ def train_run(
             num_processes=config.num_processes, train_command=config.train_command, resume=config.resume,
             logging_mode=config.logging_mode, extra_overrides=tuple(config.extra_overrides),
         )
-        handle, attached = launch_or_attach(server, spec, inventory=inventory)
-        context.log.info(
-            f"{'re-attached to' if attached else 'launched'} {handle.name} (launch {handle.launch_index}, "
-            f"{handle.detached.method} {handle.detached.tmux_session or handle.detached.pid}) in {handle.run_dir}: {handle.command}"
-        )
-        peak_gpu: dict[int, int] = {}
-        last_observation = [0.0]
-
-        def on_progress(progress, new):
-            context.log.info(
-                f"{handle.name}: epoch {progress.epoch} global_step {progress.global_step} "
-                f"train_loss {progress.train_loss} lr {progress.lr}"
-                + (f" {progress.steps_per_s:.2f} steps/s" if progress.steps_per_s else "")
+        # the built-in trainer reports through Dagster Pipes; a foreign one (or a re-attach) from logs.json.txt
+        use_pipes = config.pipes and is_builtin_trainer(spec.train_command) and attachable_handle(server, spec) is None
+        with contextlib.ExitStack() as stack:
+            session = None
+            if use_pipes:
+                reporter: Any = PipesSshMessageReader(context, server, messages_path(run_dir_for(server, spec.name)), spec.name)
+                session = stack.enter_context(dg.open_pipes_session(
+                    context, dg.PipesEnvContextInjector(), reporter,
+                    extras={"report_every_n_steps": config.report_every_n_steps},
+                ))
+            else:
+                reporter = LogTailReporter(context, spec.name, config.report_every_n_steps)
+            handle, attached = launch_or_attach(
+                server, spec, inventory=inventory, extra_env=dict(session.get_bootstrap_env_vars()) if session else None,
             )
-            if time.monotonic() - last_observation[0] < config.observation_every_s:
-                return
-            last_observation[0] = time.monotonic()
-            meta = dict(progress.to_metadata())
-            if handle.gpu_ids:
-                for index, used in gpu_memory(server.gpu_inventory(), handle.gpu_ids).items():
-                    if used is not None:
-                        peak_gpu[index] = max(peak_gpu.get(index, 0), used)
-                        meta[f"gpu{index}_memory_used_mib"] = used
-            meta.update(run_disk_usage(server, handle.run_dir))
-            context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata=meta))
+            context.log.info(
+                f"{'re-attached to' if attached else 'launched'} {handle.name} (launch {handle.launch_index}, "
+                f"{handle.detached.method} {handle.detached.tmux_session or handle.detached.pid}) in {handle.run_dir}: "
+                f"{handle.command}" + (f"; Dagster Pipes messages: {reporter.path}" if session else "")
+            )
+            peak_gpu: dict[int, int] = {}
+            last_observation = [0.0]
 
-        result = monitor_run(
-            server, handle, poll_s=config.poll_s, stall_timeout_s=config.stall_timeout_s,
-            timeout_s=config.monitor_timeout_s or None, on_progress=on_progress,
-        )
+            def on_progress(progress, new):
+                if isinstance(reporter, LogTailReporter):
+                    reporter.on_progress(progress, new)
+                if time.monotonic() - last_observation[0] < config.observation_every_s:
+                    return
+                last_observation[0] = time.monotonic()
+                meta = dict(progress.to_metadata())
+                if handle.gpu_ids:
+                    for index, used in gpu_memory(server.gpu_inventory(), handle.gpu_ids).items():
+                        if used is not None:
+                            peak_gpu[index] = max(peak_gpu.get(index, 0), used)
+                            meta[f"gpu{index}_memory_used_mib"] = used
+                meta.update(run_disk_usage(server, handle.run_dir))
+                context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata=meta))
+
+            result = monitor_run(
+                server, handle, poll_s=config.poll_s, stall_timeout_s=config.stall_timeout_s,
+                timeout_s=config.monitor_timeout_s or None, on_progress=on_progress, on_poll=reporter.poll,
+            )
+            reported, in_run_check = reported_results(session) if session else (None, None)
         disk = run_disk_usage(server, handle.run_dir)
     metadata: dict[str, Any] = {
+        **(dict(reported.metadata or {}) if reported is not None else {}),
         **handle.metadata(), **result.progress.to_metadata(), **disk, "path": dg.MetadataValue.path(handle.run_dir),
         "attached": attached, "monitor_status": result.status, "monitor_message": result.message,
         "exit_code": result.exit_code if result.exit_code is not None else -1,
+        "reports": "dagster-pipes" if session else "logs.json.txt",
     }
+    if session:
+        metadata["pipes_messages"] = reporter.handled
+        metadata["checkpoints_saved"] = len(reporter.checkpoints)
     for index, peak in peak_gpu.items():
         metadata[f"gpu{index}_peak_memory_used_mib"] = peak
     if result.stopped is not None:
@@ -327,8 +370,15 @@ def train_run(
         "train_loss": result.progress.train_loss,
         "dataset_sha256": remote_dataset["sha256"],
         "dataset_local_path": remote_dataset.get("local_path"),
+        "in_run_check": None if in_run_check is None else {
+            "passed": bool(in_run_check.passed),
+            "metadata": {k: getattr(v, "value", v) for k, v in (in_run_check.metadata or {}).items()},
+        },
     }
-    return dg.Output(value, metadata=metadata)
+    return dg.MaterializeResult(
+        value=value, metadata=metadata,
+        data_version=reported.data_version if reported is not None else None,
+    )
 
 
 @task_asset_check(
@@ -346,13 +396,24 @@ def train_run_natural_exit(
         handle = load_handle(server, train_run["run_name"], train_run.get("launch_index"))
         report = check_natural_exit(server, handle)
     metadata: dict[str, Any] = {**check_partition_metadata(context), **report.metadata()}
-    if not report.passed:
+    problems = list(report.problems)
+    in_run = train_run.get("in_run_check")
+    metadata["reported_from_run"] = in_run is not None
+    if in_run is not None:
+        # the trainer's own verdict (epochs reached, latest.ckpt loads), sent over Dagster Pipes; the exit
+        # status and the files are judged here as for any trainer
+        metadata.update({f"in_run/{k}": v for k, v in in_run["metadata"].items()
+                         if isinstance(v, (str, int, float, bool))})
+        if not in_run["passed"]:
+            problems.append(f"the trainer reported: {in_run['metadata'].get('problems', 'failed')}")
+    passed = report.passed and (in_run is None or in_run["passed"])
+    if not passed:
         metadata["output_tail"] = dg.MetadataValue.text(report.output_tail[-3000:])
     if report.oom_advice:
         metadata["oom_advice"] = dg.MetadataValue.md(_lines(report.oom_advice))
     return dg.AssetCheckResult(
-        passed=report.passed, severity=dg.AssetCheckSeverity.ERROR,
-        description="; ".join(report.problems) or "exited on its own after the configured epochs with a loadable latest.ckpt",
+        passed=passed, severity=dg.AssetCheckSeverity.ERROR,
+        description="; ".join(problems) or "exited on its own after the configured epochs with a loadable latest.ckpt",
         metadata=metadata,
     )
 
@@ -371,12 +432,13 @@ class CheckpointConfig(dg.Config):
 @dg.asset(
     group_name=GROUP,
     owners=OWNERS,
+    code_version="1",
     partitions_def=task_partitions,
     kinds={"pytorch", "ssh"},
     description="The chosen checkpoint with its .hydra config, logs.json.txt, normaliser and reproducibility record, "
     "downloaded and SHA-256 verified on both ends.",
 )
-def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, train_run: dict, gpu_server: GpuServerResource) -> dg.Output[dict]:
+def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, train_run: dict, gpu_server: GpuServerResource) -> dg.MaterializeResult[dict]:
     """Download with :func:`dpflow_core.checkpoints.download_checkpoint`."""
     if config.choose not in ("latest", "best"):
         raise _failure(f"choose must be 'latest' or 'best', got {config.choose!r}")
@@ -405,7 +467,10 @@ def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, trai
                    train_loss=train_run.get("train_loss")),
         **dataset_lineage(train_run.get("dataset_local_path")),
     }
-    return dg.Output(result.asset_value() | {"dataset_local_path": train_run.get("dataset_local_path")}, metadata=metadata)
+    return dg.MaterializeResult(
+        value=result.asset_value() | {"dataset_local_path": train_run.get("dataset_local_path")}, metadata=metadata,
+        data_version=dg.DataVersion(result.local_sha256),
+    )
 
 
 @task_asset_check(
@@ -442,6 +507,7 @@ class EvaluationConfig(dg.Config):
 @dg.asset(
     group_name=GROUP,
     owners=OWNERS,
+    code_version="1",
     partitions_def=task_partitions,
     kinds={"pytorch"},
     description="Held-out errors of the EMA policy on absolute actions (MSE overall, per key and horizon step; "
