@@ -73,7 +73,7 @@ class AlignedEpisode:
         start_ts_ns: capture time (``header.timestamp``, ns) of the first kept frame.
         camera_ts_ns: (N,) int64 capture times of the kept frames, ns.
         rgb: (N, H, W, 3) uint8 RGB frames; a read-only memory map when
-            ``rgb_dir`` was given to :func:`align_episode`.
+            ``rgb_dir`` was given to :func:`align_episode` (the frames were streamed to that file).
         eef_pos: (N, 3) float32 camera0 optical-centre position, metres.
         eef_rot_axis_angle: (N, 3) float32 rotation vector, radians, norm <= pi.
         gripper_width: (N, 1) float32 metres.
@@ -84,6 +84,9 @@ class AlignedEpisode:
         segments: (start, stop) rows of the pieces to keep when the episode was split at
             camera gaps (``gap_policy="split"``), else None (keep it whole). See
             :func:`split_segments`.
+        input_sha256: SHA-256 (hex) of the ``_vio.mcap``, hashed while it was parsed.
+        rgb_range: (N, 2) uint8 per-frame (min, max) pixel value, measured while decoding
+            (so the frames need not be read back for the value ranges); None when unknown.
     """
 
     stem: str
@@ -98,6 +101,8 @@ class AlignedEpisode:
     rgb_path: Path | None = None
     rgb_rows: tuple[int, int] | None = None
     segments: list[tuple[int, int]] | None = None
+    input_sha256: str | None = None
+    rgb_range: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.timestamps_s)
@@ -113,6 +118,48 @@ class AlignedEpisode:
         return np.concatenate([self.eef_pos[-1], self.eef_rot_axis_angle[-1]]).astype(np.float32)
 
 
+class _FrameFile:
+    """Frames appended to a ``.npy`` file with plain ``write()`` calls, never memory-mapped while
+    written, so they live in the page cache (evictable, written back or dropped with the file)
+    rather than as dirty pages of this process: peak RSS does not grow with the episode.
+
+    The header first declares ``capacity`` rows; :meth:`close` rewrites it, at the same length
+    (space padding, as NEP 1 allows), for the rows actually written.
+    """
+
+    def __init__(self, path: Path, frame_shape: tuple[int, ...], capacity: int):
+        self.path, self.frame_shape, self.rows = path, frame_shape, 0
+        self._header = self._header_for(capacity)
+        self._f = open(path, "xb")
+        self._f.write(self._header)
+
+    def _header_for(self, rows: int, length: int | None = None) -> bytes:
+        import io
+
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            buf, {"descr": "|u1", "fortran_order": False, "shape": (rows, *self.frame_shape)})
+        head = buf.getvalue()
+        if length is None or len(head) == length:
+            return head
+        # Same total length as the first header: pad the dict with spaces before its newline.
+        body = head[10:-1].rstrip(b" ")
+        return head[:8] + (length - 10).to_bytes(2, "little") + body + b" " * (length - 11 - len(body)) + b"\n"
+
+    def append(self, rgb: np.ndarray) -> None:
+        self._f.write(memoryview(np.ascontiguousarray(rgb)).cast("B"))
+        self.rows += 1
+
+    def close(self) -> None:
+        self._f.seek(0)
+        self._f.write(self._header_for(self.rows, len(self._header)))
+        self._f.close()
+
+    def abort(self) -> None:
+        self._f.close()
+        self.path.unlink(missing_ok=True)
+
+
 def _decode_camera(
     packets: Sequence[bytes],
     image_size: tuple[int, int] | None,
@@ -120,7 +167,7 @@ def _decode_camera(
     rgb_path: Path | None,
     path: Path,
     ts_ns: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, list[int]]:
+) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
     """Decode H.264 access units to RGB frames.
 
     Each packet gets ``pts`` = its message index, so every decoded frame says
@@ -130,20 +177,26 @@ def _decode_camera(
     may reference it); a frame whose capture time equals the previous kept frame's is
     then dropped, so the kept frames are bit-identical to a full decode.
 
+    With ``rgb_path`` the frames stream to that ``.npy`` file as they are decoded
+    (:class:`_FrameFile`) and are returned as a read-only memory map of it: nothing the
+    size of the episode is held in this process.
+
     Returns:
-        frames (K, H, W, 3) uint8 (a memory map when ``rgb_path`` is given; rows
-        in decode order), packet index (K,) int64 of each frame, and the indices
-        of packets the decoder rejected.
+        frames (K, H, W, 3) uint8 (a read-only memory map when ``rgb_path`` is given; rows
+        in decode order), packet index (K,) int64 of each frame, the indices
+        of packets the decoder rejected, and (K, 2) uint8 per-frame (min, max) pixel values.
     """
     ctx = av.CodecContext.create(codec, "r")
     # Parallelism comes from worker processes; decoder threads did not help.
     ctx.thread_count = 1
     buf: np.ndarray | None = None
+    out: _FrameFile | None = None
     index: list[int] = []
     errors: list[int] = []
+    ranges: list[tuple[int, int]] = []
 
     def take(frames: Iterable[av.VideoFrame]) -> None:
-        nonlocal buf
+        nonlocal buf, out
         for frame in frames:
             if frame.pts is None or not 0 <= frame.pts < len(packets):
                 raise ConversionError(f"decoder returned a frame with pts {frame.pts!r}", path, code="decode_error")
@@ -155,36 +208,48 @@ def _decode_camera(
                 rgb = frame.reformat(
                     width=image_size[0], height=image_size[1], format="rgb24", interpolation=_SWS_FLAGS
                 ).to_ndarray()
-            if buf is None:
-                shape = (len(packets), *rgb.shape)
-                if rgb_path is None:
-                    buf = np.empty(shape, dtype=np.uint8)
-                else:
-                    buf = np.lib.format.open_memmap(rgb_path, mode="w+", dtype=np.uint8, shape=shape)
-            buf[len(index)] = rgb
+            if rgb_path is not None:
+                if out is None:
+                    out = _FrameFile(rgb_path, rgb.shape, len(packets))
+                out.append(rgb)
+            else:
+                if buf is None:
+                    buf = np.empty((len(packets), *rgb.shape), dtype=np.uint8)
+                buf[len(index)] = rgb
+            ranges.append((int(rgb.min()), int(rgb.max())))
             index.append(int(frame.pts))
 
-    for i, data in enumerate(packets):
-        packet = av.Packet(data)
-        packet.pts = packet.dts = i
-        try:
-            take(ctx.decode(packet))
-        except av.error.InvalidDataError:
-            errors.append(i)
     try:
-        take(ctx.decode(None))
-    except av.error.InvalidDataError:
-        pass
-    if buf is None:
+        for i, data in enumerate(packets):
+            packet = av.Packet(data)
+            packet.pts = packet.dts = i
+            try:
+                take(ctx.decode(packet))
+            except av.error.InvalidDataError:
+                errors.append(i)
+        try:
+            take(ctx.decode(None))
+        except av.error.InvalidDataError:
+            pass
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    if not index:
         raise ConversionError(
             f"no decodable camera frame in {len(packets)} packets (no IDR frame with SPS/PPS?)",
             path,
             code="undecodable",
         )
     idx = np.asarray(index, dtype=np.int64)
+    if out is not None:
+        out.close()
+        frames = np.load(rgb_path, mmap_mode="r")
+    else:
+        frames = buf[: len(idx)]
     if np.any(np.diff(idx) <= 0):
         raise ConversionError("camera frames decoded out of capture order (B-frames?)", path, code="decode_error")
-    return buf[: len(idx)], idx, errors
+    return frames, idx, errors, np.asarray(ranges, dtype=np.uint8).reshape(-1, 2)
 
 
 def _longest_true_run(mask: np.ndarray) -> tuple[int, int]:
@@ -226,7 +291,8 @@ def split_segments(ep: AlignedEpisode) -> list[AlignedEpisode]:
             stem=ep.stem, timestamps_s=(ep.camera_ts_ns[a:b] - t0) / 1e9, start_ts_ns=t0,
             camera_ts_ns=ep.camera_ts_ns[a:b], rgb=ep.rgb[a:b], eef_pos=ep.eef_pos[a:b],
             eef_rot_axis_angle=ep.eef_rot_axis_angle[a:b], gripper_width=ep.gripper_width[a:b],
-            report=report, rgb_path=ep.rgb_path, rgb_rows=rows,
+            report=report, rgb_path=ep.rgb_path, rgb_rows=rows, input_sha256=ep.input_sha256,
+            rgb_range=None if ep.rgb_range is None else ep.rgb_range[a:b],
         ))
     return out
 
@@ -319,14 +385,20 @@ def align_episode(
         image_size = _check_image_size(image_size)
     if stem is None:
         stem = path.name.removesuffix(".mcap").removesuffix("_vio")
-    streams = read_streams(path, topics)
-    fmt = (streams.camera_format or "").lower()
-    if fmt not in ("h264", "h.264"):
-        raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
-
+    # With a scratch folder the access units wait in a spool file and the frames stream to a
+    # file: memory does not grow with the episode's length.
     rgb_path = Path(rgb_dir) / f"{stem}.rgb.npy" if rgb_dir is not None else None
-    frames, pkt_idx, errors = _decode_camera(streams.camera_packets, image_size, "h264", rgb_path, path,
-                                             streams.camera_ts_ns)
+    streams = read_streams(path, topics, spool_path=Path(rgb_dir) / f"{stem}.h264" if rgb_dir is not None else None)
+    try:
+        fmt = (streams.camera_format or "").lower()
+        if fmt not in ("h264", "h.264"):
+            raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
+        frames, pkt_idx, errors, frame_range = _decode_camera(streams.camera_packets, image_size, "h264", rgb_path,
+                                                              path, streams.camera_ts_ns)
+        n_packets = len(streams.camera_packets)
+    finally:
+        if hasattr(streams.camera_packets, "close"):
+            streams.camera_packets.close()
     first_decoded = int(pkt_idx[0])
     cam_ns = streams.camera_ts_ns[pkt_idx]
 
@@ -439,7 +511,7 @@ def align_episode(
     report = {
         "stem": stem,
         "path": str(path),
-        "camera_messages": int(len(streams.camera_packets)),
+        "camera_messages": int(n_packets),
         "decoded_frames": int(len(pkt_idx)),
         "leading_undecodable_packets": first_decoded,
         "undecodable_packets": int(sum(1 for e in errors if e > first_decoded)),
@@ -475,6 +547,8 @@ def align_episode(
         rgb_path=rgb_path,
         rgb_rows=(lo, hi) if rgb_path is not None else None,
         segments=segments,
+        input_sha256=streams.sha256,
+        rgb_range=frame_range[lo:hi],
     )
 
 

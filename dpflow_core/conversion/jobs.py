@@ -25,7 +25,7 @@ from dpflow_core.conversion.align import (
     DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, AlignedEpisode, align_episode, split_segments,
 )
 from dpflow_core.errors import ConversionError, DpflowError
-from dpflow_core.files import path_kind, sha256_file
+from dpflow_core.files import path_kind
 from dpflow_core.recordings.topics import TopicMap
 
 
@@ -66,8 +66,9 @@ def alignment_job(
 
 
 def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode":
-    """Check one manifest entry's ``_vio.mcap`` against its recorded size and SHA-256, then
-    :func:`align_episode` it (the shared first step of the npz conversion and the LeRobot export).
+    """:func:`align_episode` one manifest entry's ``_vio.mcap`` and check it against its recorded
+    size and SHA-256 (the shared first step of the npz conversion and the LeRobot export). The
+    hash is computed from the bytes the MCAP parser reads, so each input byte is read once.
 
     Args:
         job: ``stem``, ``vio_mcap`` (path), ``size_bytes`` and ``sha256`` from the manifest
@@ -93,15 +94,7 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
             path,
             code="input_changed",
         )
-    if job["verify_sha256"] and job["sha256"]:
-        digest = sha256_file(path)
-        if digest != job["sha256"]:
-            raise ConversionError(
-                f"SHA-256 is {digest} but the manifest records {job['sha256']}: the file changed since pairing",
-                path,
-                code="input_changed",
-            )
-    return align_episode(
+    episode = align_episode(
         path,
         tuple(job["image_size"]) if job["image_size"] is not None else None,
         topics=job["topics"],
@@ -114,6 +107,14 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
         min_segment_frames=job.get("min_segment_frames", DEFAULT_MIN_SEGMENT_FRAMES),
         min_pose_score=job.get("min_pose_score", 0.0),
     )
+    # The SHA-256 comes from the bytes the parser read: the file is read once.
+    if job["verify_sha256"] and job["sha256"] and episode.input_sha256 != job["sha256"]:
+        raise ConversionError(
+            f"SHA-256 is {episode.input_sha256} but the manifest records {job['sha256']}: the file changed since pairing",
+            path,
+            code="input_changed",
+        )
+    return episode
 
 
 
@@ -172,8 +173,11 @@ def _write_part(ep, out_dir: Path) -> dict:
         for key, arr in arrays.items()
         if key != "timestamp"
     }
-    # The parent reads the frames back with read(): the page cache makes them visible without msync.
-    ranges["camera0_rgb"] = {"min": int(ep.rgb.min()), "max": int(ep.rgb.max())}
+    # Measured while decoding: reading the frames back here would fault every page of them in.
+    if ep.rgb_range is not None:
+        ranges["camera0_rgb"] = {"min": int(ep.rgb_range[:, 0].min()), "max": int(ep.rgb_range[:, 1].max())}
+    else:
+        ranges["camera0_rgb"] = {"min": int(ep.rgb.min()), "max": int(ep.rgb.max())}
     return {
         "stem": ep.stem,
         "n": n,
