@@ -7,14 +7,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from dpflow_core.cli import app
 from dpflow_core.errors import ConversionError
-
-_console = Console(stderr=True)
 
 
 def _parse_size(text: str) -> tuple[int, int]:
@@ -48,12 +43,14 @@ def convert_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Convert paired episodes into a dataset.npz replay buffer (+ dataset.json, norm_stats.json)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from dpflow_core.conversion import convert
 
     size = _parse_size(image_size)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=_console, transient=True,
+        console=Console(stderr=True), transient=True,
     ) as bar:
         episodes = bar.add_task("aligning episodes", total=None)
         writing = bar.add_task("writing dataset", total=None, visible=False)
@@ -109,6 +106,8 @@ def norm_stats_cmd(
     ),
 ) -> None:
     """Compute per-key mean/std/min/max/q01/q99 of a dataset's low-dimensional members."""
+    from rich.console import Console
+    from rich.table import Table
     if fmt == "openpi":
         from dpflow_core.export import write_openpi_norm_stats
 
@@ -128,7 +127,6 @@ def norm_stats_cmd(
         for d in range(len(s["mean"])):
             table.add_row(key if d == 0 else "", str(d), *(f"{s[f][d]:.4g}" for f in ("mean", "std", "min", "max", "q01", "q99")))
     Console().print(table)
-
 
 
 @app.command("export-umi")
