@@ -232,6 +232,22 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def default_workers() -> int:
+    """Worker processes for a conversion: the free cores, i.e. the cores this process may run on
+    (``os.sched_getaffinity``) less the 1-minute load average (``os.getloadavg``: processes
+    running or waiting to run), rounded, at least 1. On an idle 2-core machine 2; with other
+    work occupying the cores 1, since a second worker would only compete with it."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        busy = 0.0
+    return max(1, min(cores, round(cores - busy)))
+
+
 def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list[dict]:
     """Run episode jobs (in worker processes when ``workers`` > 1); one summary per job, in job order.
 
