@@ -95,6 +95,16 @@ def test_size_limit_prunes_least_recently_used_first(task, tmp_path):
     assert [e.key for e in removed] == [e.key for e in entries[:2]]
     assert [e.key for e in cache.entries()] == [entries[-1].key] and _du(cache.root) == keep
 
+    # A killed conversion's scratch folder goes with the next prune; a running one's stays.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = cache.root / f".tmp-{dead.pid}-0000"
+    mine = cache.new_dir()
+    left.mkdir()
+    (left / "x.npy").write_bytes(b"1")
+    cache.prune()
+    assert not left.exists() and mine.exists()
+
 
 def test_cache_command_shows_and_prunes(task, tmp_path):
     root, eps = task

@@ -23,7 +23,6 @@ import json
 import os
 import secrets
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,10 +198,11 @@ class EpisodeCache:
                 out.append(CacheEntry(entry.name, entry, size, used))
         return sorted(out, key=lambda e: (e.last_used, e.key))
 
-    def prune(self, max_bytes: int | None = None, stale_tmp_s: float = 24 * 3600) -> list[CacheEntry]:
+    def prune(self, max_bytes: int | None = None) -> list[CacheEntry]:
         """Remove least recently used entries until the total is at most ``max_bytes`` (default:
-        this cache's limit; 0 empties it), and scratch folders older than ``stale_tmp_s`` seconds
-        (left by a conversion that was killed). Returns the entries removed."""
+        this cache's limit; 0 empties it), and the scratch folders of conversions that no longer
+        run (named ``.tmp-<pid>-*`` by :meth:`new_dir`; left by a killed conversion). Returns the
+        entries removed."""
         limit = self.max_bytes if max_bytes is None else int(max_bytes)
         entries = self.entries()
         total = sum(e.size_bytes for e in entries)
@@ -214,11 +214,10 @@ class EpisodeCache:
             total -= e.size_bytes
             removed.append(e)
         if self.root.is_dir():
-            now = time.time()
+            from dpflow_core.conversion.jobs import pid_alive
+
             for tmp in self.root.glob(".tmp-*"):
-                try:
-                    if now - tmp.stat().st_mtime > stale_tmp_s:
-                        shutil.rmtree(tmp, ignore_errors=True)
-                except OSError:
-                    pass
+                pid = tmp.name.split("-")[1]
+                if pid.isdigit() and not pid_alive(int(pid)):
+                    shutil.rmtree(tmp, ignore_errors=True)
         return removed
