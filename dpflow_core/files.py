@@ -219,3 +219,14 @@ def path_kind(path: str | Path) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists (signal 0; a process of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpflow_core.conversion import align_job_episode, alignment_job, convert, load_inputs
-from dpflow_core.conversion.cache import EpisodeCache, parse_size
+from dpflow_core.episode_cache import EpisodeCache, parse_size
 from dpflow_core.recordings import samples
 from dpflow_core.recordings.topics import DAS_DEFAULT
 from test_conversion import SIZE, SPEC, manifest_for

@@ -188,7 +188,7 @@ def _human(n: int) -> str:
 @cache_app.command("show")
 def cache_show_cmd(as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON.")) -> None:
     """Where the cache is ($DPFLOW_CACHE_DIR), its entries, size and limit ($DPFLOW_CACHE_MAX_BYTES)."""
-    from dpflow_core.conversion.cache import EpisodeCache
+    from dpflow_core.episode_cache import EpisodeCache
 
     cache = EpisodeCache()
     entries = cache.entries()
@@ -213,7 +213,7 @@ def cache_prune_cmd(
     ),
 ) -> None:
     """Remove the least recently used episodes until the cache fits the size."""
-    from dpflow_core.conversion.cache import EpisodeCache, parse_size
+    from dpflow_core.episode_cache import EpisodeCache, parse_size
 
     cache = EpisodeCache()
     limit = parse_size(max_size, "--max-size") if max_size is not None else cache.max_bytes

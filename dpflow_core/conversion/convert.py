@@ -28,8 +28,8 @@ from dpflow_core.conversion.inputs import (
     _conversion_options, _key, _topic_map, load_inputs, norm_stats_path_for, sidecar_path_for,
 )
 from dpflow_core.conversion.install import _backup_name, _install, _remove_stale, _write_json_atomic
-from dpflow_core.conversion.cache import EpisodeCache, episode_key
-from dpflow_core.conversion.jobs import _run_jobs, alignment_job, default_workers
+from dpflow_core.conversion.jobs import align_all, alignment_job
+from dpflow_core.episode_cache import EpisodeCache, resolve_cache
 from dpflow_core.errors import ConversionError, DatasetError
 from dpflow_core.files import fsync_dir
 from dpflow_core.replay_buffer.writer import NpzMember, npy_data_offset, write_npz
@@ -201,8 +201,8 @@ def convert(
             episode (``camera_gap``); see :func:`align_episode`. Every gap and what was done
             is in the metadata (``episodes[].long_gaps``, ``episodes[].segment``).
         min_pose_score: poses with a VIO ``score`` below this count as invalid too.
-        cache: the per-episode cache (:class:`~dpflow_core.conversion.cache.EpisodeCache`):
-            True (default) uses :func:`~dpflow_core.conversion.cache.default_cache_dir` with its
+        cache: the per-episode cache (:class:`~dpflow_core.episode_cache.EpisodeCache`):
+            True (default) uses :func:`~dpflow_core.episode_cache.default_cache_dir` with its
             size limit, a path or an ``EpisodeCache`` another one, False or None none. An episode
             whose input SHA-256, stem and alignment options are cached is not aligned again; the
             dataset is byte-identical either way (``cache`` and ``episodes[].cached`` in the
@@ -222,7 +222,7 @@ def convert(
     """
     started = time.perf_counter()
     image_size = _check_image_size(image_size)
-    episode_cache = _resolve_cache(cache)
+    episode_cache = resolve_cache(cache)
     if invalid_pose_policy not in INVALID_POSE_POLICIES:
         raise ConversionError(
             f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
@@ -286,7 +286,7 @@ def convert(
             for i, e in enumerate(inputs.episodes)
         ]
         t_jobs = time.perf_counter()
-        results, n_workers = _align_all(jobs, episode_cache, workers, progress)
+        results, n_workers = align_all(jobs, episode_cache, workers, progress)
         timings = {"episodes": round(time.perf_counter() - t_jobs, 3)}
         rejected = list(inputs.rejected)
         ok = []
@@ -413,57 +413,6 @@ def convert(
             p.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
     return _result_from_sidecar(out, sidecar, norm_path, meta, reused=False)
-
-
-def _resolve_cache(cache) -> EpisodeCache | None:
-    if cache is None or cache is False:
-        return None
-    if cache is True:
-        return EpisodeCache()
-    if isinstance(cache, EpisodeCache):
-        return cache
-    if isinstance(cache, (str, os.PathLike)):
-        return EpisodeCache(cache)
-    raise ConversionError(f"cache must be True, False, a folder or an EpisodeCache, got {cache!r}", code="bad_option")
-
-
-def _align_all(jobs: list[dict], episode_cache: EpisodeCache | None, workers: int,
-               progress: Callable | None) -> tuple[list[dict], int]:
-    """Worker summaries of ``jobs`` in order, from the cache where it holds them, else aligned
-    (:func:`_run_jobs`) into new cache entries (or the jobs' scratch folders without a cache);
-    and the number of worker processes used."""
-    results: list[dict | None] = [None] * len(jobs)
-    todo = []
-    for i, job in enumerate(jobs):
-        hit = episode_cache.lookup(job) if episode_cache is not None else None
-        if hit is not None:
-            results[i] = {**hit, "in_cache": True}
-            continue
-        if episode_cache is not None and episode_key(job) is not None:
-            job["dir"] = str(episode_cache.new_dir())
-        todo.append(i)
-    n_hits = len(jobs) - len(todo)
-    if progress and n_hits:
-        progress("episodes", n_hits, len(jobs))
-    n_workers = workers if workers and workers > 0 else default_workers()
-    n_workers = max(1, min(n_workers, len(todo)))
-    counted = (lambda stage, done, total: progress(stage, n_hits + done, len(jobs))) if progress else None
-    try:
-        for i, r in zip(todo, _run_jobs([jobs[i] for i in todo], n_workers, counted)):
-            scratch = Path(jobs[i]["dir"])
-            if episode_cache is not None and scratch.parent == episode_cache.root:
-                if r["ok"]:
-                    r = {**episode_cache.store(jobs[i], r, scratch), "in_cache": True}
-                else:
-                    shutil.rmtree(scratch, ignore_errors=True)
-            results[i] = r
-    finally:
-        if episode_cache is not None:
-            for i in todo:
-                scratch = Path(jobs[i]["dir"])
-                if scratch.parent == episode_cache.root and scratch.name.startswith(".tmp-"):
-                    shutil.rmtree(scratch, ignore_errors=True)
-    return results, n_workers  # type: ignore[return-value]
 
 
 def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale) -> dict:

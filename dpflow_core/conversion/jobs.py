@@ -12,6 +12,7 @@ import ctypes
 import multiprocessing
 import os
 import resource
+import shutil
 import signal
 import sys
 import threading
@@ -22,10 +23,11 @@ from typing import Any, Callable
 import numpy as np
 
 from dpflow_core.conversion.align import (
-    DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, AlignedEpisode, align_episode, split_segments,
+    CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, AlignedEpisode, align_episode, split_segments,
 )
+from dpflow_core.episode_cache import EpisodeCache, episode_key
 from dpflow_core.errors import ConversionError, DpflowError
-from dpflow_core.files import path_kind
+from dpflow_core.files import path_kind, pid_alive
 from dpflow_core.recordings.topics import TopicMap
 
 
@@ -49,6 +51,7 @@ def alignment_job(
     ``gap_policy`` defaults to ``"reject"`` here: a caller that cannot store segments
     (the LeRobot export) must never bridge a camera gap longer than ``max_gap_s`` seconds."""
     return {
+        "converter_version": CONVERTER_VERSION,
         "max_gap_s": max_gap_s,
         "gap_policy": gap_policy,
         "min_segment_frames": min_segment_frames,
@@ -221,17 +224,6 @@ def _die_with_parent(main_pid: int) -> None:
     threading.Thread(target=watch, name="dpflow-parent-watch", daemon=True).start()
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (signal 0; a process of another user counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def default_workers() -> int:
     """Worker processes for a conversion: the free cores, i.e. the cores this process may run on
     (``os.sched_getaffinity``) less the 1-minute load average (``os.getloadavg``: processes
@@ -274,7 +266,8 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
         return results  # type: ignore[return-value]
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["dpflow_core.conversion"])
+    # The module whose imports (NumPy, SciPy, PyAV, mcap) every worker needs: loaded once, in the forkserver.
+    ctx.set_forkserver_preload(["dpflow_core.conversion.jobs"])
     with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_episode_job, job): i for i, job in enumerate(jobs)}
@@ -288,3 +281,42 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
             if progress:
                 progress("episodes", done, len(jobs))
     return results  # type: ignore[return-value]
+
+
+def align_all(jobs: list[dict], episode_cache: EpisodeCache | None, workers: int,
+               progress: Callable | None) -> tuple[list[dict], int]:
+    """Worker summaries of ``jobs`` in order, from the cache where it holds them, else aligned
+    (:func:`_run_jobs`, ``workers`` processes, 0 = :func:`default_workers`) into new cache entries
+    (or the jobs' scratch folders without a cache); and the number of worker processes used."""
+    results: list[dict | None] = [None] * len(jobs)
+    todo = []
+    for i, job in enumerate(jobs):
+        hit = episode_cache.lookup(job) if episode_cache is not None else None
+        if hit is not None:
+            results[i] = {**hit, "in_cache": True}
+            continue
+        if episode_cache is not None and episode_key(job) is not None:
+            job["dir"] = str(episode_cache.new_dir())
+        todo.append(i)
+    n_hits = len(jobs) - len(todo)
+    if progress and n_hits:
+        progress("episodes", n_hits, len(jobs))
+    n_workers = workers if workers and workers > 0 else default_workers()
+    n_workers = max(1, min(n_workers, len(todo)))
+    counted = (lambda stage, done, total: progress(stage, n_hits + done, len(jobs))) if progress else None
+    try:
+        for i, r in zip(todo, _run_jobs([jobs[i] for i in todo], n_workers, counted)):
+            scratch = Path(jobs[i]["dir"])
+            if episode_cache is not None and scratch.parent == episode_cache.root:
+                if r["ok"]:
+                    r = {**episode_cache.store(jobs[i], r, scratch), "in_cache": True}
+                else:
+                    shutil.rmtree(scratch, ignore_errors=True)
+            results[i] = r
+    finally:
+        if episode_cache is not None:
+            for i in todo:
+                scratch = Path(jobs[i]["dir"])
+                if scratch.parent == episode_cache.root and scratch.name.startswith(".tmp-"):
+                    shutil.rmtree(scratch, ignore_errors=True)
+    return results, n_workers  # type: ignore[return-value]

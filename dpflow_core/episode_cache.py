@@ -26,8 +26,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpflow_core.conversion.align import CONVERTER_VERSION
 from dpflow_core.errors import ConversionError
+from dpflow_core.files import pid_alive
 
 #: Size limit when none is given (``DPFLOW_CACHE_MAX_BYTES`` or ``--cache-max-size`` override it).
 DEFAULT_MAX_BYTES = 20 << 30
@@ -76,7 +76,8 @@ def parse_size(text: str, what: str = "size") -> int:
 
 
 def episode_key(job: dict) -> str | None:
-    """Content address (64 hex digits) of one alignment job: SHA-256 of the converter version and
+    """Content address (64 hex digits) of one alignment job (``alignment_job`` of
+    :mod:`dpflow_core.conversion.jobs`): SHA-256 of its ``converter_version`` and
     :data:`_KEY_FIELDS` (the input's SHA-256 and size from the manifest, stem, image size, topics
     and alignment options); None when the manifest records no SHA-256 (nothing to address by)."""
     if not job.get("sha256"):
@@ -85,7 +86,7 @@ def episode_key(job: dict) -> str | None:
     doc = {k: job.get(k) for k in _KEY_FIELDS}
     doc["topics"] = {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper}
     doc["image_size"] = None if job["image_size"] is None else list(job["image_size"])
-    doc["converter_version"] = CONVERTER_VERSION
+    doc["converter_version"] = job["converter_version"]
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -214,10 +215,26 @@ class EpisodeCache:
             total -= e.size_bytes
             removed.append(e)
         if self.root.is_dir():
-            from dpflow_core.conversion.jobs import pid_alive
-
             for tmp in self.root.glob(".tmp-*"):
                 pid = tmp.name.split("-")[1]
                 if pid.isdigit() and not pid_alive(int(pid)):
                     shutil.rmtree(tmp, ignore_errors=True)
         return removed
+
+
+def resolve_cache(cache) -> EpisodeCache | None:
+    """The cache a ``convert(cache=...)`` argument names: True the default one, a folder or an
+    :class:`EpisodeCache` that one, False or None none.
+
+    Raises:
+        ConversionError: any other value (``bad_option``).
+    """
+    if cache is None or cache is False:
+        return None
+    if cache is True:
+        return EpisodeCache()
+    if isinstance(cache, EpisodeCache):
+        return cache
+    if isinstance(cache, (str, os.PathLike)):
+        return EpisodeCache(cache)
+    raise ConversionError(f"cache must be True, False, a folder or an EpisodeCache, got {cache!r}", code="bad_option")
