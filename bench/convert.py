@@ -1,16 +1,24 @@
 """Benchmark of the conversion to dataset.npz (not a test; figures go to docs/benchmarks.md).
 
-Converts the same sample episodes three ways and prints a markdown table:
+Every comparison runs whole processes side by side, interleaved (A B A B ...), and reports the
+median of the per-pair ratios, so a machine whose speed drifts (other jobs) still gives a fair
+ratio. Wall time comes from the parent's clock, peak RSS from the kernel's accounting of the
+finished child (``wait4`` ``ru_maxrss``: resident pages, anonymous and file-backed, of the
+largest process of the tree that was waited for).
 
-* ``dpflow convert`` with 1 worker and with N workers (a fresh process per run,
-  so peak RSS is that run's own: the parent, and the largest worker);
-* the decode+resize floor: PyAV decode + ``cv2.resize(INTER_AREA)`` + BGR->RGB of
-  the same access units, in one process, no alignment and no writing (and, for
-  reference, PyAV decode with the swscale area scaler dpflow uses).
+    python bench/convert.py prepare --out /tmp/dpflow-bench      # sample recordings, once
+    python bench/convert.py run --out /tmp/dpflow-bench          # all comparisons, markdown tables
+    python bench/convert.py run --out /tmp/dpflow-bench --only floor scaling
 
-Run for 4 and 16 episodes: the parent's peak RSS must not grow with the episode count.
+Sets (``dpflow_core.recordings.samples``, 30 Hz): ``e8`` 8 episodes of 8 s at 640x480 (the issue's
+recordings), ``e32`` the same 8 recordings listed 4 times under other stems (32 episodes; the
+bytes are identical, so writing them costs no extra minutes), ``native`` 2 episodes of 4 s at
+1600x1300 (the DAS camera's size), ``long120`` one 120 s episode at 640x480, ``long1800`` one
+1,800 s episode at 64x48, ``extra`` one more 640x480 episode for the incremental comparison.
 
-    python bench/convert.py --episodes 4 16 --workers 2 --out /tmp/dpflow-bench
+The floor (``floor`` sub-command) is PyAV decoding plus swscale's area scaler to RGB in one pass,
+one process, over the access units extracted beforehand (no MCAP parsing, no alignment, no
+writing): the least any converter of these recordings has to do.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ import dataclasses
 import hashlib
 import json
 import os
-import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +38,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+DPFLOW = str(Path(sys.executable).parent / "dpflow")
+
+SETS = {
+    "e8": dict(n=8, seconds=8.0, width=640, height=480),
+    "native": dict(n=2, seconds=4.0, width=1600, height=1300),
+    "long120": dict(n=1, seconds=120.0, width=640, height=480),
+    "long1800": dict(n=1, seconds=1800.0, width=64, height=48),
+    "extra": dict(n=1, seconds=8.0, width=640, height=480, seed=100),
+}
 
 
 def _entry(path: Path) -> dict:
@@ -36,126 +54,292 @@ def _entry(path: Path) -> dict:
     return {"path": str(path), "size_bytes": path.stat().st_size, "sha256": h}
 
 
-def _prepare(out: Path, n: int, seconds: float, width: int, height: int) -> Path:
-    """Write ``n`` sample episodes (once) and a manifest accepting them; return the manifest path."""
-    from dpflow_core.recordings import samples
+def _manifest(episodes: list[tuple[str, Path, Path, Path]], root: Path) -> dict:
     from dpflow_core.recordings.topics import DAS_DEFAULT
 
-    root = out / f"rec{n}" / "bench"
-    manifest = out / f"manifest{n}.json"
-    if manifest.exists():
-        return manifest
-    spec = replace(samples.SampleSpec(), width=width, height=height)
-    eps = [samples.write_episode(root, f"bench_{k:04d}", replace(spec, seconds=seconds), seed=k) for k in range(n)]
-    doc = {
+    return {
         "manifest_version": 1, "root": str(root), "task": "bench", "created_at": "bench",
         "topics": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(DAS_DEFAULT).items()},
-        "accepted": [{"stem": e.stem, "vio_status": {"status": "success"}, "validation": {},
-                      "files": {"raw_mcap": _entry(e.raw_mcap), "vio_mcap": _entry(e.vio_mcap),
-                                "vio_json": _entry(e.vio_json)}} for e in eps],
+        "accepted": [{"stem": stem, "vio_status": {"status": "success"}, "validation": {},
+                      "files": {"raw_mcap": _entry(raw), "vio_mcap": _entry(vio), "vio_json": _entry(js)}}
+                     for stem, raw, vio, js in episodes],
         "rejected": [],
     }
-    manifest.write_text(json.dumps(doc))
-    return manifest
 
 
-def _one(manifest: str, out: str, workers: int, size: tuple[int, int]) -> None:
-    """Child process: one conversion; print its figures as JSON."""
-    from dpflow_core.conversion import convert
-
-    started = time.perf_counter()
-    r = convert(manifest, out, image_size=size, workers=workers)
-    wall = time.perf_counter() - started
-    print(json.dumps({
-        "wall_s": wall,
-        "frames": r.total_steps,
-        "bytes": r.size_bytes,
-        "rss_parent_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "timings_s": r.metadata["timings_s"],
-        "rss_worker_mb": max(e["worker_peak_rss_mb"] for e in r.metadata["episodes"]) if workers > 1 else None,
-    }))
-
-
-def _floor(manifest: Path, size: tuple[int, int]) -> dict:
-    """Decode+resize floor over the same access units (read beforehand, not timed)."""
-    import av
-    import cv2
-
-    from dpflow_core.conversion import _SWS_FLAGS
+def _extract_units(vio: Path, out: Path) -> None:
+    """The camera access units of ``vio`` in capture order, length-prefixed, for the floor."""
     from dpflow_core.recordings import read_streams
 
-    cv2.setNumThreads(1)
-    doc = json.loads(manifest.read_text())
-    packets = [read_streams(e["files"]["vio_mcap"]["path"]).camera_packets for e in doc["accepted"]]
-    out = {}
-    for name in ("cv2_area", "pyav_area"):
-        frames = 0
-        started = time.perf_counter()
-        for units in packets:
-            ctx = av.CodecContext.create("h264", "r")
-            ctx.thread_count = 1
-            for data in units:
-                for f in ctx.decode(av.Packet(data)):
-                    if name == "cv2_area":
-                        rgb = cv2.cvtColor(cv2.resize(f.to_ndarray(format="bgr24"), size, interpolation=cv2.INTER_AREA),
-                                           cv2.COLOR_BGR2RGB)
-                    else:
-                        rgb = f.reformat(width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
-                    frames += rgb.shape[0] > 0
-        out[name] = {"wall_s": time.perf_counter() - started, "frames": frames}
-    return out
+    with open(out, "wb") as f:
+        for data in read_streams(vio).camera_packets:
+            f.write(len(data).to_bytes(4, "little"))
+            f.write(data)
+
+
+def prepare(out: Path) -> None:
+    from dpflow_core.recordings import samples
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, s in SETS.items():
+        manifest = out / f"{name}.json"
+        if manifest.exists():
+            continue
+        root = out / name
+        spec = replace(samples.SampleSpec(), width=s["width"], height=s["height"], seconds=s["seconds"])
+        eps = []
+        for k in range(s["n"]):
+            started = time.perf_counter()
+            e = samples.write_episode(root, f"{name}_{k:04d}", spec, seed=s.get("seed", 0) + k)
+            _extract_units(e.vio_mcap, root / f"{e.stem}.units")
+            eps.append((e.stem, e.raw_mcap, e.vio_mcap, e.vio_json))
+            print(f"{name}: wrote {e.stem} in {time.perf_counter() - started:.1f} s", flush=True)
+        manifest.write_text(json.dumps(_manifest(eps, root)))
+        if name == "e8":
+            copies = []
+            for rep in range(4):
+                for stem, raw, vio, js in eps:
+                    copies.append((f"{stem}_r{rep}", raw, vio, js))
+            (out / "e32.json").write_text(json.dumps(_manifest(copies, root)))
+
+
+def floor(manifest: Path, size: tuple[int, int]) -> None:
+    """Child process: PyAV decode + swscale area resize to RGB in one pass, every episode in order."""
+    import av
+
+    from dpflow_core.conversion.decode import _SWS_FLAGS
+
+    frames = 0
+    for e in json.loads(manifest.read_text())["accepted"]:
+        vio = Path(e["files"]["vio_mcap"]["path"])
+        data = (vio.parent / (vio.name.removesuffix("_vio.mcap") + ".units")).read_bytes()
+        ctx = av.CodecContext.create("h264", "r")
+        ctx.thread_count = 1
+        at = 0
+        while at < len(data):
+            n = int.from_bytes(data[at:at + 4], "little")
+            for f in ctx.decode(av.Packet(data[at + 4:at + 4 + n])):
+                f.reformat(width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+                frames += 1
+            at += 4 + n
+        for f in ctx.decode(None):
+            f.reformat(width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+            frames += 1
+    print(json.dumps({"frames": frames}))
+
+
+def _timed(cmd: list[str], env: dict | None = None) -> dict:
+    """One whole process: wall seconds (parent clock), peak RSS MB and CPU seconds (``wait4``), its output."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {err.decode()[-2000:]}")
+    return {"wall_s": wall, "rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "stdout": out.decode(), "stderr": err.decode()}
+
+
+def _convert_cmd(manifest: Path, target: Path, size: str, workers: int, cache: bool = False) -> list[str]:
+    cmd = [DPFLOW, "convert", str(manifest), "-o", str(target), "--image-size", size, "-j", str(workers), "--json"]
+    return cmd if cache else [*cmd, "--no-cache"]
+
+
+def _cleanup(target: Path) -> None:
+    for p in (target, target.with_suffix(".json"), target.with_name(f"{target.stem}.norm_stats.json"),
+              target.with_name("norm_stats.json")):
+        p.unlink(missing_ok=True)
+
+
+def interleaved(commands: dict[str, callable], rounds: int) -> dict[str, list[dict]]:
+    """Run each command once per round, in turn (A B C A B C ...); every run's figures by name."""
+    runs: dict[str, list[dict]] = {name: [] for name in commands}
+    for _ in range(rounds):
+        for name, make in commands.items():
+            runs[name].append(make())
+    return runs
+
+
+def _median(values) -> float:
+    return statistics.median(values)
+
+
+def _ratio(runs: dict, a: str, b: str, key: str = "wall_s") -> tuple[float, float, float]:
+    r = [x[key] / y[key] for x, y in zip(runs[a], runs[b])]
+    return min(r), _median(r), max(r)
+
+
+def _conversion(out: Path, manifest: Path, size: str, workers: int, tag: str, cache: bool = False,
+                env: dict | None = None) -> callable:
+    def run() -> dict:
+        target = out / f"bench-{tag}-{os.getpid()}.npz"
+        _cleanup(target)
+        r = _timed(_convert_cmd(manifest, target, size, workers, cache), env=env)
+        meta = json.loads(target.with_suffix(".json").read_text())
+        r.update(frames=meta["total_steps"], timings=meta["timings_s"], workers=meta["workers"],
+                 worker_rss_mb=max(e["worker_peak_rss_mb"] for e in meta["episodes"]), sha256=meta["sha256"])
+        _cleanup(target)
+        return r
+    return run
+
+
+def _floor(manifest: Path, size: str) -> callable:
+    def run() -> dict:
+        r = _timed([sys.executable, __file__, "floor", str(manifest), "--image-size", size])
+        r["frames"] = json.loads(r["stdout"].strip().splitlines()[-1])["frames"]
+        return r
+    return run
+
+
+def _fmt(lo_med_hi: tuple[float, float, float]) -> str:
+    lo, med, hi = lo_med_hi
+    return f"{med:.2f} ({lo:.2f}-{hi:.2f})"
+
+
+def bench_floor(out: Path, rounds: int, size: str, sets: list[str]) -> None:
+    print(f"\n### dpflow convert -j 1 against the decode + resize floor ({size})\n")
+    print("| set | frames | convert wall s | floor wall s | floor / convert (speed, x floor) | convert peak RSS MB "
+          "| align / write / norm stats s |")
+    print("|---|---|---|---|---|---|---|")
+    for name in sets:
+        manifest = out / f"{name}.json"
+        s = size
+        runs = interleaved({"convert": _conversion(out, manifest, s, 1, name), "floor": _floor(manifest, s)}, rounds)
+        conv, fl = runs["convert"], runs["floor"]
+        assert conv[0]["frames"] == fl[0]["frames"], (conv[0]["frames"], fl[0]["frames"])
+        t = conv[len(conv) // 2]["timings"]
+        print(f"| {name} | {conv[0]['frames']} | {_median(r['wall_s'] for r in conv):.2f} | "
+              f"{_median(r['wall_s'] for r in fl):.2f} | {_fmt(_ratio(runs, 'floor', 'convert'))} | "
+              f"{_median(r['rss_mb'] for r in conv):.0f} | {t['episodes']:.2f} / {t['write']:.2f} / {t['norm_stats']:.2f} |",
+              flush=True)
+
+
+def bench_scaling(out: Path, rounds: int) -> None:
+    print("\n### Scaling: -j N against -j 1 (32 episodes, 640x480 -> 224x224)\n")
+    cores = len(os.sched_getaffinity(0))
+    ns = [1, 2] + ([4] if cores >= 4 else [])
+    manifest = out / "e32.json"
+    runs = interleaved({f"j{n}": _conversion(out, manifest, "224,224", n, f"j{n}") for n in ns}, rounds)
+    print(f"cores: {cores}; load average before the run: {os.getloadavg()[0]:.1f}\n")
+    print("| workers | wall s (median) | time / time of -j 1 | speed-up | parent peak RSS MB | worker peak RSS MB |")
+    print("|---|---|---|---|---|---|")
+    for n in ns:
+        rr = _ratio(runs, f"j{n}", "j1")
+        print(f"| {n} | {_median(r['wall_s'] for r in runs[f'j{n}']):.2f} | {_fmt(rr)} | {1 / rr[1]:.2f} | "
+              f"{_median(r['rss_mb'] for r in runs[f'j{n}']):.0f} | "
+              f"{_median(r['worker_rss_mb'] for r in runs[f'j{n}']):.0f} |", flush=True)
+
+
+def bench_memory(out: Path, rounds: int, baseline: str | None, sets: list[str], baseline_sets: list[str]) -> None:
+    print("\n### Peak RSS (file-backed pages included) of dpflow convert -j 1\n")
+    print("| set | output size | frames | peak RSS MB | wall s |" + (" baseline peak RSS MB |" if baseline else ""))
+    print("|---|---|---|---|---|" + ("---|" if baseline else ""))
+    for name in sets:
+        size = "64,48" if name == "long1800" else "224,224"
+        manifest = out / f"{name}.json"
+        commands = {"convert": _conversion(out, manifest, size, 1, f"mem-{name}")}
+        if baseline and name in baseline_sets:
+            def base(manifest=manifest, size=size, name=name) -> dict:
+                target = out / f"bench-base-{name}.npz"
+                _cleanup(target)
+                cmd = [baseline, "convert", str(manifest), "-o", str(target), "--image-size", size, "-j", "1"]
+                r = _timed(cmd)
+                _cleanup(target)
+                return r
+            commands["baseline"] = base
+        runs = interleaved(commands, rounds)
+        conv = runs["convert"]
+        row = (f"| {name} | {size.replace(',', 'x')} | {conv[0]['frames']} | {max(r['rss_mb'] for r in conv):.0f} | "
+               f"{_median(r['wall_s'] for r in conv):.1f} |")
+        if baseline:
+            row += f" {max(r['rss_mb'] for r in runs['baseline']):.0f} |" if "baseline" in runs else " - |"
+        print(row, flush=True)
+
+
+def bench_incremental(out: Path, rounds: int) -> None:
+    """33 = e32 + extra: convert e32 into a fresh cache, then time e32+extra (1 episode to align)
+    against converting the extra episode alone plus the write phase of the 33."""
+    print("\n### Incremental: one episode added to a converted 32-episode task\n")
+    both = json.loads((out / "e32.json").read_text())
+    both["accepted"] += json.loads((out / "extra.json").read_text())["accepted"]
+    m33 = out / "e33.json"
+    m33.write_text(json.dumps(both))
+    rows = []
+    for k in range(rounds):
+        cache = out / f"cache-{os.getpid()}-{k}"
+        shutil.rmtree(cache, ignore_errors=True)
+        env = {**os.environ, "DPFLOW_CACHE_DIR": str(cache)}
+        first = _conversion(out, out / "e32.json", "224,224", 1, "inc32", cache=True, env=env)()
+        inc = _conversion(out, m33, "224,224", 1, "inc33", cache=True, env=env)()
+        one = _conversion(out, out / "extra.json", "224,224", 1, "one")()
+        full = _conversion(out, m33, "224,224", 1, "full33")()
+        assert inc["sha256"] == full["sha256"], "incremental and full conversions differ"
+        rows.append((first, inc, one, full))
+        shutil.rmtree(cache, ignore_errors=True)
+    print("| run | 32 into an empty cache s | 33 with 32 cached s | the new episode alone s | write phase of 33 s "
+          "| incremental / (alone + write) | full 33, no cache s | same SHA-256 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k, (first, inc, one, full) in enumerate(rows):
+        w = inc["timings"]["write"]
+        print(f"| {k + 1} | {first['wall_s']:.1f} | {inc['wall_s']:.1f} | {one['wall_s']:.1f} | {w:.1f} | "
+              f"{inc['wall_s'] / (one['wall_s'] + w):.2f} | {full['wall_s']:.1f} | yes |", flush=True)
+
+
+def bench_startup(rounds: int, baseline: str | None) -> None:
+    print("\n### Start-up of commands that need no heavy module\n")
+    cmds = {"dpflow --version": [DPFLOW, "--version"], "dpflow --help": [DPFLOW, "--help"],
+            "dpflow cache show": [DPFLOW, "cache", "show"], "python -c pass": [sys.executable, "-c", "pass"]}
+    if baseline:
+        cmds["baseline dpflow --version"] = [baseline, "--version"]
+        cmds["baseline dpflow --help"] = [baseline, "--help"]
+    runs = interleaved({k: (lambda c=c: _timed(c)) for k, c in cmds.items()}, rounds)
+    print("| command | wall s (median) | CPU s (median) | wall / wall of python -c pass |")
+    print("|---|---|---|---|")
+    for k in cmds:
+        print(f"| {k} | {_median(r['wall_s'] for r in runs[k]):.3f} | {_median(r['cpu_s'] for r in runs[k]):.3f} | "
+              f"{_fmt(_ratio(runs, k, 'python -c pass'))} |", flush=True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--episodes", type=int, nargs="+", default=[4, 16])
-    p.add_argument("--seconds", type=float, default=8.0, help="Episode length (s).")
-    p.add_argument("--width", type=int, default=320)
-    p.add_argument("--height", type=int, default=240)
-    p.add_argument("--image-size", default="224,224")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="N of the N-worker run.")
-    p.add_argument("--out", type=Path, default=Path("/tmp/dpflow-bench"))
-    p.add_argument("--one", nargs=3, metavar=("MANIFEST", "OUT", "WORKERS"), help=argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("prepare")
+    pp.add_argument("--out", type=Path, default=Path("/tmp/dpflow-bench"))
+    pr = sub.add_parser("run")
+    pr.add_argument("--out", type=Path, default=Path("/tmp/dpflow-bench"))
+    pr.add_argument("--rounds", type=int, default=3)
+    pr.add_argument("--only", nargs="*", default=["startup", "floor", "scaling", "memory", "incremental"])
+    pr.add_argument("--baseline", help="Another dpflow executable (e.g. an older checkout's) for memory and start-up.")
+    pr.add_argument("--incremental-rounds", type=int, default=1)
+    pr.add_argument("--scaling-rounds", type=int, default=2)
+    pr.add_argument("--floor-sets", nargs="*", default=["e8", "e32", "native"])
+    pr.add_argument("--memory-sets", nargs="*", default=["e8", "e32", "long120", "long1800"])
+    pr.add_argument("--baseline-sets", nargs="*", default=["long120"], help="Memory sets also run with --baseline.")
+    pf = sub.add_parser("floor")
+    pf.add_argument("manifest", type=Path)
+    pf.add_argument("--image-size", default="224,224")
     args = p.parse_args()
-    size = tuple(int(v) for v in args.image_size.split(","))
-    if args.one:
-        _one(args.one[0], args.one[1], int(args.one[2]), size)
-        return
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for n in args.episodes:
-        manifest = _prepare(args.out, n, args.seconds, args.width, args.height)
-        floor = _floor(manifest, size)
-        runs = {}
-        for w in sorted({1, args.workers}):
-            target = args.out / f"ds{n}_w{w}_{os.getpid()}.npz"
-            proc = subprocess.run([sys.executable, __file__, "--image-size", args.image_size, "--one", str(manifest),
-                                   str(target), str(w)], capture_output=True, text=True, check=True)
-            runs[w] = json.loads(proc.stdout.strip().splitlines()[-1])
-            for p_ in (target, target.with_suffix(".json"), target.with_name(f"{target.stem}.norm_stats.json")):
-                p_.unlink(missing_ok=True)
-        floor_fps = floor["cv2_area"]["frames"] / floor["cv2_area"]["wall_s"]
-        pyav_fps = floor["pyav_area"]["frames"] / floor["pyav_area"]["wall_s"]
-        for w, r in runs.items():
-            fps = r["frames"] / r["wall_s"]
-            t = r["timings_s"]
-            name = (f"dpflow convert, {w} worker{'s' if w > 1 else ''} (align {t['episodes']:.2f} s, "
-                    f"write+hash {t['write']:.2f} s, norm stats {t['norm_stats']:.2f} s)")
-            rows.append((n, name, r["frames"], r["wall_s"], fps, fps / floor_fps, r["rss_parent_mb"], r["rss_worker_mb"]))
-        rows.append((n, "floor: PyAV decode + cv2.resize INTER_AREA", floor["cv2_area"]["frames"],
-                     floor["cv2_area"]["wall_s"], floor_fps, 1.0, None, None))
-        rows.append((n, "ref: PyAV decode + swscale area to RGB (dpflow's scaler)", floor["pyav_area"]["frames"],
-                     floor["pyav_area"]["wall_s"], pyav_fps, pyav_fps / floor_fps, None, None))
-
-    print(f"camera {args.width}x{args.height} H.264, {args.seconds:g} s episodes at 30 Hz -> {size[0]}x{size[1]}; "
-          f"{os.cpu_count()} cores\n")
-    print("| episodes | method | frames | wall s | frames/s | x floor | peak RSS parent MB | peak RSS worker MB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for n, name, frames, wall, fps, ratio, rss_p, rss_w in rows:
-        rss_p = "-" if rss_p is None else f"{rss_p:.0f}"
-        rss_w = "-" if rss_w is None else f"{rss_w:.0f}"
-        print(f"| {n} | {name} | {frames} | {wall:.2f} | {fps:.0f} | {ratio:.2f} | {rss_p} | {rss_w} |")
+    if args.cmd == "prepare":
+        prepare(args.out)
+    elif args.cmd == "floor":
+        floor(args.manifest, tuple(int(v) for v in args.image_size.split(",")))
+    else:
+        print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; rounds {args.rounds}")
+        for what in args.only:
+            if what == "startup":
+                bench_startup(max(args.rounds, 5), args.baseline)
+            elif what == "floor":
+                bench_floor(args.out, args.rounds, "224,224", args.floor_sets)
+            elif what == "scaling":
+                bench_scaling(args.out, args.scaling_rounds)
+            elif what == "memory":
+                bench_memory(args.out, 1, args.baseline, args.memory_sets, args.baseline_sets)
+            elif what == "incremental":
+                bench_incremental(args.out, args.incremental_rounds)
+        print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import secrets
 from pathlib import Path
@@ -34,6 +35,66 @@ def sha256_file(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
         for block in iter(lambda: fh.read(chunk_bytes), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class _HashingRaw(io.RawIOBase):
+    """Raw stream over a file descriptor that feeds every byte it reads to SHA-256."""
+
+    def __init__(self, fh: IO[bytes]):
+        self._fh = fh
+        self.digest = hashlib.sha256()
+        self.bytes_read = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._fh.readinto(buffer)
+        if n:
+            self.digest.update(memoryview(buffer)[:n])
+            self.bytes_read += n
+        return n
+
+    def tell(self) -> int:
+        return self.bytes_read
+
+
+class HashingReader(io.BufferedReader):
+    """A buffered binary reader that computes the SHA-256 of a file while a parser reads it,
+    so a file that is both parsed and hashed is read once.
+
+    Every byte leaves the file exactly once, through the hash; :meth:`sha256` reads what the
+    parser left unread (up to the end of the file) and returns the digest of the whole file,
+    equal to :func:`sha256_file`. Use it as a context manager (it closes the file).
+    Only sequential reads are supported (seeking would skip or repeat bytes of the hash).
+
+    Raises:
+        OSError: when the file cannot be opened or read.
+    """
+
+    def __init__(self, path: str | Path, buffer_size: int = 1 << 20):
+        self._raw = _HashingRaw(open(path, "rb", buffering=0))
+        super().__init__(self._raw, buffer_size=buffer_size)
+
+    def seekable(self) -> bool:
+        return False
+
+    def sha256(self) -> str:
+        """Read the rest of the file and return the SHA-256 (hex) of all its bytes."""
+        while self.read(1 << 20):
+            pass
+        return self._raw.digest.hexdigest()
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes taken from the file so far (what the hash has seen)."""
+        return self._raw.bytes_read
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw._fh.close()
 
 
 def fsync_dir(folder: str | Path) -> None:
@@ -158,3 +219,14 @@ def path_kind(path: str | Path) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists (signal 0; a process of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

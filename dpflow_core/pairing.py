@@ -73,7 +73,7 @@ from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
 
 from dpflow_core.errors import InvalidNameError, PairingError, RecordingError
-from dpflow_core.files import path_kind, sha256_file, write_text_atomic
+from dpflow_core.files import path_kind, write_text_atomic
 from dpflow_core.names import validate_name
 from dpflow_core.recordings import inspect_recording
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -99,12 +99,13 @@ class FileEntry:
     """One input file of an accepted episode.
 
     Attributes:
-        path: absolute path; size_bytes: size in bytes; sha256: hex digest of its content.
+        path: absolute path; size_bytes: size in bytes; sha256: hex digest of its content
+            (None for the raw ``.mcap``: conversion never reads it, so pairing does not hash it).
     """
 
     path: Path
     size_bytes: int
-    sha256: str
+    sha256: str | None
 
     def to_dict(self) -> dict:
         return {"path": str(self.path), "size_bytes": self.size_bytes, "sha256": self.sha256}
@@ -613,7 +614,8 @@ def _check_candidate(
 
     vio_json = cand.files["vio_json"]
     try:
-        vio_status = json.loads(vio_json.read_text(encoding="utf-8"))
+        vio_json_bytes = vio_json.read_bytes()
+        vio_status = json.loads(vio_json_bytes.decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return PairingReject(stem, str(vio_json), "unparseable_status", f"cannot parse {vio_json.name}: {exc}")
 
@@ -669,10 +671,13 @@ def _check_candidate(
         k: raw[k] for k in ("indexed", "message_counts", "summary_counts", "rates_hz", "log_time_inversions", "warnings")
     }
     validation["warnings"] = validation["warnings"] + raw["warnings"]
+    # Each hash comes from the bytes already read for validation (each file is read once); the
+    # raw .mcap is not hashed at all: conversion never reads it (it is validated, sized and listed).
+    digests = {"vio_mcap": vio_report.sha256, "vio_json": hashlib.sha256(vio_json_bytes).hexdigest(), "raw_mcap": None}
     files = {}
     for role in ROLES:
         p = cand.files[role].resolve()
-        files[role] = FileEntry(p, p.stat().st_size, sha256_file(p))
+        files[role] = FileEntry(p, p.stat().st_size, digests[role])
     return AcceptedEpisode(stem, files, vio_status, validation)
 
 
@@ -889,7 +894,7 @@ def manifest_from_dict(data: Any, path: str | Path = "<manifest>") -> Manifest:
             files[role] = FileEntry(
                 Path(_need(entry, "path", str, f"{where}.files.{role}", path)),
                 _need(entry, "size_bytes", int, f"{where}.files.{role}", path),
-                _need(entry, "sha256", str, f"{where}.files.{role}", path),
+                _need(entry, "sha256", (str, type(None)) if role == "raw_mcap" else str, f"{where}.files.{role}", path),
             )
         if "vio_status" not in item:
             raise PairingError(f"malformed manifest: {where} has no 'vio_status'", path, code="bad_manifest")

@@ -45,9 +45,23 @@ def missing_executable(name: str) -> str | None:
     return None if shutil.which(name) else f"`{name}` is not on PATH"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_episode_cache(tmp_path_factory):
+    """Module- and session-scoped fixtures that convert use a cache of the session, never the user's."""
+    old = os.environ.get("DPFLOW_CACHE_DIR")
+    os.environ["DPFLOW_CACHE_DIR"] = str(tmp_path_factory.mktemp("session-episode-cache"))
+    yield
+    if old is None:
+        os.environ.pop("DPFLOW_CACHE_DIR", None)
+    else:
+        os.environ["DPFLOW_CACHE_DIR"] = old
+
+
 @pytest.fixture(autouse=True)
-def _venv_on_path(monkeypatch):
-    """Subprocesses (dpflow, accelerate, dagster) resolve to this venv's scripts."""
+def _venv_on_path(monkeypatch, tmp_path_factory):
+    """Subprocesses (dpflow, accelerate, dagster) resolve to this venv's scripts; each test has its
+    own per-episode conversion cache (never the user's ~/.cache/dpflow)."""
     monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("DPFLOW_CACHE_DIR", str(tmp_path_factory.mktemp("episode-cache")))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

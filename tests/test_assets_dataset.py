@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -90,6 +93,17 @@ def test_dataset_npz_materializes_with_passing_checks_and_is_reused(episodes, tm
     assert again.output_for_node("dataset_npz") == value
     md2 = again.asset_materializations_for_node("dataset_npz")[0].metadata
     assert md2["reused"].value is True and "reused the existing identical dataset" in md2["status"].value
+
+    # The asset filled the per-episode cache that `dpflow convert` reads: the CLI aligns nothing anew
+    # and writes the same bytes (DPFLOW_CACHE_DIR is this test's own cache, set by conftest).
+    assert md["episodes_from_cache"].value == 0 and md["episode_cache_dir"].value == os.environ["DPFLOW_CACHE_DIR"]
+    cli = subprocess.run([str(Path(sys.executable).parent / "dpflow"), "convert", str(manifest), "-o",
+                          str(tmp_path / "cli.npz"), "--image-size", "48,32", "-j", "1", "--json"],
+                         capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    sidecar = json.loads((tmp_path / "cli.json").read_text())
+    assert sidecar["cache"]["episodes_reused"] == 2 and sidecar["cache"]["episodes_aligned"] == 0
+    assert sidecar["sha256"] == value["sha256"]
 
 
 def test_all_rejected_manifest_fails_with_reasons(tmp_path):

@@ -65,7 +65,7 @@ MOMENTS = {
 def test_sigkill_leaves_no_process_and_the_next_run_cleans_up(manifest, tmp_path, moment):
     out = tmp_path / "dataset.npz"
     cmd = [sys.executable, "-c", "from dpflow_core.cli import main; main()", "convert", str(manifest), "-o", str(out),
-           "--image-size", "160,120", "-j", "2"]
+           "--image-size", "160,120", "-j", "2", "--no-cache"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: set[int] = set()
     deadline = time.monotonic() + 120

@@ -7,14 +7,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from dpflow_core.cli import app
 from dpflow_core.errors import ConversionError
-
-_console = Console(stderr=True)
 
 
 def _parse_size(text: str) -> tuple[int, int]:
@@ -30,7 +25,7 @@ def convert_cmd(
     inputs: List[Path] = typer.Argument(..., help="Pairing manifest JSON files or Matrix Studio task folders."),
     output: Path = typer.Option(..., "--output", "-o", help="The dataset .npz to create (never overwritten)."),
     image_size: str = typer.Option("224,224", "--image-size", help="Frame size W,H in pixels."),
-    workers: int = typer.Option(0, "--workers", "-j", min=0, help="Worker processes (0 = CPU cores)."),
+    workers: int = typer.Option(0, "--workers", "-j", min=0, help="Worker processes (0 = the free cores)."),
     backup: bool = typer.Option(False, "--backup", help="Keep an existing output as <stem>.bak-<time>.npz and replace it."),
     invalid_pose_policy: str = typer.Option(
         "trim", "--invalid-pose-policy", help="pose_valid == false stretches: 'trim' (keep the longest valid stretch) or 'reject'."
@@ -45,15 +40,21 @@ def convert_cmd(
         46, "--min-segment-frames", min=2, help="Shortest piece kept when splitting at a gap (frames)."
     ),
     min_pose_score: float = typer.Option(0.0, "--min-pose-score", help="Poses with a lower VIO score count as invalid."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Align every episode anew; neither read nor fill the cache."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Convert paired episodes into a dataset.npz replay buffer (+ dataset.json, norm_stats.json)."""
+    """Convert paired episodes into a dataset.npz replay buffer (+ dataset.json, norm_stats.json).
+
+    Episodes already aligned with the same options are taken from the per-episode cache
+    (`dpflow cache show`); the dataset is byte-identical either way."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from dpflow_core.conversion import convert
 
     size = _parse_size(image_size)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=_console, transient=True,
+        console=Console(stderr=True), transient=True,
     ) as bar:
         episodes = bar.add_task("aligning episodes", total=None)
         writing = bar.add_task("writing dataset", total=None, visible=False)
@@ -69,7 +70,7 @@ def convert_cmd(
             [str(p) for p in inputs], output, image_size=size, workers=workers, backup=backup,
             invalid_pose_policy=invalid_pose_policy, min_overlap_fraction=min_overlap,
             frequency_tolerance=frequency_tolerance, progress=progress, max_gap_s=max_gap, gap_policy=gap_policy,
-            min_segment_frames=min_segment_frames, min_pose_score=min_pose_score,
+            min_segment_frames=min_segment_frames, min_pose_score=min_pose_score, cache=not no_cache,
         )
     if as_json:
         typer.echo(json.dumps({**result.contract(), "rejected": result.rejected, "wall_time_s": result.wall_time_s}, indent=2))
@@ -85,6 +86,10 @@ def convert_cmd(
         f"{result.wall_time_s:.1f} s ({result.frames_per_s:.0f} frames/s)"
     )
     out.print(f"sidecar {result.sidecar_path}\nnorm stats {result.norm_stats_path}")
+    cached = meta.get("cache") or {}
+    if cached.get("episodes_reused"):
+        out.print(f"{cached['episodes_reused']} episodes from the cache {cached['dir']}, "
+                  f"{cached['episodes_aligned']} aligned")
     for name in meta.get("stale_files_removed") or []:
         out.print(f"removed stale {name} (left by a conversion that is no longer running)")
     for ep in meta["episodes"]:
@@ -109,6 +114,8 @@ def norm_stats_cmd(
     ),
 ) -> None:
     """Compute per-key mean/std/min/max/q01/q99 of a dataset's low-dimensional members."""
+    from rich.console import Console
+    from rich.table import Table
     if fmt == "openpi":
         from dpflow_core.export import write_openpi_norm_stats
 
@@ -128,7 +135,6 @@ def norm_stats_cmd(
         for d in range(len(s["mean"])):
             table.add_row(key if d == 0 else "", str(d), *(f"{s[f][d]:.4g}" for f in ("mean", "std", "min", "max", "q01", "q99")))
     Console().print(table)
-
 
 
 @app.command("export-umi")
@@ -161,3 +167,57 @@ def export_umi_cmd(
     typer.echo(f"{result.path}: {result.n_episodes} episodes, {result.n_steps} steps, frames "
                f"{result.image_shape} JPEG-XL level {result.jpegxl_level}; sha256 {result.sha256} "
                f"({result.size_bytes} bytes) in {result.sidecar_path}")
+
+
+cache_app = typer.Typer(
+    help="The per-episode conversion cache (aligned, resized arrays by content address) that convert and the "
+         "dataset_npz asset share: show it, prune it to a size.",
+    no_args_is_help=True,
+)
+app.add_typer(cache_app, name="cache")
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@cache_app.command("show")
+def cache_show_cmd(as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON.")) -> None:
+    """Where the cache is ($DPFLOW_CACHE_DIR), its entries, size and limit ($DPFLOW_CACHE_MAX_BYTES)."""
+    from dpflow_core.episode_cache import EpisodeCache
+
+    cache = EpisodeCache()
+    entries = cache.entries()
+    doc = {
+        "dir": str(cache.root),
+        "entries": len(entries),
+        "size_bytes": sum(e.size_bytes for e in entries),
+        "max_bytes": cache.max_bytes,
+        "oldest_use": min((e.last_used for e in entries), default=None),
+        "newest_use": max((e.last_used for e in entries), default=None),
+    }
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    typer.echo(f"{doc['dir']}: {doc['entries']} episodes, {_human(doc['size_bytes'])} of {_human(doc['max_bytes'])}")
+
+
+@cache_app.command("prune")
+def cache_prune_cmd(
+    max_size: Optional[str] = typer.Option(
+        None, "--max-size", help="Keep at most this much (bytes or 500M, 20G; 0 empties it). Default: the limit."
+    ),
+) -> None:
+    """Remove the least recently used episodes until the cache fits the size."""
+    from dpflow_core.episode_cache import EpisodeCache, parse_size
+
+    cache = EpisodeCache()
+    limit = parse_size(max_size, "--max-size") if max_size is not None else cache.max_bytes
+    removed = cache.prune(limit)
+    left = sum(e.size_bytes for e in cache.entries())
+    typer.echo(f"removed {len(removed)} entries ({_human(sum(e.size_bytes for e in removed))}); "
+               f"{_human(left)} left in {cache.root}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -46,8 +47,11 @@ def lerobot_norm_stats_cmd(
     dataset: Path = typer.Argument(..., help="LeRobot dataset folder (holding meta/info.json)."),
     output: Path = typer.Option(None, "-o", "--output", help="File or folder [default: DATASET/norm_stats.json]."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing norm_stats.json."),
-    codebase_version: str = typer.Option(lerobot.CODEBASE_VERSION, "--codebase-version", help="Required codebase_version."),
+    codebase_version: Optional[str] = typer.Option(
+        None, "--codebase-version", help="Required codebase_version (default: the one dpflow writes, v2.1)."
+    ),
 ) -> None:
     """openpi norm_stats.json (mean, std, q01, q99 of state and actions) from the parquet columns only."""
-    path = lerobot.write_openpi_norm_stats(dataset, output, overwrite=overwrite, expected_version=codebase_version)
+    path = lerobot.write_openpi_norm_stats(dataset, output, overwrite=overwrite,
+                                           expected_version=codebase_version or lerobot.CODEBASE_VERSION)
     typer.echo(str(path))

@@ -8,24 +8,21 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from dpflow_core.cli import app
 from dpflow_core.errors import PairingError, RecordingError
 from dpflow_core.recordings.topics import DAS_DEFAULT
 
-_console = Console(stderr=True)
-
 
 def _progress() -> Progress:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=_console,
+        console=Console(stderr=True),
         transient=True,
     )
 
@@ -41,6 +38,8 @@ def sample_recordings(
     height: int = typer.Option(240, "--height", min=16, help="Camera height in pixels (even)."),
 ) -> None:
     """Write a Matrix Studio task folder of sample recordings (the demo input and test fixtures)."""
+    from rich.console import Console
+    from rich.table import Table
     from dpflow_core.names import validate_name
     from dpflow_core.recordings.samples import SampleSpec, write_task
 
@@ -73,6 +72,8 @@ def inspect_recording_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
 ) -> None:
     """Validate one recording and print its figures; exit 1 when it has errors."""
+    from rich.console import Console
+    from rich.table import Table
     from dpflow_core.recordings import inspect_recording
 
     required = (DAS_DEFAULT.camera, DAS_DEFAULT.gripper) if raw else None
@@ -143,6 +144,7 @@ def pair(
 
     ROOT may also be a folder holding exactly one task folder (a Matrix Studio output root): that one is paired.
     """
+    from rich.console import Console
     from dpflow_core.pairing import pair_recordings, reject_summary, write_manifest
 
     if output.exists() and not overwrite:
@@ -170,6 +172,7 @@ def pair(
 def stem_table(title: str, rows: list[tuple], columns: tuple[str, ...]) -> Table:
     """A rich table whose first column is the stem: stems are never cut with an ellipsis
     (they fold onto the next line), so rows stay distinguishable in an 80-column terminal."""
+    from rich.table import Table
     table = Table(title=title)
     table.add_column("stem", overflow="fold", min_width=8)
     for col in columns:

@@ -18,13 +18,17 @@ import inspect
 import json
 import typing
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from dpflow_core.cli import app
 from dpflow_core.errors import RemoteError
-from dpflow_core.server import GpuServer, ServerConfig
+from dpflow_core import server as _server  # its names load on first use (dpflow_core._lazy)
+from dpflow_core.server.config import ServerConfig
+
+if TYPE_CHECKING:
+    from dpflow_core.server import GpuServer
 
 
 def _option(default, *decls: str, envvar: str | None = None, help: str):
@@ -162,7 +166,7 @@ def upload_cmd(
 
     # By default the file must still be what conversion wrote (the sidecar's SHA-256).
     expected_sha256 = expected_sha256 or recorded_sha256(dataset)
-    with GpuServer(server_config) as server, _RichProgress(f"upload {dataset.name}") as progress:
+    with _server.GpuServer(server_config) as server, _RichProgress(f"upload {dataset.name}") as progress:
         result = upload_dataset(
             server, dataset, task=task, expected_sha256=expected_sha256, method=method,
             bwlimit_kbps=bwlimit, progress=progress,
@@ -234,7 +238,7 @@ def preflight_cmd(
             raise typer.BadParameter(f"{dataset} does not exist", param_hint="--dataset")
         size, digest = dataset.stat().st_size, sha256_file(dataset)
         task = task or task_for_dataset(dataset)
-    with GpuServer(server_config) as server:
+    with _server.GpuServer(server_config) as server:
         report = preflight(server, dataset_size_bytes=size, dataset_sha256=digest, task=task)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from dpflow_core.cli import app
 from dpflow_core.cli.remote import connection_options
-from dpflow_core.server import GpuServer, ServerConfig
+from dpflow_core import server as _server  # its names load on first use (dpflow_core._lazy)
+from dpflow_core.server.config import ServerConfig
+
+if TYPE_CHECKING:
+    from dpflow_core.server import GpuServer
 
 _TEMPLATE_HELP = (
     "Train command template (default: the built-in trainer). Placeholders: {run_dir}, {dataset}, "
@@ -89,7 +93,7 @@ def smoke_cmd(
         smoke_spec,
     )
 
-    with GpuServer(server_config) as server:
+    with _server.GpuServer(server_config) as server:
         inventory = server.gpu_inventory()
         require_gpus(server, inventory)
         path, sha, freq = _dataset_identity(server, dataset, frequency)
@@ -157,7 +161,7 @@ def train_cmd(
     requested_gpus = _gpu_ids(gpu_ids)
     if resume and not run_name:
         raise typer.BadParameter("--resume needs the --run-name of the run to continue", param_hint="--resume")
-    with GpuServer(server_config) as server:
+    with _server.GpuServer(server_config) as server:
         path, sha, freq = _dataset_identity(server, dataset, frequency)
         # As train_run: without a name, follow the running training of this dataset instead of starting a second one.
         name, active = (run_name, False) if run_name else active_or_new_run_name(server, sha, "train")
@@ -207,7 +211,7 @@ def checkpoint_cmd(
 
     if choose not in ("latest", "best"):
         raise typer.BadParameter(f"unknown choice {choose!r}", param_hint="--choose")
-    with GpuServer(server_config) as server:
+    with _server.GpuServer(server_config) as server:
         result = download_checkpoint(server, run_name, choose=choose, dest_root=output)
         check = verify_checkpoint(result.local_path, result.remote_sha256, result.size_bytes)
     if as_json:

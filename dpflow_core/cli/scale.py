@@ -20,14 +20,16 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
-import yaml
 
+from dpflow_core import server as _server  # its names load on first use (dpflow_core._lazy)
 from dpflow_core.cli import app
-from dpflow_core.server import GpuServer
 from dpflow_core.server.lab import LabServers, lab_servers
+
+if TYPE_CHECKING:
+    from dpflow_core.server import GpuServer
 
 scale_app = typer.Typer(help="Smoke and training runs on a Slurm cluster or several servers (from a lab.yaml).",
                         no_args_is_help=True)
@@ -47,6 +49,8 @@ def load_lab(path: Path) -> LabServers:
     """
     if not path.is_file():
         raise typer.BadParameter(f"{path} does not exist", param_hint="--lab")
+    import yaml
+
     try:
         settings = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -153,7 +157,7 @@ def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps
         raise typer.BadParameter(f"{dataset} does not exist", param_hint="DATASET")
     lab = load_lab(lab_path)
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(GpuServer(c)) for c in lab.servers]
+        servers = [stack.enter_context(_server.GpuServer(c)) for c in lab.servers]
         paths, sha, freq = _upload(servers, dataset)
         path = paths[0]
         spec = _spec(kind, run_name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override,

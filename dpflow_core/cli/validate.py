@@ -14,22 +14,26 @@ from typing import Optional
 import typer
 
 from dpflow_core.cli import app
-from dpflow_core.dataset import MIN_TRAIN_LENGTH
 
 
 @app.command("validate")
 def validate_cmd(
     dataset: Path = typer.Argument(..., help="The dataset.npz to check."),
     image_size: Optional[str] = typer.Option(None, "--image-size", help="Expected frame size W,H (default: the metadata's)."),
-    min_train_length: int = typer.Option(MIN_TRAIN_LENGTH, "--min-train-length", help="Shortest episode that yields a training sample (steps)."),
+    min_train_length: Optional[int] = typer.Option(
+        None, "--min-train-length",
+        help="Shortest episode that yields a training sample (steps; default dpflow_core.dataset.MIN_TRAIN_LENGTH, 46).",
+    ),
     max_short_episodes: int = typer.Option(0, "--max-short-episodes", help="Warn above this many short episodes."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
 ) -> None:
     """Check a dataset.npz; print each verdict; exit 1 when a blocking (error) check fails."""
     from dpflow_core.cli.dataset import _parse_size
     from dpflow_core.conversion import sidecar_path_for
-    from dpflow_core.dataset import check_recorded_sha256, validate_dataset
+    from dpflow_core.dataset import MIN_TRAIN_LENGTH, check_recorded_sha256, validate_dataset
 
+    if min_train_length is None:
+        min_train_length = MIN_TRAIN_LENGTH
     size = _parse_size(image_size) if image_size else None
     results = validate_dataset(dataset, image_size=size, min_train_length=min_train_length,
                                max_short_episodes=max_short_episodes)

@@ -24,10 +24,13 @@ Workers exit when the converting process dies (``PR_SET_PDEATHSIG`` and a watch
 of its PID), and a conversion removes, and names, the ``.partial-<pid>`` /
 ``.work-<pid>`` leftovers of conversions no longer running in its output folder.
 
-Modules: :mod:`~dpflow_core.conversion.align` (one episode), :mod:`~dpflow_core.conversion.gaps` (camera holes), :mod:`~dpflow_core.conversion.inputs`
+Modules: :mod:`~dpflow_core.conversion.align` (one episode), :mod:`~dpflow_core.conversion.decode`
+(H.264 to resized RGB, streamed to a scratch file), :mod:`~dpflow_core.conversion.gaps` (camera holes),
+:mod:`~dpflow_core.conversion.inputs`
 (manifest in, episodes and keys out), :mod:`~dpflow_core.conversion.jobs` (the job runner),
 :mod:`~dpflow_core.conversion.install` (outputs into place) and :mod:`~dpflow_core.conversion.convert`;
-the zip writer lives beside the reader in :mod:`dpflow_core.replay_buffer`. The names other code
+the zip writer lives beside the reader in :mod:`dpflow_core.replay_buffer`, the per-episode cache in
+:mod:`dpflow_core.episode_cache` (outside this package, so ``dpflow cache`` starts without the decoding stack). The names other code
 uses are re-exported here.
 """
 

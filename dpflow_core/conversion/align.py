@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
-import av
 import numpy as np
-from av.video.reformatter import Interpolation
 from scipy.spatial.transform import Rotation, Slerp
 
+from dpflow_core.conversion.decode import _SWS_FLAGS, decode_camera
 from dpflow_core.conversion.gaps import _gaps, plan_segments
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings import read_streams
@@ -52,12 +51,6 @@ _LOWDIM_WIDTH = {
     "robot0_demo_start_pose": 6,
     "robot0_demo_end_pose": 6,
 }
-#: swscale flags of the one-pass YUV->RGB conversion and resize: area averaging, with
-#: full-resolution chroma interpolation and accurate rounding. Measured on sample
-#: frames against the source resized with OpenCV INTER_AREA: mean error 2.5 levels,
-#: versus 2.9 for decode-to-BGR + cv2.resize(INTER_AREA) (3.8 for plain SWS_AREA),
-#: and about 1.3x faster than the OpenCV path (docs/benchmarks.md).
-_SWS_FLAGS = Interpolation.AREA | Interpolation.FULL_CHR_H_INT | Interpolation.ACCURATE_RND
 
 
 # --------------------------------------------------------------------------- alignment
@@ -73,7 +66,7 @@ class AlignedEpisode:
         start_ts_ns: capture time (``header.timestamp``, ns) of the first kept frame.
         camera_ts_ns: (N,) int64 capture times of the kept frames, ns.
         rgb: (N, H, W, 3) uint8 RGB frames; a read-only memory map when
-            ``rgb_dir`` was given to :func:`align_episode`.
+            ``rgb_dir`` was given to :func:`align_episode` (the frames were streamed to that file).
         eef_pos: (N, 3) float32 camera0 optical-centre position, metres.
         eef_rot_axis_angle: (N, 3) float32 rotation vector, radians, norm <= pi.
         gripper_width: (N, 1) float32 metres.
@@ -84,6 +77,9 @@ class AlignedEpisode:
         segments: (start, stop) rows of the pieces to keep when the episode was split at
             camera gaps (``gap_policy="split"``), else None (keep it whole). See
             :func:`split_segments`.
+        input_sha256: SHA-256 (hex) of the ``_vio.mcap``, hashed while it was parsed.
+        rgb_range: (N, 2) uint8 per-frame (min, max) pixel value, measured while decoding
+            (so the frames need not be read back for the value ranges); None when unknown.
     """
 
     stem: str
@@ -98,6 +94,8 @@ class AlignedEpisode:
     rgb_path: Path | None = None
     rgb_rows: tuple[int, int] | None = None
     segments: list[tuple[int, int]] | None = None
+    input_sha256: str | None = None
+    rgb_range: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.timestamps_s)
@@ -111,80 +109,6 @@ class AlignedEpisode:
     def end_pose(self) -> np.ndarray:
         """(6,) float32 last pose: position (m) then rotation vector (rad)."""
         return np.concatenate([self.eef_pos[-1], self.eef_rot_axis_angle[-1]]).astype(np.float32)
-
-
-def _decode_camera(
-    packets: Sequence[bytes],
-    image_size: tuple[int, int] | None,
-    codec: str,
-    rgb_path: Path | None,
-    path: Path,
-    ts_ns: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Decode H.264 access units to RGB frames.
-
-    Each packet gets ``pts`` = its message index, so every decoded frame says
-    which message (and so which capture time) it came from; packets before the
-    first IDR frame produce no frame (and usually a decoder error). Every packet
-    is decoded, in order, even when ``ts_ns`` repeats a capture time (a later frame
-    may reference it); a frame whose capture time equals the previous kept frame's is
-    then dropped, so the kept frames are bit-identical to a full decode.
-
-    Returns:
-        frames (K, H, W, 3) uint8 (a memory map when ``rgb_path`` is given; rows
-        in decode order), packet index (K,) int64 of each frame, and the indices
-        of packets the decoder rejected.
-    """
-    ctx = av.CodecContext.create(codec, "r")
-    # Parallelism comes from worker processes; decoder threads did not help.
-    ctx.thread_count = 1
-    buf: np.ndarray | None = None
-    index: list[int] = []
-    errors: list[int] = []
-
-    def take(frames: Iterable[av.VideoFrame]) -> None:
-        nonlocal buf
-        for frame in frames:
-            if frame.pts is None or not 0 <= frame.pts < len(packets):
-                raise ConversionError(f"decoder returned a frame with pts {frame.pts!r}", path, code="decode_error")
-            if ts_ns is not None and index and ts_ns[frame.pts] == ts_ns[index[-1]]:
-                continue
-            if image_size is None:
-                rgb = frame.reformat(format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
-            else:
-                rgb = frame.reformat(
-                    width=image_size[0], height=image_size[1], format="rgb24", interpolation=_SWS_FLAGS
-                ).to_ndarray()
-            if buf is None:
-                shape = (len(packets), *rgb.shape)
-                if rgb_path is None:
-                    buf = np.empty(shape, dtype=np.uint8)
-                else:
-                    buf = np.lib.format.open_memmap(rgb_path, mode="w+", dtype=np.uint8, shape=shape)
-            buf[len(index)] = rgb
-            index.append(int(frame.pts))
-
-    for i, data in enumerate(packets):
-        packet = av.Packet(data)
-        packet.pts = packet.dts = i
-        try:
-            take(ctx.decode(packet))
-        except av.error.InvalidDataError:
-            errors.append(i)
-    try:
-        take(ctx.decode(None))
-    except av.error.InvalidDataError:
-        pass
-    if buf is None:
-        raise ConversionError(
-            f"no decodable camera frame in {len(packets)} packets (no IDR frame with SPS/PPS?)",
-            path,
-            code="undecodable",
-        )
-    idx = np.asarray(index, dtype=np.int64)
-    if np.any(np.diff(idx) <= 0):
-        raise ConversionError("camera frames decoded out of capture order (B-frames?)", path, code="decode_error")
-    return buf[: len(idx)], idx, errors
 
 
 def _longest_true_run(mask: np.ndarray) -> tuple[int, int]:
@@ -226,7 +150,8 @@ def split_segments(ep: AlignedEpisode) -> list[AlignedEpisode]:
             stem=ep.stem, timestamps_s=(ep.camera_ts_ns[a:b] - t0) / 1e9, start_ts_ns=t0,
             camera_ts_ns=ep.camera_ts_ns[a:b], rgb=ep.rgb[a:b], eef_pos=ep.eef_pos[a:b],
             eef_rot_axis_angle=ep.eef_rot_axis_angle[a:b], gripper_width=ep.gripper_width[a:b],
-            report=report, rgb_path=ep.rgb_path, rgb_rows=rows,
+            report=report, rgb_path=ep.rgb_path, rgb_rows=rows, input_sha256=ep.input_sha256,
+            rgb_range=None if ep.rgb_range is None else ep.rgb_range[a:b],
         ))
     return out
 
@@ -319,14 +244,20 @@ def align_episode(
         image_size = _check_image_size(image_size)
     if stem is None:
         stem = path.name.removesuffix(".mcap").removesuffix("_vio")
-    streams = read_streams(path, topics)
-    fmt = (streams.camera_format or "").lower()
-    if fmt not in ("h264", "h.264"):
-        raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
-
+    # With a scratch folder the access units wait in a spool file and the frames stream to a
+    # file: memory does not grow with the episode's length.
     rgb_path = Path(rgb_dir) / f"{stem}.rgb.npy" if rgb_dir is not None else None
-    frames, pkt_idx, errors = _decode_camera(streams.camera_packets, image_size, "h264", rgb_path, path,
-                                             streams.camera_ts_ns)
+    streams = read_streams(path, topics, spool_path=Path(rgb_dir) / f"{stem}.h264" if rgb_dir is not None else None)
+    try:
+        fmt = (streams.camera_format or "").lower()
+        if fmt not in ("h264", "h.264"):
+            raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
+        frames, pkt_idx, errors, frame_range = decode_camera(streams.camera_packets, image_size, "h264", rgb_path,
+                                                              path, streams.camera_ts_ns)
+        n_packets = len(streams.camera_packets)
+    finally:
+        if hasattr(streams.camera_packets, "close"):
+            streams.camera_packets.close()
     first_decoded = int(pkt_idx[0])
     cam_ns = streams.camera_ts_ns[pkt_idx]
 
@@ -439,7 +370,7 @@ def align_episode(
     report = {
         "stem": stem,
         "path": str(path),
-        "camera_messages": int(len(streams.camera_packets)),
+        "camera_messages": int(n_packets),
         "decoded_frames": int(len(pkt_idx)),
         "leading_undecodable_packets": first_decoded,
         "undecodable_packets": int(sum(1 for e in errors if e > first_decoded)),
@@ -475,6 +406,8 @@ def align_episode(
         rgb_path=rgb_path,
         rgb_rows=(lo, hi) if rgb_path is not None else None,
         segments=segments,
+        input_sha256=streams.sha256,
+        rgb_range=frame_range[lo:hi],
     )
 
 

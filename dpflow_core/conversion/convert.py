@@ -28,7 +28,8 @@ from dpflow_core.conversion.inputs import (
     _conversion_options, _key, _topic_map, load_inputs, norm_stats_path_for, sidecar_path_for,
 )
 from dpflow_core.conversion.install import _backup_name, _install, _remove_stale, _write_json_atomic
-from dpflow_core.conversion.jobs import _run_jobs, alignment_job
+from dpflow_core.conversion.jobs import align_all, alignment_job
+from dpflow_core.episode_cache import EpisodeCache, resolve_cache
 from dpflow_core.errors import ConversionError, DatasetError
 from dpflow_core.files import fsync_dir
 from dpflow_core.replay_buffer.writer import NpzMember, npy_data_offset, write_npz
@@ -44,9 +45,9 @@ METADATA_VERSION = 1
 
 #: Metadata of one conversion run rather than of the dataset: kept in the sidecar, left out of
 #: ``meta__info_json`` so that the dataset's bytes (and SHA-256) depend on its input and options only.
-RUN_ONLY_KEYS = ("created_at", "workers", "timings_s", "wall_time_s", "stale_files_removed")
+RUN_ONLY_KEYS = ("created_at", "workers", "timings_s", "wall_time_s", "stale_files_removed", "cache")
 #: The same, per episode entry of ``episodes``.
-RUN_ONLY_EPISODE_KEYS = ("convert_seconds", "worker_peak_rss_mb")
+RUN_ONLY_EPISODE_KEYS = ("convert_seconds", "worker_peak_rss_mb", "cached")
 
 
 def _hashed_metadata(meta: dict) -> dict:
@@ -151,6 +152,7 @@ def convert(
     gap_policy: str = "split",
     min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
     min_pose_score: float = 0.0,
+    cache: "EpisodeCache | str | Path | bool | None" = True,
 ) -> ConversionResult:
     """Convert the accepted episodes of a pairing manifest into one ``dataset.npz``.
 
@@ -181,7 +183,8 @@ def convert(
             ``norm_stats.json`` (:func:`dpflow_core.dataset.compute_norm_stats`)
             are written beside it (:func:`sidecar_path_for`, :func:`norm_stats_path_for`).
         image_size: (W, H) pixels of ``data__camera0_rgb``.
-        workers: worker processes; 0 = the number of CPU cores.
+        workers: worker processes; 0 = :func:`~dpflow_core.conversion.jobs.default_workers` (the
+            free cores), never more than the episodes to align.
         backup: when the output exists, keep it as ``<stem>.bak-<UTC time><suffix>``
             (hard link) and replace it atomically; otherwise an existing output is an error.
         invalid_pose_policy, min_overlap_fraction: see :func:`align_episode`.
@@ -198,6 +201,12 @@ def convert(
             episode (``camera_gap``); see :func:`align_episode`. Every gap and what was done
             is in the metadata (``episodes[].long_gaps``, ``episodes[].segment``).
         min_pose_score: poses with a VIO ``score`` below this count as invalid too.
+        cache: the per-episode cache (:class:`~dpflow_core.episode_cache.EpisodeCache`):
+            True (default) uses :func:`~dpflow_core.episode_cache.default_cache_dir` with its
+            size limit, a path or an ``EpisodeCache`` another one, False or None none. An episode
+            whose input SHA-256, stem and alignment options are cached is not aligned again; the
+            dataset is byte-identical either way (``cache`` and ``episodes[].cached`` in the
+            sidecar say what was reused). The cache is pruned to its limit after the conversion.
 
     Returns:
         The output paths, hash and figures.
@@ -213,6 +222,7 @@ def convert(
     """
     started = time.perf_counter()
     image_size = _check_image_size(image_size)
+    episode_cache = resolve_cache(cache)
     if invalid_pose_policy not in INVALID_POSE_POLICIES:
         raise ConversionError(
             f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
@@ -269,7 +279,6 @@ def convert(
     made: list[Path] = []
     try:
         work.mkdir()
-        n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
         jobs = [
             alignment_job(e, image_size, topics, invalid_pose_policy, min_overlap_fraction, verify_sha256,
                           max_gap_s, gap_policy, min_segment_frames, min_pose_score)
@@ -277,7 +286,7 @@ def convert(
             for i, e in enumerate(inputs.episodes)
         ]
         t_jobs = time.perf_counter()
-        results = _run_jobs(jobs, n_workers, progress)
+        results, n_workers = align_all(jobs, episode_cache, workers, progress)
         timings = {"episodes": round(time.perf_counter() - t_jobs, 3)}
         rejected = list(inputs.rejected)
         ok = []
@@ -301,7 +310,9 @@ def convert(
                                   f"(tolerance {frequency_tolerance:.1%})",
                     })
                 else:
-                    kept.extend({**part, "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"]} for part in r["parts"])
+                    kept.extend({**part, "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
+                                 "cached": r.get("cached", False), "in_cache": r.get("in_cache", False)}
+                                for part in r["parts"])
             ok = kept
         if not ok:
             raise ConversionError(
@@ -332,13 +343,17 @@ def convert(
         last_use = {r["rgb_path"]: k for k, r in enumerate(ok)}
         for k, r in enumerate(ok):
             a, b = r["rgb_rows"]
+            # A cache entry's frames stay for the next conversion; scratch frames go once copied.
             rgb_pieces.append((r["rgb_path"], npy_data_offset(r["rgb_path"]) + a * row, (b - a) * row,
-                               last_use[r["rgb_path"]] == k))
+                               last_use[r["rgb_path"]] == k and not r["in_cache"]))
         members.append(NpzMember("data__camera0_rgb", (total, h, w, 3), np.dtype(np.uint8), rgb_pieces))
 
         stamp = datetime.now(timezone.utc)
         meta = _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale)
         meta["workers"] = n_workers
+        n_cached = len({r["stem"] for r in ok if r["cached"]})
+        meta["cache"] = {"dir": str(episode_cache.root) if episode_cache else None,
+                         "episodes_reused": n_cached, "episodes_aligned": len(jobs) - n_cached}
         if len(ok) == 1:
             meta["warnings"].append({
                 "code": "single_episode",
@@ -387,6 +402,11 @@ def convert(
                 made.append(final)
         fsync_dir(folder)
         made.clear()
+        if episode_cache is not None:
+            try:
+                episode_cache.prune()
+            except OSError:
+                pass  # a cache that cannot be pruned now is pruned by the next conversion or `dpflow cache prune`
     finally:
         for p in made:
             # Reached only on failure: remove what this call created, never a pre-existing output.
@@ -423,6 +443,7 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
             "pose_invalid": rep["pose_invalid"],
             "leading_undecodable_packets": rep["leading_undecodable_packets"],
             "undecodable_packets": rep["undecodable_packets"],
+            "cached": r["cached"],
             "convert_seconds": round(r["seconds"], 3),
             "worker_peak_rss_mb": round(r["peak_rss_mb"], 1),
         })

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from dpflow_core.conversion.jobs import pid_alive
+from dpflow_core.files import pid_alive
 from dpflow_core.errors import ConversionError
 
 

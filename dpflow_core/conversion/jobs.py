@@ -12,6 +12,7 @@ import ctypes
 import multiprocessing
 import os
 import resource
+import shutil
 import signal
 import sys
 import threading
@@ -22,10 +23,11 @@ from typing import Any, Callable
 import numpy as np
 
 from dpflow_core.conversion.align import (
-    DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, AlignedEpisode, align_episode, split_segments,
+    CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, AlignedEpisode, align_episode, split_segments,
 )
+from dpflow_core.episode_cache import EpisodeCache, episode_key
 from dpflow_core.errors import ConversionError, DpflowError
-from dpflow_core.files import path_kind, sha256_file
+from dpflow_core.files import path_kind, pid_alive
 from dpflow_core.recordings.topics import TopicMap
 
 
@@ -49,6 +51,7 @@ def alignment_job(
     ``gap_policy`` defaults to ``"reject"`` here: a caller that cannot store segments
     (the LeRobot export) must never bridge a camera gap longer than ``max_gap_s`` seconds."""
     return {
+        "converter_version": CONVERTER_VERSION,
         "max_gap_s": max_gap_s,
         "gap_policy": gap_policy,
         "min_segment_frames": min_segment_frames,
@@ -66,8 +69,9 @@ def alignment_job(
 
 
 def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode":
-    """Check one manifest entry's ``_vio.mcap`` against its recorded size and SHA-256, then
-    :func:`align_episode` it (the shared first step of the npz conversion and the LeRobot export).
+    """:func:`align_episode` one manifest entry's ``_vio.mcap`` and check it against its recorded
+    size and SHA-256 (the shared first step of the npz conversion and the LeRobot export). The
+    hash is computed from the bytes the MCAP parser reads, so each input byte is read once.
 
     Args:
         job: ``stem``, ``vio_mcap`` (path), ``size_bytes`` and ``sha256`` from the manifest
@@ -93,15 +97,7 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
             path,
             code="input_changed",
         )
-    if job["verify_sha256"] and job["sha256"]:
-        digest = sha256_file(path)
-        if digest != job["sha256"]:
-            raise ConversionError(
-                f"SHA-256 is {digest} but the manifest records {job['sha256']}: the file changed since pairing",
-                path,
-                code="input_changed",
-            )
-    return align_episode(
+    episode = align_episode(
         path,
         tuple(job["image_size"]) if job["image_size"] is not None else None,
         topics=job["topics"],
@@ -114,6 +110,14 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
         min_segment_frames=job.get("min_segment_frames", DEFAULT_MIN_SEGMENT_FRAMES),
         min_pose_score=job.get("min_pose_score", 0.0),
     )
+    # The SHA-256 comes from the bytes the parser read: the file is read once.
+    if job["verify_sha256"] and job["sha256"] and episode.input_sha256 != job["sha256"]:
+        raise ConversionError(
+            f"SHA-256 is {episode.input_sha256} but the manifest records {job['sha256']}: the file changed since pairing",
+            path,
+            code="input_changed",
+        )
+    return episode
 
 
 
@@ -172,8 +176,11 @@ def _write_part(ep, out_dir: Path) -> dict:
         for key, arr in arrays.items()
         if key != "timestamp"
     }
-    # The parent reads the frames back with read(): the page cache makes them visible without msync.
-    ranges["camera0_rgb"] = {"min": int(ep.rgb.min()), "max": int(ep.rgb.max())}
+    # Measured while decoding: reading the frames back here would fault every page of them in.
+    if ep.rgb_range is not None:
+        ranges["camera0_rgb"] = {"min": int(ep.rgb_range[:, 0].min()), "max": int(ep.rgb_range[:, 1].max())}
+    else:
+        ranges["camera0_rgb"] = {"min": int(ep.rgb.min()), "max": int(ep.rgb.max())}
     return {
         "stem": ep.stem,
         "n": n,
@@ -217,15 +224,20 @@ def _die_with_parent(main_pid: int) -> None:
     threading.Thread(target=watch, name="dpflow-parent-watch", daemon=True).start()
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (signal 0; a process of another user counts as alive)."""
+def default_workers() -> int:
+    """Worker processes for a conversion: the free cores, i.e. the cores this process may run on
+    (``os.sched_getaffinity``) less the 1-minute load average (``os.getloadavg``: processes
+    running or waiting to run), rounded, at least 1. On an idle 2-core machine 2; with other
+    work occupying the cores 1, since a second worker would only compete with it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        busy = 0.0
+    return max(1, min(cores, round(cores - busy)))
 
 
 def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list[dict]:
@@ -254,7 +266,8 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
         return results  # type: ignore[return-value]
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["dpflow_core.conversion"])
+    # The module whose imports (NumPy, SciPy, PyAV, mcap) every worker needs: loaded once, in the forkserver.
+    ctx.set_forkserver_preload(["dpflow_core.conversion.jobs"])
     with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_episode_job, job): i for i, job in enumerate(jobs)}
@@ -268,3 +281,42 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
             if progress:
                 progress("episodes", done, len(jobs))
     return results  # type: ignore[return-value]
+
+
+def align_all(jobs: list[dict], episode_cache: EpisodeCache | None, workers: int,
+               progress: Callable | None) -> tuple[list[dict], int]:
+    """Worker summaries of ``jobs`` in order, from the cache where it holds them, else aligned
+    (:func:`_run_jobs`, ``workers`` processes, 0 = :func:`default_workers`) into new cache entries
+    (or the jobs' scratch folders without a cache); and the number of worker processes used."""
+    results: list[dict | None] = [None] * len(jobs)
+    todo = []
+    for i, job in enumerate(jobs):
+        hit = episode_cache.lookup(job) if episode_cache is not None else None
+        if hit is not None:
+            results[i] = {**hit, "in_cache": True}
+            continue
+        if episode_cache is not None and episode_key(job) is not None:
+            job["dir"] = str(episode_cache.new_dir())
+        todo.append(i)
+    n_hits = len(jobs) - len(todo)
+    if progress and n_hits:
+        progress("episodes", n_hits, len(jobs))
+    n_workers = workers if workers and workers > 0 else default_workers()
+    n_workers = max(1, min(n_workers, len(todo)))
+    counted = (lambda stage, done, total: progress(stage, n_hits + done, len(jobs))) if progress else None
+    try:
+        for i, r in zip(todo, _run_jobs([jobs[i] for i in todo], n_workers, counted)):
+            scratch = Path(jobs[i]["dir"])
+            if episode_cache is not None and scratch.parent == episode_cache.root:
+                if r["ok"]:
+                    r = {**episode_cache.store(jobs[i], r, scratch), "in_cache": True}
+                else:
+                    shutil.rmtree(scratch, ignore_errors=True)
+            results[i] = r
+    finally:
+        if episode_cache is not None:
+            for i in todo:
+                scratch = Path(jobs[i]["dir"])
+                if scratch.parent == episode_cache.root and scratch.name.startswith(".tmp-"):
+                    shutil.rmtree(scratch, ignore_errors=True)
+    return results, n_workers  # type: ignore[return-value]

@@ -44,16 +44,51 @@ Their public names are re-exported here.
 
 from __future__ import annotations
 
-from dpflow_core.export.features import (
-    ACTION_KEY, ACTION_RULES, CAMERA_KEY, CHUNKS_SIZE, CODEBASE_VERSION, DATA_PATH, EPISODES_PATH,
-    EPISODES_STATS_PATH, INDEX_FEATURES, INFO_PATH, OPENPI_NORM_KEYS, PROVENANCE_PATH, ROBOT_TYPE, STATE_KEY,
-    STATE_NAMES, TASKS_PATH, VIDEO_PATH, episode_actions, episode_state, measured_fps,
-)
-from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
-from dpflow_core.export.writer import LeRobotExport, LeRobotWriter, feature_stats, image_stats
-from dpflow_core.export.export import export_key, export_lerobot, load_export, parse_image_size
-from dpflow_core.export.validation import LeRobotLayout, read_lowdim, validate_lerobot_dataset
-from dpflow_core.export.openpi import NormStats, compute_openpi_norm_stats, norm_stats_of, write_openpi_norm_stats
+from dpflow_core._lazy import lazy_exports
+
+# Names are imported from their module on first use (PEP 562): importing one submodule, or this
+# package, does not load the others and their dependencies.
+__getattr__, __dir__ = lazy_exports(__name__, {
+    'export_key': 'export',
+    'export_lerobot': 'export',
+    'load_export': 'export',
+    'parse_image_size': 'export',
+    'ACTION_KEY': 'features',
+    'ACTION_RULES': 'features',
+    'CAMERA_KEY': 'features',
+    'CHUNKS_SIZE': 'features',
+    'CODEBASE_VERSION': 'features',
+    'DATA_PATH': 'features',
+    'EPISODES_PATH': 'features',
+    'EPISODES_STATS_PATH': 'features',
+    'INDEX_FEATURES': 'features',
+    'INFO_PATH': 'features',
+    'OPENPI_NORM_KEYS': 'features',
+    'PROVENANCE_PATH': 'features',
+    'ROBOT_TYPE': 'features',
+    'STATE_KEY': 'features',
+    'STATE_NAMES': 'features',
+    'TASKS_PATH': 'features',
+    'VIDEO_PATH': 'features',
+    'episode_actions': 'features',
+    'episode_state': 'features',
+    'measured_fps': 'features',
+    'NormStats': 'openpi',
+    'compute_openpi_norm_stats': 'openpi',
+    'norm_stats_of': 'openpi',
+    'write_openpi_norm_stats': 'openpi',
+    'LeRobotLayout': 'validation',
+    'read_lowdim': 'validation',
+    'validate_lerobot_dataset': 'validation',
+    'VideoSpec': 'video',
+    'encode_video': 'video',
+    'retime_video': 'video',
+    'video_info': 'video',
+    'LeRobotExport': 'writer',
+    'LeRobotWriter': 'writer',
+    'feature_stats': 'writer',
+    'image_stats': 'writer',
+})
 
 __all__ = [
     "ACTION_KEY", "ACTION_RULES", "CAMERA_KEY", "CHUNKS_SIZE", "CODEBASE_VERSION", "DATA_PATH", "EPISODES_PATH",

@@ -22,10 +22,20 @@ tests and the demo). The reader and inspection names are re-exported here.
 
 from __future__ import annotations
 
-from dpflow_core.recordings.reader import EpisodeStreams, read_streams
-from dpflow_core.recordings.inspection import (
-    H264_PROBE_PACKETS, LATE_START_WARN_S, RATE_TOLERANCE, Problem, RecordingReport, inspect_recording,
-)
+from dpflow_core._lazy import lazy_exports
+
+# Names are imported from their module on first use (PEP 562): importing one submodule, or this
+# package, does not load the others and their dependencies.
+__getattr__, __dir__ = lazy_exports(__name__, {
+    'H264_PROBE_PACKETS': 'inspection',
+    'LATE_START_WARN_S': 'inspection',
+    'Problem': 'inspection',
+    'RATE_TOLERANCE': 'inspection',
+    'RecordingReport': 'inspection',
+    'inspect_recording': 'inspection',
+    'EpisodeStreams': 'reader',
+    'read_streams': 'reader',
+})
 
 __all__ = [
     "H264_PROBE_PACKETS", "LATE_START_WARN_S", "RATE_TOLERANCE", "EpisodeStreams", "Problem", "RecordingReport",

@@ -25,6 +25,7 @@ from mcap.stream_reader import StreamReader
 from mcap_protobuf.decoder import DecoderFactory
 
 from dpflow_core.errors import RecordingError
+from dpflow_core.files import HashingReader
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -96,6 +97,8 @@ class RecordingReport:
             ``data``); equal for two files holding the same camera stream, however they
             were muxed (chunking, compression, message order, other topics). None when
             the file has no camera message.
+        sha256: SHA-256 (hex) of the whole file, hashed from the bytes the streaming pass read
+            (so a caller needing both reads the file once); not part of :meth:`to_dict`.
         errors: problems that make the file unusable (any error -> reject).
         warnings: faults measured and tolerated (sorted, trimmed or skipped downstream).
     """
@@ -128,6 +131,7 @@ class RecordingReport:
     first_decodable_ts_ns: int | None = None
     pose_invalid_fraction: float | None = None
     camera_payload_sha256: str | None = None
+    sha256: str | None = None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
 
@@ -325,7 +329,7 @@ def inspect_recording(
     camera_digests: list[tuple[int, bytes]] = []  # (capture ns, SHA-256 of the payload)
     factory = DecoderFactory()  # one per file: it caches message classes by schema id
 
-    with open(path, "rb") as f:
+    with HashingReader(path) as f:
         try:
             for record in StreamReader(f, validate_crcs=True).records:
                 if isinstance(record, Message):
@@ -430,6 +434,8 @@ def inspect_recording(
                 "corrupt_mcap",
                 f"{path.name}: corrupt MCAP near byte {f.tell()} of {size}: {type(exc).__name__}: {exc}",
             ))
+        # The same bytes the parser read, plus any it left: the file is read once for both.
+        report.sha256 = f.sha256()
 
     report.has_summary = footer is not None and footer.summary_start != 0
     report.has_statistics = statistics is not None

@@ -8,6 +8,8 @@ Messages are decoded with the protobuf schemas embedded in the file (mcap-protob
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from mcap.reader import NonSeekingReader
 from mcap_protobuf.decoder import DecoderFactory
 
 from dpflow_core.errors import RecordingError
-from dpflow_core.files import path_kind
+from dpflow_core.files import HashingReader, path_kind
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -29,7 +31,8 @@ class EpisodeStreams:
         path: the file read.
         camera_ts_ns: (N,) int64 capture times (ns) of the camera access units,
             non-decreasing (see ``duplicate_timestamps``).
-        camera_packets: N H.264 Annex-B access units (``bytes``) in capture order.
+        camera_packets: N H.264 Annex-B access units (``bytes``) in capture order: a list, or a
+            :class:`SpooledPackets` reading them from a spool file (``spool_path``).
         camera_format: the ``format`` field of the first camera message (e.g. "h264").
         pose_ts_ns: (M,) int64 capture times of the VIO poses.
         position_m: (M, 3) float64 camera0 optical-centre position, metres.
@@ -47,6 +50,8 @@ class EpisodeStreams:
             decoder (later frames reference it), and the duplicate *frame* is dropped after
             decoding (:func:`dpflow_core.conversion.align_episode`).
         message_counts: per topic, messages read in the streaming pass.
+        sha256: SHA-256 (hex) of the whole file, computed from the bytes the streaming pass
+            read (the file is read once: parsing and hashing share the read).
     """
 
     path: Path
@@ -63,6 +68,38 @@ class EpisodeStreams:
     log_time_inversions: dict[str, int] = field(default_factory=dict)
     duplicate_timestamps: dict[str, int] = field(default_factory=dict)
     message_counts: dict[str, int] = field(default_factory=dict)
+    sha256: str | None = None
+
+
+class SpooledPackets(Sequence):
+    """Camera payloads kept in a spool file instead of memory: item ``i`` is read back with
+    ``os.pread`` when asked for, so holding every access unit of a long episode costs this
+    process a few bytes per packet (the bytes sit in the page cache, never in its RSS).
+
+    Built by :func:`read_streams` with ``spool_path``; :meth:`close` closes and removes the file.
+    """
+
+    def __init__(self, path: Path, fh, offsets: np.ndarray, lengths: np.ndarray):
+        self.path, self._fh = path, fh
+        self._offsets, self._lengths = offsets, lengths
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return os.pread(self._fh.fileno(), int(self._lengths[i]), int(self._offsets[i]))
+
+    def reordered(self, order: np.ndarray) -> "SpooledPackets":
+        """The same spool with its items in ``order`` (indices into this sequence)."""
+        return SpooledPackets(self.path, self._fh, self._offsets[order], self._lengths[order])
+
+    def close(self) -> None:
+        """Close and delete the spool file (its unread pages are dropped, never written back)."""
+        if not self._fh.closed:
+            self._fh.close()
+        self.path.unlink(missing_ok=True)
 
 
 def _order(ts: list[int], log_times: list[int]) -> tuple[np.ndarray, int, np.ndarray]:
@@ -77,7 +114,7 @@ def _order(ts: list[int], log_times: list[int]) -> tuple[np.ndarray, int, np.nda
     return order[keep], inversions, int(np.count_nonzero(~keep))
 
 
-def _order_camera(ts: list[int], log_times: list[int], data: list[bytes]) -> tuple[np.ndarray, int, int]:
+def _order_camera(ts: list[int], log_times: list[int], data: Sequence[bytes]) -> tuple[np.ndarray, int, int]:
     """Capture-order indices of the camera messages: repeated capture times are kept unless
     the payload repeats too (see ``EpisodeStreams.duplicate_timestamps``)."""
     t = np.asarray(ts, dtype=np.int64)
@@ -100,15 +137,20 @@ def _order_camera(ts: list[int], log_times: list[int], data: list[bytes]) -> tup
     return np.asarray(keep, dtype=np.int64), inversions, repeated
 
 
-def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStreams:
+def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT, spool_path: str | Path | None = None) -> EpisodeStreams:
     """Read the camera, pose and gripper streams of a ``<STEM>_vio.mcap``.
 
     Args:
         path: the ``_vio.mcap`` file.
         topics: topic names and accepted schema names.
+        spool_path: when given, a new file (it must not exist) that receives the camera
+            payloads as they are read; ``camera_packets`` is then a :class:`SpooledPackets`
+            reading them back, so memory does not grow with the recording's length. The
+            caller closes it (``camera_packets.close()`` also deletes the file).
 
     Returns:
-        The streams sorted by ``header.timestamp``.
+        The streams sorted by ``header.timestamp``, with the file's SHA-256 (``sha256``),
+        hashed from the same bytes the parser read.
 
     Raises:
         RecordingError: the file is missing, not a regular file (``unreadable``), empty,
@@ -126,13 +168,27 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStr
         raise RecordingError("file not found", path, code="missing_file")
     if path.stat().st_size == 0:
         raise RecordingError("empty file", path, code="empty_file")
+    spool = open(spool_path, "xb+") if spool_path is not None else None
+    try:
+        return _read(path, topics, spool)
+    except BaseException:
+        if spool is not None:
+            spool.close()
+            Path(spool_path).unlink(missing_ok=True)
+        raise
+
+
+def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
+    """The streaming pass of :func:`read_streams` (camera payloads to ``spool`` when it is a file)."""
     wanted = {topics.camera: "camera", topics.pose: "pose", topics.gripper: "gripper"}
-    cam_ts, cam_lt, cam_data, cam_fmt = [], [], [], ""
+    cam_ts, cam_lt, cam_data = [], [], []
     pose_ts, pose_lt, pose_vals = [], [], []
     grip_ts, grip_lt, grip_vals = [], [], []
     counts: dict[str, int] = {}
     seen_schemas: dict[str, str] = {}
-    with open(path, "rb") as f:
+    cam_fmt = ""
+    spool_at = 0
+    with HashingReader(path) as f:
         reader = NonSeekingReader(f, decoder_factories=[DecoderFactory()])
         try:
             for schema, channel, message, decoded in reader.iter_decoded_messages(
@@ -146,7 +202,12 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStr
                 if kind == "camera":
                     cam_ts.append(ts)
                     cam_lt.append(message.log_time)
-                    cam_data.append(bytes(decoded.data))
+                    if spool is None:
+                        cam_data.append(bytes(decoded.data))
+                    else:
+                        n = spool.write(decoded.data)
+                        cam_data.append((spool_at, n))
+                        spool_at += n
                     cam_fmt = cam_fmt or decoded.format
                 elif kind == "pose":
                     p, q = decoded.pose.position, decoded.pose.orientation
@@ -165,6 +226,7 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStr
                 path,
                 code="corrupt_mcap",
             ) from exc
+        digest = f.sha256()
     missing = [t for t in wanted if t not in counts]
     if missing:
         raise RecordingError(
@@ -179,6 +241,10 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStr
                 code="unexpected_schema",
             )
 
+    if spool is not None:
+        spool.flush()
+        at = np.asarray(cam_data, dtype=np.int64).reshape(-1, 2)
+        cam_data = SpooledPackets(Path(spool.name), spool, at[:, 0], at[:, 1])
     inversions, duplicates = {}, {}
     c_idx, inversions[topics.camera], duplicates[topics.camera] = _order_camera(cam_ts, cam_lt, cam_data)
     p_idx, inversions[topics.pose], duplicates[topics.pose] = _order(pose_ts, pose_lt)
@@ -191,7 +257,7 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStr
     return EpisodeStreams(
         path=path,
         camera_ts_ns=np.asarray(cam_ts, dtype=np.int64)[c_idx],
-        camera_packets=[cam_data[i] for i in c_idx],
+        camera_packets=cam_data.reordered(c_idx) if spool is not None else [cam_data[i] for i in c_idx],
         camera_format=cam_fmt,
         pose_ts_ns=np.asarray(pose_ts, dtype=np.int64)[p_idx],
         position_m=pose[:, 0:3].copy(),
@@ -203,4 +269,5 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT) -> EpisodeStr
         log_time_inversions=inversions,
         duplicate_timestamps=duplicates,
         message_counts=counts,
+        sha256=digest,
     )

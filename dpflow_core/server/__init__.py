@@ -42,18 +42,33 @@ cluster with :class:`SlurmSettings`, or several hosts). The server API is re-exp
 
 from __future__ import annotations
 
-from dpflow_core.server.config import (
-    PROJECT_ROOT, CommandResult, ServerConfig, SlurmSettings, default_local_data_root, default_local_repo, is_sha256,
-)
+from dpflow_core._lazy import lazy_exports
 from dpflow_core.files import sha256_file
-from dpflow_core.server.transports import FileChunk
-from dpflow_core.server.procfs import ProcessInfo
-from dpflow_core.server.tmux import DetachedProcess, DetachedStatus
-from dpflow_core.server.nvidia_smi import (
-    GPU_APPS_QUERY_ARGS, GPU_QUERY_ARGS, GpuInfo, GpuInventory, GpuProcess, gpu_problem, parse_compute_apps,
-    parse_gpu_query,
-)
-from dpflow_core.server.gpu_server import GpuServer
+
+# Names are imported from their module on first use (PEP 562): importing one submodule, or this
+# package, does not load the others and their dependencies.
+__getattr__, __dir__ = lazy_exports(__name__, {
+    'CommandResult': 'config',
+    'PROJECT_ROOT': 'config',
+    'ServerConfig': 'config',
+    'SlurmSettings': 'config',
+    'default_local_data_root': 'config',
+    'default_local_repo': 'config',
+    'is_sha256': 'config',
+    'GpuServer': 'gpu_server',
+    'GPU_APPS_QUERY_ARGS': 'nvidia_smi',
+    'GPU_QUERY_ARGS': 'nvidia_smi',
+    'GpuInfo': 'nvidia_smi',
+    'GpuInventory': 'nvidia_smi',
+    'GpuProcess': 'nvidia_smi',
+    'gpu_problem': 'nvidia_smi',
+    'parse_compute_apps': 'nvidia_smi',
+    'parse_gpu_query': 'nvidia_smi',
+    'ProcessInfo': 'procfs',
+    'DetachedProcess': 'tmux',
+    'DetachedStatus': 'tmux',
+    'FileChunk': 'transports',
+})
 
 __all__ = [
     "GPU_APPS_QUERY_ARGS", "GPU_QUERY_ARGS", "PROJECT_ROOT", "CommandResult", "DetachedProcess",

@@ -157,6 +157,9 @@ def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired
             "wall_time_s": result.wall_time_s,
             "frames_per_s": result.frames_per_s,
             "reused": result.reused,
+            # The per-episode cache dpflow convert shares: episodes taken from it instead of aligned.
+            "episodes_from_cache": int((meta.get("cache") or {}).get("episodes_reused", 0)),
+            "episode_cache_dir": str((meta.get("cache") or {}).get("dir") or ""),
             "status": (
                 f"reused the existing identical dataset (converted at {meta['created_at']})"
                 if result.reused else "converted"

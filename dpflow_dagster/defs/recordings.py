@@ -66,12 +66,13 @@ def rejects_table(manifest: Manifest) -> str:
 
 
 def accepted_table(manifest: Manifest) -> str:
-    """Markdown table of the accepted stems with SHA-256 prefixes and key figures."""
-    rows = ["| stem | vio_mcap sha256 | raw_mcap sha256 | overlap s | warnings |", "|---|---|---|---|---|"]
+    """Markdown table of the accepted stems with ``_vio.mcap`` SHA-256 prefixes and key figures."""
+    rows = ["| stem | vio_mcap sha256 | raw_mcap bytes | overlap s | warnings |", "|---|---|---|---|---|"]
     for a in manifest.accepted:
         warnings = sorted({w["code"] for w in a.validation.get("warnings", [])})
+        # The raw .mcap is not hashed (conversion never reads it): its size identifies it here.
         rows.append(
-            f"| {_md(a.stem)} | `{a.files['vio_mcap'].sha256[:12]}` | `{a.files['raw_mcap'].sha256[:12]}` "
+            f"| {_md(a.stem)} | `{a.files['vio_mcap'].sha256[:12]}` | {a.files['raw_mcap'].size_bytes} "
             f"| {a.validation.get('overlap_s')} | {_md(', '.join(warnings)) or '-'} |"
         )
     return "\n".join(rows) if manifest.accepted else "No accepted episodes."
