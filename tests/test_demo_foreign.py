@@ -14,6 +14,7 @@ from test_demo_e2e import _assert_pipeline_products, _run_demo, _tiny_lab
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # one demo run: conversion, three smoke launches, training, evaluation
 def test_main_job_on_recordings_from_another_writer(tmp_path):
     task = tmp_path / "matrix_output" / "cup_stack"
     episodes = [
