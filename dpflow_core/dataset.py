@@ -266,8 +266,32 @@ def validate_dataset(
     return results
 
 
+def read_recorded_sha256(sidecar_path: str | Path) -> str:
+    """The ``sha256`` a dataset's sidecar (``dataset.json``) recorded when the dataset was written.
+
+    The one reader of that field: :func:`check_recorded_sha256` and :func:`recorded_sha256` both use it.
+
+    Returns:
+        64 hex digits.
+
+    Raises:
+        DatasetError: the sidecar cannot be read, is not JSON, or records no 64-digit ``sha256``
+            (code ``bad_sidecar``; names the sidecar).
+    """
+    sidecar_path = Path(sidecar_path)
+    try:
+        doc = json.loads(sidecar_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"cannot read the dataset's sidecar: {exc}", path=sidecar_path, code="bad_sidecar") from exc
+    sha = doc.get("sha256") if isinstance(doc, dict) else None
+    if not isinstance(sha, str) or len(sha) != 64:
+        raise DatasetError("the dataset's sidecar records no sha256", path=sidecar_path, code="bad_sidecar")
+    return sha
+
+
 def check_recorded_sha256(npz_path: str | Path, sidecar_path: str | Path) -> CheckResult:
-    """Check ``npz_path`` against the SHA-256 its sidecar (``dataset.json``) recorded when it was written.
+    """Check ``npz_path`` against the SHA-256 its sidecar (``dataset.json``) recorded when it was written
+    (:func:`read_recorded_sha256`).
 
     This catches what the structural checks of :func:`validate_dataset` cannot see, such as a
     changed byte inside an image. Result name ``sha256_matches_sidecar``, severity ``error``;
@@ -278,11 +302,9 @@ def check_recorded_sha256(npz_path: str | Path, sidecar_path: str | Path) -> Che
     npz_path, sidecar_path = Path(npz_path), Path(sidecar_path)
     meta = {"path": str(npz_path), "sidecar_path": str(sidecar_path)}
     try:
-        recorded = json.loads(sidecar_path.read_text()).get("sha256")
-    except (OSError, ValueError, AttributeError) as exc:
-        return CheckResult("sha256_matches_sidecar", False, "error", f"sidecar {sidecar_path} is unreadable: {exc}", meta)
-    if not isinstance(recorded, str):
-        return CheckResult("sha256_matches_sidecar", False, "error", f"sidecar {sidecar_path} records no sha256", meta)
+        recorded = read_recorded_sha256(sidecar_path)
+    except DatasetError as exc:
+        return CheckResult("sha256_matches_sidecar", False, "error", str(exc), meta)
     try:
         actual = sha256_file(npz_path)
     except OSError as exc:
@@ -295,7 +317,8 @@ def check_recorded_sha256(npz_path: str | Path, sidecar_path: str | Path) -> Che
 
 def recorded_sha256(dataset_path: str | Path) -> str | None:
     """The SHA-256 recorded for a dataset when it was converted: ``sha256`` of its sidecar
-    (``dataset.json`` beside ``dataset.npz``, :func:`dpflow_core.conversion.sidecar_path_for`).
+    (``dataset.json`` beside ``dataset.npz``, :func:`dpflow_core.conversion.sidecar_path_for`),
+    read by :func:`read_recorded_sha256`.
 
     Returns:
         64 hex digits, or None when there is no sidecar (a dataset not written by dpflow).
@@ -307,11 +330,4 @@ def recorded_sha256(dataset_path: str | Path) -> str | None:
     sidecar = Path(dataset_path).with_suffix(".json")
     if not sidecar.exists():
         return None
-    try:
-        doc = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DatasetError(f"cannot read the dataset's sidecar: {exc}", path=sidecar, code="bad_sidecar") from exc
-    sha = doc.get("sha256") if isinstance(doc, dict) else None
-    if not isinstance(sha, str) or len(sha) != 64:
-        raise DatasetError("the dataset's sidecar records no sha256", path=sidecar, code="bad_sidecar")
-    return sha
+    return read_recorded_sha256(sidecar)

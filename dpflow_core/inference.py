@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from dpflow_core.errors import DatasetError, RunError
+from dpflow_core.files import atomic_path
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train.data import (
     GRIPPER_KEY,
@@ -358,13 +359,11 @@ def replay_episode(
     fig.suptitle(f"episode {episode}: predicted vs recorded ({len(pred)} anchors, MSE {mse:.3g})", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{np.random.default_rng().integers(1 << 30)}.png")
     try:
-        fig.savefig(tmp, dpi=80)
-        tmp.replace(out)
+        with atomic_path(out, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=80)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return EpisodeReplay(
         int(episode),
         len(pred),

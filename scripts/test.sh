@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: set up, then pytest (arguments are passed on).
+# The whole test suite: system packages and .venv set up, then pytest in 2 worker processes
+# (pytest-xdist, one test module per worker at a time); arguments are passed on (`-n 0`: one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/system-packages.sh
 scripts/setup.sh
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

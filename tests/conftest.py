@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -57,6 +60,58 @@ def _session_episode_cache(tmp_path_factory):
         os.environ["DPFLOW_CACHE_DIR"] = old
 
 
+def tmux_socket(stem: str) -> str:
+    """A ``tmux -L`` socket name of this test process: ``dpflow-test-<stem>-<pid>``.
+
+    Test modules name their tmux server with it so that two checkouts running the suite at the
+    same time, or two pytest-xdist workers, never share (or kill) each other's server and sessions.
+    """
+    return f"dpflow-test-{stem}-{os.getpid()}"
+
+
+def kill_tmux_server(socket: str) -> None:
+    """Stop the tmux server ``socket`` started by this process's tests, locally or over the test sshd.
+
+    A local server lives under this process's ``TMUX_TMPDIR`` (:func:`pytest_configure`); one started
+    through the test sshd does not inherit it and lives under tmux's default folder.
+    """
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != "TMUX_TMPDIR"}
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, env=env)
+
+
+def pytest_configure(config):
+    """Give this test process a tmux folder of its own (``TMUX_TMPDIR``).
+
+    Every tmux server the tests start on this machine, the default one included (``dpflow demo``,
+    ``dagster dev`` and the runs' sessions inherit the variable), then lives there: session names such
+    as ``smoke-cpu`` cannot collide with another checkout's test run or an xdist worker's.
+    """
+    folder = tempfile.mkdtemp(prefix="dpflow-tmux-")
+    config._dpflow_tmux_tmpdir = folder
+    os.environ["TMUX_TMPDIR"] = folder
+
+
+#: The modules that take minutes, collected first and in this order: under pytest-xdist (``--dist
+#: loadfile``, scripts/test.sh) each then starts at once on a worker of its own, rather than last
+#: while the other worker has nothing left to do. The rest keep their order.
+SLOW_MODULES_FIRST = ("test_demo_e2e.py", "test_demo_foreign.py", "test_assets_training.py", "test_browser.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_MODULES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_dpflow_tmux_tmpdir", None)
+    if folder is None:
+        return
+    for socket in Path(folder).glob("tmux-*/*"):  # servers a test left behind: stopped by their socket
+        subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _venv_on_path(monkeypatch, tmp_path_factory):
     """Subprocesses (dpflow, accelerate, dagster) resolve to this venv's scripts; each test has its
@@ -65,3 +120,37 @@ def _venv_on_path(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("DPFLOW_CACHE_DIR", str(tmp_path_factory.mktemp("episode-cache")))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def train_in_process(dataset: Path, run_dir: Path, *overrides: str, config: str = "demo") -> Path:
+    """Run the built-in trainer (``config``: a shipped config name) in this process; return ``latest.ckpt``."""
+    from hydra import compose, initialize_config_dir
+
+    from dpflow_core.train.app import CONFIG_DIR
+    from dpflow_core.train.workspace import train
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR)):
+        cfg = compose(config, overrides=[f"task.dataset_path={dataset}", "logging.mode=disabled", *overrides])
+    train(cfg, run_dir)
+    return run_dir / "checkpoints" / "latest.ckpt"
+
+
+class TinyCheckpoint(NamedTuple):
+    """A real checkpoint of the built-in trainer and the dataset it was trained on."""
+
+    dataset: Path  #: synthetic ``dataset.npz``: 4 episodes of 40 steps, 32x32 images, 10 Hz
+    checkpoint: Path  #: ``latest.ckpt`` of the ``demo`` config after 1 epoch x 2 batches
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> TinyCheckpoint:
+    """One trained tiny checkpoint per test process, shared by the modules that need a real checkpoint
+    (its layout, its loading, its inference) but not a policy that learned anything. Read-only: a test
+    that writes beside it must copy it first."""
+    from synthetic_dataset import write_synthetic_dataset
+
+    root = tmp_path_factory.mktemp("tiny-checkpoint")
+    dataset = write_synthetic_dataset(root / "dataset.npz", n_episodes=4, episode_length=40, image_size=(32, 32))
+    checkpoint = train_in_process(
+        dataset, root / "run", "training.num_epochs=1", "training.max_train_steps=2", "training.max_val_steps=1")
+    return TinyCheckpoint(dataset=dataset, checkpoint=checkpoint)

@@ -4,7 +4,6 @@ trainer, a leaking smoke run blocked by its check, and re-attaching to a running
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import dagster as dg
@@ -12,18 +11,19 @@ import pytest
 from synthetic_dataset import write_synthetic_dataset
 from test_runs import FAKE_TRAINER
 
+from conftest import kill_tmux_server, tmux_socket
 from dpflow_core.server import sha256_file
 from dpflow_dagster.defs import training as at
 from dpflow_dagster.resources import GpuServerResource
 
-TMUX_SOCKET = "dpflow-test-assets"
+TMUX_SOCKET = tmux_socket("assets")
 TASK = "pick_place"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _private_tmux_server():
     yield
-    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+    kill_tmux_server(TMUX_SOCKET)
 
 
 def stub_remote_dataset(path: Path, frequency_hz: float):

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from synthetic_dataset import write_synthetic_dataset
-from test_evaluation import train_in_process
+from conftest import tmux_socket
 from test_runs import FAKE_TRAINER, fake_spec
 
 from dpflow_core.checkpoints import (
@@ -25,17 +24,15 @@ from dpflow_core.server import GpuServer, ServerConfig, sha256_file
 from dpflow_core.runs import launch_run, monitor_run
 
 
-@pytest.fixture(scope="module")
-def real_checkpoint(tmp_path_factory) -> Path:
-    """A checkpoint written by the built-in trainer (1 epoch x 2 batches, in this process)."""
-    root = tmp_path_factory.mktemp("trained")
-    dataset = write_synthetic_dataset(root / "dataset.npz", n_episodes=4, episode_length=40, image_size=(32, 32))
-    return train_in_process(dataset, root / "run", "training.num_epochs=1", "training.max_train_steps=2", "training.max_val_steps=1")
+@pytest.fixture()
+def real_checkpoint(tiny_checkpoint) -> Path:
+    """A checkpoint written by the built-in trainer (conftest's shared one: 1 epoch x 2 batches)."""
+    return tiny_checkpoint.checkpoint
 
 
 @pytest.fixture()
 def server(tmp_path):
-    with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"), tmux_socket="dpflow-test-ckpt")) as srv:
+    with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"), tmux_socket=tmux_socket("ckpt"))) as srv:
         yield srv
 
 
@@ -64,7 +61,8 @@ def test_names_and_choice():
         choose_checkpoint(["epoch=0001-train_loss=0.1.ckpt"], "latest")
 
 
-def test_download_with_companions_then_a_truncated_copy_fails_the_check(server, finished_run, tmp_path, real_checkpoint):
+def test_download_with_companions_then_a_truncated_copy_fails_the_check(server, finished_run, tmp_path, real_checkpoint,
+                                                                        tiny_checkpoint):
     got = download_checkpoint(server, "train-ckpt", dest_root=tmp_path / "ckpts", stable_interval_s=0.1)
     assert got.match and got.remote_sha256 == sha256_file(real_checkpoint) and got.run_finished and got.exit_code == 0
     folder = Path(got.local_dir)
@@ -78,10 +76,9 @@ def test_download_with_companions_then_a_truncated_copy_fails_the_check(server, 
     assert record["checkpoint"]["remote_sha256"] == record["checkpoint"]["local_sha256"] == got.remote_sha256
     assert record["overrides"] and record["command"] == finished_run.command and record["repo"]["commit"]
     # what the policy was trained with: the camera-to-TCP transform, the representation, the dataset's hash
-    trained_on = real_checkpoint.parents[2] / "dataset.npz"
     assert record["trained_with"] == {
         "tx_cam_tcp": np.eye(4).tolist(), "obs_pose_repr": "relative", "action_pose_repr": "relative",
-        "dataset_sha256": sha256_file(trained_on),
+        "dataset_sha256": sha256_file(tiny_checkpoint.dataset),
     }
 
     check = verify_checkpoint(got.local_path, got.remote_sha256, got.size_bytes, server=server, remote_path=got.remote_path)

@@ -152,3 +152,26 @@ def test_validate_unopenable_dataset_fails_every_check(arrays, tmp_path):
     assert not any(r.passed for r in res.values())
     assert "inconsistent lengths" in res["members_length_T"].description
     assert "data__timestamp=225" in res["episode_ends_valid"].description
+
+
+def test_one_reader_of_the_recorded_sha256_for_the_check_and_the_upload(arrays, tmp_path):
+    from dpflow_core.dataset import check_recorded_sha256, read_recorded_sha256, recorded_sha256
+    from dpflow_core.files import sha256_file
+
+    path = write_npz(tmp_path / "dataset.npz", arrays)
+    sidecar = tmp_path / "dataset.json"
+    assert recorded_sha256(path) is None  # no sidecar: not written by dpflow
+    missing = check_recorded_sha256(path, sidecar)
+    assert not missing.passed and str(sidecar) in missing.description and "cannot read" in missing.description
+
+    sidecar.write_text(json.dumps({"n_episodes": 4}))
+    with pytest.raises(DatasetError) as err:
+        recorded_sha256(path)
+    assert err.value.code == "bad_sidecar" and err.value.path == str(sidecar)
+    check = check_recorded_sha256(path, sidecar)
+    assert not check.passed and check.description == str(err.value)
+
+    digest = sha256_file(path)
+    sidecar.write_text(json.dumps({"sha256": digest}))
+    assert read_recorded_sha256(sidecar) == recorded_sha256(path) == digest
+    assert check_recorded_sha256(path, sidecar).passed

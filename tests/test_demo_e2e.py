@@ -3,8 +3,8 @@
 Runs the real command in a subprocess on a private Dagster instance and checks
 what it produced: every step and asset check passed, the dataset SHA-256
 recorded along the lineage equals the file's, the checkpoint loads and its
-evaluation metrics are finite and beat the constant baseline. A second run
-uses recordings written by an independent writer (tests/foreign_writer.py).
+evaluation metrics are finite and beat the constant baseline. The run on recordings written by
+an independent writer (tests/foreign_writer.py) is in tests/test_demo_foreign.py.
 """
 
 from __future__ import annotations
@@ -20,13 +20,25 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-import foreign_writer as fw
 from dpflow_core.files import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 DPFLOW = Path(sys.executable).parent / "dpflow"
 
+#: A lab.yaml for the runs that do not assert learning quality: the same chain (smoke run with its
+#: resume-continuity check, training, checkpoint, evaluation), with 2 epochs of 4 batches of 8 and
+#: 12 evaluation anchors per held-out episode instead of the demo config's 14 x 28 batches of 32.
+TINY_LAB = """\
+assets:
+  train_run: {epochs: 2, max_train_steps: 4, batch_size: 8}
+  evaluation: {max_samples_per_episode: 12}
+"""
 
+
+def _tiny_lab(tmp_path: Path) -> Path:
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(TINY_LAB)
+    return lab
 
 
 def _run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dg.DagsterInstance, Path]:
@@ -143,35 +155,15 @@ def test_main_job_on_sample_recordings_then_a_second_task(tmp_path):
     assert "every step and blocking check passed" in proc.stdout and proc.returncode == 0
     first = {asset: _latest(instance, asset, "pick_place") for asset in _PRODUCTS}
 
-    # the second task costs less than the first: fewer, shorter episodes and half the training epochs
+    # the second task costs less than the first: fewer, shorter episodes and a tiny training (its
+    # policy need not pass the gate; the test checks that the outcome is reported either way)
     write_task(out / "recordings", episodes=3, seconds=5.0, seed=1, task="wipe_table")
-    lab = tmp_path / "lab.yaml"
-    lab.write_text("assets:\n  train_run: {epochs: 2}\n")
-    proc, instance, out = _run_demo(tmp_path, "--recordings", str(out / "recordings" / "wipe_table"), "--config", str(lab))
+    proc, instance, out = _run_demo(
+        tmp_path, "--recordings", str(out / "recordings" / "wipe_table"), "--config", str(_tiny_lab(tmp_path)))
     beats = _assert_pipeline_products(instance, out, "wipe_table", runs_before=1)
     assert ("every step and blocking check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
     assert {asset: _latest(instance, asset, "pick_place") for asset in _PRODUCTS} == first
     assert instance.get_materialized_partitions(dg.AssetKey("evaluation")) == {"pick_place", "wipe_table"}
-
-
-@pytest.mark.slow
-def test_main_job_on_recordings_from_another_writer(tmp_path):
-    task = tmp_path / "matrix_output" / "cup_stack"
-    episodes = [
-        fw.write_foreign_episode(task, f"DAS07_20261129_{10 + k:02d}1500", seed=k, seconds=7.0, fps=20, size=(96, 64))
-        for k in range(4)
-    ]
-    (task / "vio_result.json").write_text(json.dumps({
-        "task_name": "cup_stack",
-        "success_mcap_files": [e.raw_mcap.name for e in episodes],
-        "failed_mcap_files": [],
-    }))
-    proc, instance, out = _run_demo(tmp_path, "--recordings", str(task))
-    assert not (out / "recordings").exists(), "no sample recordings are written when --recordings is given"
-    _assert_pipeline_products(instance, out, "cup_stack")
-    meta = json.loads(next(out.glob("datasets/*/*/dataset.json")).read_text())
-    assert meta["n_episodes"] == 4
-    assert abs(meta["frequency_hz"] - 20.0) < 0.2
 
 
 @pytest.mark.parametrize(

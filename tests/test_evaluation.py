@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
+from conftest import train_in_process
 from synthetic_dataset import synthetic_arrays, write_npz, write_synthetic_dataset
 
 from dpflow_core.errors import DatasetError, RunError
@@ -216,19 +217,6 @@ def test_held_out_split_refusals_and_every_shipped_config_holds_out_enough():
 
 
 # End to end on checkpoints of untrained policies --------------------------------------------------
-
-
-def train_in_process(dataset: Path, run_dir: Path, *overrides: str, config: str = "demo") -> Path:
-    """Run the built-in trainer (``config``: a shipped config name) in this process; return ``latest.ckpt``."""
-    from hydra import compose, initialize_config_dir
-
-    from dpflow_core.train.app import CONFIG_DIR
-    from dpflow_core.train.workspace import train
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR)):
-        cfg = compose(config, overrides=[f"task.dataset_path={dataset}", "logging.mode=disabled", *overrides])
-    train(cfg, run_dir)
-    return run_dir / "checkpoints" / "latest.ckpt"
 
 
 @pytest.fixture(scope="module")

@@ -129,3 +129,23 @@ def test_existing_output_is_refused_and_levels_are_checked(dataset, tmp_path):
     assert bad.value.code == "bad_config" and "0..100" in bad.value.reason
     assert not (tmp_path / "other.zarr.zip").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset.zarr.zip", "dataset.zarr.zip.json"]  # no temporaries
+
+
+def test_export_never_clobbers_and_leaves_no_temporary_file(dataset, tmp_path, monkeypatch):
+    import dpflow_core.export.umi as umi
+
+    out = tmp_path / "x" / "dataset.zarr.zip"
+    first = export_umi(dataset, out)
+    with pytest.raises(DatasetError, match="exists already"):
+        export_umi(dataset, out)
+    assert sha256_file(out) == first.sha256
+    assert export_umi(dataset, out, overwrite=True).sha256 == first.sha256  # the same bytes again
+
+    def unreadable(path):
+        raise OSError(f"{path}: read error")
+
+    monkeypatch.setattr(umi, "sha256_file", unreadable)  # fails after the zip is written, before it is installed
+    other = tmp_path / "x" / "other.zarr.zip"
+    with pytest.raises(OSError, match="read error"):
+        export_umi(dataset, other)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["dataset.zarr.zip", "dataset.zarr.zip.json"]

@@ -22,6 +22,7 @@ from sshd import sshd_server  # noqa: F401  (fixture)
 from test_runs import FAKE_TRAINER
 from typer.testing import CliRunner
 
+from conftest import kill_tmux_server, tmux_socket
 from dpflow_core.cli import app
 from dpflow_core.errors import RunError
 from dpflow_core.runs import (
@@ -31,7 +32,7 @@ from dpflow_core.server import GpuInventory, GpuServer, ServerConfig, parse_comp
 from dpflow_core.server.preflight import preflight
 
 REPO = Path(__file__).resolve().parents[1]
-TMUX_SOCKET = "dpflow-test-gpu-expected"
+TMUX_SOCKET = tmux_socket("gpu-expected")
 runner = CliRunner()
 
 #: mode -> (exit status the shell reports, text that must be named)
@@ -46,7 +47,7 @@ FAILURES = {
 @pytest.fixture(scope="module", autouse=True)
 def _private_tmux_server():
     yield
-    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+    kill_tmux_server(TMUX_SOCKET)
 
 
 def _smi(tmp_path: Path, mode: str) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from conftest import kill_tmux_server, tmux_socket
 from sshd import sshd_server  # noqa: F401  (fixture)
 from synthetic_dataset import write_synthetic_dataset
 from test_assets_training import TASK, checks_by_name, materializations, stub_remote_dataset
@@ -27,14 +28,14 @@ from test_assets_training import TASK, checks_by_name, materializations, stub_re
 from dpflow_dagster.defs import training as at
 from dpflow_dagster.resources import GpuServerResource
 
-TMUX_SOCKET = "dpflow-test-pipes"
+TMUX_SOCKET = tmux_socket("pipes")
 EVERY_N = 2
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _private_tmux_server():
     yield
-    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+    kill_tmux_server(TMUX_SOCKET)
 
 
 def _resource(sshd, tmp_path: Path) -> GpuServerResource:

@@ -16,19 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from conftest import kill_tmux_server, tmux_socket
 from dpflow_core.errors import InvalidNameError, RemoteError
 from dpflow_core.server import GpuServer, ServerConfig, parse_compute_apps, parse_gpu_query
 from fake_nvidia_smi import H200_GPUS, write_fake_nvidia_smi
 from sshd import sshd_server  # noqa: F401  (fixture)
 
-TMUX_SOCKET = f"dpflow-test-{os.getpid()}"
+TMUX_SOCKET = tmux_socket("remote")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _private_tmux_server():
     """Detached runs use a private tmux server; stop it (by its socket) afterwards."""
     yield
-    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+    kill_tmux_server(TMUX_SOCKET)
 
 
 @pytest.fixture(params=["local", "ssh"])

@@ -192,22 +192,19 @@ def test_tiny_relative_policy_predicts_the_right_absolute_poses_in_new_world_fra
         policy.predict_action({k: v[:1] for k, v in obs.items()})
 
 
-def test_predict_command_replays_an_episode_and_never_overwrites_its_plot(tmp_path, one_thread):
+def test_predict_command_replays_an_episode_and_never_overwrites_its_plot(tmp_path, one_thread, tiny_checkpoint):
     from typer.testing import CliRunner
 
     from dpflow_core.cli import app
-    from tests.synthetic_dataset import write_synthetic_dataset
-    from tests.test_evaluation import train_in_process
 
-    dataset = write_synthetic_dataset(tmp_path / "dataset.npz", n_episodes=4, episode_length=30, image_size=(32, 32))
-    ckpt = train_in_process(dataset, tmp_path / "run", "training.num_epochs=1", "training.max_train_steps=2",
-                            "training.max_val_steps=1")
+    dataset, ckpt = tiny_checkpoint
     plot = tmp_path / "episode1.png"
     args = ["predict", str(ckpt), str(dataset), "--episode", "1", "-o", str(plot)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    # episode 1 has 30 frames, horizon 8: anchors 0..22
-    assert "episode 1: 23 anchors" in result.output and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # episode 1 has 40 frames, horizon 8: anchors 0..32
+    assert np.diff(ReplayBuffer(dataset).episode_ends[:2]).tolist() == [40]
+    assert "episode 1: 33 anchors" in result.output and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = CliRunner().invoke(app, args)
     assert again.exit_code != 0 and "exists already" in str(again.exception)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import kill_tmux_server, tmux_socket
 from dpflow_core.errors import RunError
 from dpflow_core.server import GpuServer, ServerConfig, parse_compute_apps, parse_gpu_query
 from dpflow_core.runs import (
@@ -101,14 +102,14 @@ def fake_trainer(tmp_path_factory) -> Path:
     return path
 
 
-TMUX_SOCKET = "dpflow-test-runs"
+TMUX_SOCKET = tmux_socket("runs")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _private_tmux_server():
     """Training sessions go to a private tmux server, stopped by its socket afterwards."""
     yield
-    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+    kill_tmux_server(TMUX_SOCKET)
 
 
 @pytest.fixture()

@@ -5,25 +5,24 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 from synthetic_dataset import write_synthetic_dataset
-from test_evaluation import train_in_process
+from conftest import kill_tmux_server, tmux_socket, train_in_process
 from test_runs import FAKE_TRAINER
 from typer.testing import CliRunner
 
 from dpflow_core.cli import app
 
-TMUX_SOCKET = "dpflow-test-runs-cli"
+TMUX_SOCKET = tmux_socket("runs-cli")
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _private_tmux_server():
     yield
-    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+    kill_tmux_server(TMUX_SOCKET)
 
 
 @pytest.fixture()

@@ -17,6 +17,7 @@ import pytest
 from sshd import sshd_server  # noqa: F401  (fixture)
 from test_runs import FAKE_TRAINER, _alive, _wait_for, fake_spec
 
+from conftest import kill_tmux_server, tmux_socket
 from dpflow_core.checkpoints import download_checkpoint, verify_checkpoint
 from dpflow_core.server import GpuServer
 from dpflow_core.runs import (
@@ -28,14 +29,14 @@ from dpflow_core.runs import (
     run_smoke,
 )
 
-TMUX_SOCKET = "dpflow-test-runs-ssh"
+TMUX_SOCKET = tmux_socket("runs-ssh")
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _private_tmux_server():
     yield
-    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+    kill_tmux_server(TMUX_SOCKET)
 
 
 @pytest.fixture()

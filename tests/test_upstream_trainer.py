@@ -21,6 +21,7 @@ import pytest
 import torch
 from sshd import sshd_server  # noqa: F401  (fixture)
 
+from conftest import kill_tmux_server, tmux_socket
 from dpflow_core.logs import parse_log_text
 from dpflow_core.runs import (
     UPSTREAM_TRAIN_COMMAND, RunSpec, check_natural_exit, check_resume_continuity, launch_run, list_checkpoints,
@@ -29,7 +30,7 @@ from dpflow_core.runs import (
 from dpflow_core.server import GpuServer, ServerConfig
 
 TESTS = Path(__file__).resolve().parent
-TMUX_SOCKET = "dpflow-test-upstream"
+TMUX_SOCKET = tmux_socket("upstream")
 UMI_CONFIG = "train_diffusion_unet_timm_umi_workspace"
 TOPK_NAME = re.compile(r"^epoch=\d{4}-train_loss=\d+\.\d{3}\.ckpt$")
 pytestmark = pytest.mark.slow
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module", autouse=True)
 def _private_tmux_server():
     yield
-    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
+    kill_tmux_server(TMUX_SOCKET)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
@@ -12,6 +11,7 @@ import numpy as np
 
 from dpflow_core.evaluation.baselines import absolute_actions
 from dpflow_core.evaluation.metrics import DIMENSION_NAMES, PredictorMetrics
+from dpflow_core.files import atomic_path
 
 
 def read_loss_curve(log_path: str | Path) -> dict[str, list[float]]:
@@ -72,13 +72,11 @@ def _save_figure(fig, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, format="png")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return path
 
 

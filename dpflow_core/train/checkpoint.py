@@ -54,11 +54,13 @@ import numpy as np
 import torch
 
 from dpflow_core.errors import RunError
-from dpflow_core.files import fsync_dir
+from dpflow_core.files import atomic_output, atomic_path
 
 FORMAT = "dpflow-train-checkpoint"
 FORMAT_VERSION = 1
 LATEST_NAME = "latest.ckpt"
+#: How a temporary name of :func:`dpflow_core.files.temp_path_for` starts and what it holds
+#: (``.<name>.tmp-<pid>-<random>``): what :func:`remove_stale_temp_files` removes.
 TEMP_PREFIX = "."
 TEMP_MARK = ".tmp-"
 
@@ -195,51 +197,32 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
 # Atomic files ------------------------------------------------------------------------
 
 
-def temp_path_for(path: Path) -> Path:
-    """The hidden temporary name a file is written under before its rename."""
-    return path.with_name(f"{TEMP_PREFIX}{path.name}{TEMP_MARK}{os.getpid()}")
-
-
 def atomic_save(payload: Mapping[str, Any], path: str | Path) -> Path:
-    """Write ``payload`` with ``torch.save`` to ``path`` atomically (temp + fsync + rename).
+    """Write ``payload`` with ``torch.save`` to ``path`` through :func:`dpflow_core.files.atomic_output`
+    (hidden temporary name in the same folder, fsync of file and folder, rename).
 
     Raises:
         RunError: when the file cannot be written (the temporary file is removed).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(path)
     try:
-        with open(tmp, "wb") as f:
+        with atomic_output(path, "wb") as f:
             torch.save(dict(payload), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, (OSError, RuntimeError, pickle.PicklingError)):
-            raise RunError(f"cannot write checkpoint: {exc}", path=path) from exc
-        raise
-    fsync_dir(path.parent)
+    except (OSError, RuntimeError, pickle.PicklingError) as exc:
+        raise RunError(f"cannot write checkpoint: {exc}", path=path) from exc
     return path
 
 
 def atomic_copy(src: Path, dst: Path) -> Path:
-    """Give ``dst`` the content of ``src`` atomically: a hard link when possible, else a copy."""
-    tmp = temp_path_for(dst)
-    tmp.unlink(missing_ok=True)
-    try:
+    """Give ``dst`` the content of ``src`` through :func:`dpflow_core.files.atomic_path`: a hard link
+    at the temporary name when possible (no second copy of the bytes on disk), else a copy."""
+    with atomic_path(dst) as tmp:
+        tmp.unlink()  # the helper created it empty; the link needs the name free
         try:
             os.link(src, tmp)
         except OSError:
             shutil.copyfile(src, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(dst.parent)
     return dst
 
 

@@ -15,10 +15,11 @@ consistent history.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from dpflow_core.files import write_text_atomic
 
 
 def read_json_log(path: str | Path) -> list[dict[str, Any]]:
@@ -60,13 +61,7 @@ class JsonLinesLogger:
             records = read_json_log(self.path)
             kept = [r for r in records if int(r.get("global_step", -1)) < keep_before_step]
             self.dropped = len(records) - len(kept)
-            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-            with open(tmp, "w", encoding="utf-8") as f:
-                for r in kept:
-                    f.write(json.dumps(r) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(self.path, "a", encoding="utf-8")
 
     def log(self, record: Mapping[str, Any]) -> None:
