@@ -1,8 +1,8 @@
-"""The LeRobot v2.1 layout: paths, feature keys, and the state and action of each frame.
+"""The LeRobot v3.0 and v2.1 layouts: paths, feature keys, and the state and action of each frame.
 
 Takes an episode's aligned end-effector pose (position m, rotation vector rad) and gripper width (m);
 gives the 7-float32 state ``[x, y, z, rx, ry, rz, gripper_width]`` and the action by one of
-:data:`ACTION_RULES`. Paths and keys follow lerobot 0.3.x (``lerobot/datasets/utils.py``).
+:data:`ACTION_RULES`. Paths and keys follow ``lerobot/datasets/utils.py`` of lerobot 0.3.3 (v2.1) and 0.4.4 (v3.0).
 """
 
 from __future__ import annotations
@@ -15,8 +15,12 @@ from scipy.spatial.transform import Rotation
 from dpflow_core.errors import ConversionError
 
 
-#: The LeRobot dataset format version written and expected by default.
+#: The LeRobot v2.1 format (one parquet file and one video per episode; openpi's pinned lerobot reads it).
 CODEBASE_VERSION = "v2.1"
+#: The LeRobot v3.0 format (many episodes per file; lerobot >= 0.4 reads only this one).
+V30_VERSION = "v3.0"
+#: Formats :func:`export_lerobot` writes; the first is the default.
+FORMATS = (V30_VERSION, CODEBASE_VERSION)
 #: Episodes per chunk folder (LeRobot's default).
 CHUNKS_SIZE = 1000
 INFO_PATH = "meta/info.json"
@@ -27,6 +31,19 @@ EPISODES_STATS_PATH = "meta/episodes_stats.jsonl"
 PROVENANCE_PATH = "meta/dpflow.json"
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+# v3.0 (lerobot 0.4.x): chunk-XXX/file-XXX files, each holding many episodes.
+V30_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+V30_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+V30_EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+V30_EPISODES_DIR = "meta/episodes"
+V30_TASKS_PATH = "meta/tasks.parquet"
+STATS_PATH = "meta/stats.json"
+#: lerobot 0.4.x defaults: files per chunk folder, and the size a data / video file may reach (MB).
+V30_CHUNKS_SIZE = 1000
+DATA_FILES_SIZE_IN_MB = 100
+VIDEO_FILES_SIZE_IN_MB = 200
+#: Quantiles of lerobot 0.4.x statistics (``compute_stats.DEFAULT_QUANTILES``).
+QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
 #: Video feature key of the centre camera (camera0).
