@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import sys
 import types
-from pathlib import Path
 
 import av
 import datasets  # noqa: F401 - imported before the stand-in: datasets probes for torchvision's spec

@@ -1,4 +1,4 @@
-"""LeRobot v2.1 export and openpi-style norm stats (formats.md section 4).
+"""LeRobot v3.0 and v2.1 exports and openpi norm stats (formats.md section 4).
 
 pi0 / openpi and LeRobot users train from a LeRobot dataset, and their chain is
 convert -> LeRobot dataset -> compute norm stats -> train. The statistics step
@@ -9,7 +9,10 @@ a Hub download is attempted. Here the chain is explicit:
 * :func:`export_lerobot` decodes and aligns each accepted episode of a pairing
   manifest with :func:`dpflow_core.conversion.align_episode` (the same code as
   the ``dataset.npz`` conversion, in worker processes) and writes a LeRobot
-  v2.1 dataset with :class:`LeRobotWriter`::
+  dataset with :class:`LeRobotWriter`: v3.0 by default (lerobot >= 0.4: many
+  episodes per data and video file, ``meta/episodes/``, ``meta/tasks.parquet``,
+  ``meta/stats.json`` with quantiles; see :mod:`.writer`), or v2.1 (lerobot 0.3,
+  openpi)::
 
       meta/info.json              codebase_version "v2.1", fps, features, totals, path templates
       meta/episodes.jsonl         {"episode_index", "tasks": [str], "length"}
@@ -28,7 +31,8 @@ a Hub download is attempted. Here the chain is explicit:
 
 * :func:`compute_openpi_norm_stats` reads only the parquet columns of the state
   and the actions (never a video) and returns openpi's ``norm_stats.json``
-  content: mean, std, q01, q99 per dimension. It validates ``meta/info.json``
+  content: mean, std, q01, q99 per dimension, as openpi's ``compute_norm_stats``
+  computes them (:func:`openpi_norm_stats`). It validates ``meta/info.json``
   first and fails at once, naming the file and the field, when the dataset was
   not converted, has another ``codebase_version``, inconsistent features or no
   frames. Nothing here opens a network connection.
@@ -48,12 +52,17 @@ from dpflow_core.export.features import (
     ACTION_KEY, ACTION_RULES, CAMERA_KEY, CHUNKS_SIZE, CODEBASE_VERSION, DATA_PATH, EPISODES_PATH,
     EPISODES_STATS_PATH, INDEX_FEATURES, INFO_PATH, OPENPI_NORM_KEYS, PROVENANCE_PATH, ROBOT_TYPE, STATE_KEY,
     STATE_NAMES, TASKS_PATH, VIDEO_PATH, episode_actions, episode_state, measured_fps,
+    FORMATS, STATS_PATH, V30_DATA_PATH, V30_EPISODES_PATH, V30_TASKS_PATH, V30_VERSION, V30_VIDEO_PATH,
 )
-from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
+from dpflow_core.export.stats import aggregate_stats, camera_stats, vector_stats
+from dpflow_core.export.video import VideoSpec, concat_videos, encode_video, retime_video, video_info
 from dpflow_core.export.writer import LeRobotExport, LeRobotWriter, feature_stats, image_stats
 from dpflow_core.export.export import export_key, export_lerobot, load_export, parse_image_size
 from dpflow_core.export.validation import LeRobotLayout, read_lowdim, validate_lerobot_dataset
-from dpflow_core.export.openpi import NormStats, compute_openpi_norm_stats, norm_stats_of, write_openpi_norm_stats
+from dpflow_core.export.openpi import (
+    NormStats, RunningStats, action_chunks, compute_openpi_norm_stats, norm_stats_of, openpi_norm_stats,
+    write_openpi_norm_stats,
+)
 
 __all__ = [
     "ACTION_KEY", "ACTION_RULES", "CAMERA_KEY", "CHUNKS_SIZE", "CODEBASE_VERSION", "DATA_PATH", "EPISODES_PATH",
@@ -62,5 +71,7 @@ __all__ = [
     "NormStats", "VideoSpec", "compute_openpi_norm_stats", "encode_video", "episode_actions", "episode_state",
     "export_key", "export_lerobot", "feature_stats", "image_stats", "load_export", "measured_fps", "norm_stats_of",
     "parse_image_size", "read_lowdim", "retime_video", "validate_lerobot_dataset", "video_info",
-    "write_openpi_norm_stats",
+    "write_openpi_norm_stats", "FORMATS", "STATS_PATH", "V30_DATA_PATH", "V30_EPISODES_PATH", "V30_TASKS_PATH",
+    "V30_VERSION", "V30_VIDEO_PATH", "aggregate_stats", "camera_stats", "vector_stats", "concat_videos",
+    "RunningStats", "action_chunks", "openpi_norm_stats",
 ]
