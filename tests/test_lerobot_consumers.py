@@ -27,7 +27,7 @@ from conftest import REPO, require_service
 from dpflow_core import export as lr
 from test_lerobot import frame_times, synthetic_episode
 
-pytestmark = pytest.mark.lerobot
+pytestmark = [pytest.mark.lerobot, pytest.mark.slow]
 
 LENGTHS = (40, 21, 33)
 READER = REPO / "tests" / "lerobot_reader.py"
