@@ -155,3 +155,37 @@ def test_episode_index_lengths_must_match_the_data(datasets, tmp_path):
 
     _, err = _broken(datasets, tmp_path, edit)
     assert "dataset_to_index - dataset_from_index differs from length 39" in err.reason
+
+
+@pytest.mark.parametrize("rule", ["next_state", "delta"])
+def test_rot6d_state_and_actions(tmp_path, rule):
+    """rotation="rot6d": 10-D state and action, the rotation as the first two columns of R (scipy as the
+    independent reference); a delta action's rotation is R[t+1] R[t]^-1, the identity on the last frame."""
+    from scipy.spatial.transform import Rotation
+
+    out = tmp_path / "ds"
+    with lr.LeRobotWriter(out, "pick", rule, rotation="rot6d") as writer:
+        for k, (s, f, t) in enumerate(_episodes()[:2]):
+            writer.add_episode(s, {lr.CAMERA_KEY: f}, t, stem=f"ep{k}")
+        writer.finish()
+    info = json.loads((out / "meta/info.json").read_text())
+    names = ["eef_pos_x", "eef_pos_y", "eef_pos_z", *(f"eef_rot6d_{i}" for i in range(6)), "gripper_width"]
+    assert info["features"]["observation.state"] == {"dtype": "float32", "shape": [10], "names": names}
+    assert info["features"]["action"]["shape"] == [10]
+    table = pq.read_table(out / "data/chunk-000/file-000.parquet")
+    state = table.column("observation.state").combine_chunks().flatten().to_numpy().reshape(-1, 10)
+    action = table.column("action").combine_chunks().flatten().to_numpy().reshape(-1, 10)
+    source = _episodes()[0][0]
+    n = len(source)
+    mats = Rotation.from_rotvec(source[:, 3:6].astype(np.float64)).as_matrix()
+    np.testing.assert_allclose(state[:n, 3:9], np.concatenate([mats[:, :, 0], mats[:, :, 1]], axis=1), atol=1e-6)
+    np.testing.assert_array_equal(state[:n, [0, 1, 2, 9]], source[:, [0, 1, 2, 6]])
+    if rule == "next_state":
+        np.testing.assert_array_equal(action[:n - 1], state[1:n])
+    else:
+        rel = Rotation.from_matrix(mats[1:]) * Rotation.from_matrix(mats[:-1]).inv()
+        r = rel.as_matrix()
+        np.testing.assert_allclose(action[:n - 1, 3:9], np.concatenate([r[:, :, 0], r[:, :, 1]], axis=1), atol=1e-5)
+        np.testing.assert_allclose(action[n - 1, 3:9], [1, 0, 0, 0, 1, 0], atol=1e-7)
+    stats = lr.compute_openpi_norm_stats(out, action_horizon=5, batch_size=8, delta_action_mask=[True] * 9 + [False])
+    assert stats["state"].mean.shape == stats["actions"].q99.shape == (10,)

@@ -24,6 +24,8 @@ def export_lerobot_cmd(
     workers: int = typer.Option(0, "--workers", help="Alignment worker processes [default: 0 = CPU cores]."),
     fmt: str = typer.Option(lerobot.V30_VERSION, "--format",
                             help="v3.0 (lerobot >= 0.4) | v2.1 (lerobot 0.3, openpi)."),
+    rotation: str = typer.Option("rotvec", "--rotation",
+                                 help="rotvec: 7-D state/action | rot6d: 10-D, for relative (action - state) actions."),
 ) -> None:
     """Write a LeRobot dataset, v3.0 or v2.1 (parquet + H.264 MP4 + meta/), from paired recordings."""
     result = lerobot.export_lerobot(
@@ -36,6 +38,7 @@ def export_lerobot_cmd(
         frequency_tolerance=frequency_tolerance,
         workers=workers,
         codebase_version=fmt,
+        rotation=rotation,
     )
     typer.echo(
         f"{result.path}: LeRobot {result.codebase_version}, {result.n_episodes} episodes, {result.total_frames} frames, "

@@ -26,7 +26,9 @@ from dpflow_core.conversion import (
 )
 from dpflow_core.conversion.jobs import _die_with_parent
 from dpflow_core.errors import ConversionError, DatasetError, DpflowError
-from dpflow_core.export.features import ACTION_RULES, CAMERA_KEY, FORMATS, PROVENANCE_PATH, V30_VERSION, episode_state
+from dpflow_core.export.features import (
+    ACTION_RULES, CAMERA_KEY, FORMATS, PROVENANCE_PATH, ROTATIONS, V30_VERSION, episode_state,
+)
 from dpflow_core.export.validation import _read_json, validate_lerobot_dataset
 from dpflow_core.export.video import VideoSpec
 from dpflow_core.export.writer import LeRobotExport, LeRobotWriter
@@ -123,7 +125,7 @@ def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> s
     defaults = {
         "action_rule": "next_state", "image_size": None, "invalid_pose_policy": "trim",
         "min_overlap_fraction": 0.5, "frequency_tolerance": 0.05, "topics": DAS_DEFAULT, "video": VideoSpec(),
-        "codebase_version": V30_VERSION,
+        "codebase_version": V30_VERSION, "rotation": "rotvec",
     }
     unknown = set(options) - set(defaults)
     if unknown:
@@ -142,6 +144,7 @@ def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> s
             "topics": {"camera": o["topics"].camera, "pose": o["topics"].pose, "gripper": o["topics"].gripper},
             "video": dataclasses.asdict(o["video"]),
             "codebase_version": o["codebase_version"],
+            "rotation": o["rotation"],
         },
     )
 
@@ -196,6 +199,7 @@ def export_lerobot(
     reuse_existing: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
     codebase_version: str = V30_VERSION,
+    rotation: str = "rotvec",
 ) -> LeRobotExport:
     """Export the accepted episodes of a pairing manifest as a LeRobot dataset, v3.0 (default) or v2.1.
 
@@ -228,6 +232,8 @@ def export_lerobot(
             (``reused=True``) instead of failing.
         progress: called as ``progress(stem, done, total)`` after each episode.
         codebase_version: ``"v3.0"`` (lerobot >= 0.4) or ``"v2.1"`` (lerobot 0.3, openpi).
+        rotation: ``"rotvec"`` (7-D state and action, as dataset.npz) or ``"rot6d"`` (10-D; for
+            relative actions, ``action - state``, as openpi's delta transform and lerobot compute them).
 
     Returns:
         The export summary.
@@ -242,6 +248,8 @@ def export_lerobot(
         raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
     if codebase_version not in FORMATS:
         raise ConversionError(f"unknown LeRobot format {codebase_version!r}; use one of {', '.join(FORMATS)}", code="bad_option")
+    if rotation not in ROTATIONS:
+        raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
     if invalid_pose_policy not in INVALID_POSE_POLICIES:
         raise ConversionError(
             f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
@@ -263,6 +271,7 @@ def export_lerobot(
         "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
         "video": dataclasses.asdict(video),
         "codebase_version": codebase_version,
+        "rotation": rotation,
     }
     key = _export_key(inputs, options)
     if Path(out_dir).exists():
@@ -282,7 +291,8 @@ def export_lerobot(
                               source, code="no_valid_episodes")
     skipped: dict[str, str] = {}
     n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
-    with LeRobotWriter(out_dir, task, action_rule, video=video, codebase_version=codebase_version) as writer:
+    with LeRobotWriter(out_dir, task, action_rule, video=video, codebase_version=codebase_version,
+                       rotation=rotation) as writer:
         rgb_dir = writer.staging_dir / "frames"
         rgb_dir.mkdir()
         jobs = [

@@ -50,6 +50,13 @@ ACTION_KEY = "action"
 CAMERA_KEY = "observation.images.camera0"
 #: Names of the 7 state (and action) dimensions: metres, radians (rotation vector), metres.
 STATE_NAMES = ("eef_pos_x", "eef_pos_y", "eef_pos_z", "eef_rot_x", "eef_rot_y", "eef_rot_z", "gripper_width")
+#: Names of the 10 dimensions with the rotation as rot6d (``rotation="rot6d"``): metres, the first two
+#: columns of the rotation matrix (:func:`dpflow_core.pose.rotvec_to_rot6d`, the trainer's convention), metres.
+ROT6D_STATE_NAMES = ("eef_pos_x", "eef_pos_y", "eef_pos_z", *(f"eef_rot6d_{i}" for i in range(6)), "gripper_width")
+#: How the end-effector rotation is written in the state and the action: ``rotvec`` (3, a rotation
+#: vector; what the dataset.npz holds) or ``rot6d`` (6, continuous, so that ``action - state`` per
+#: element, the relative actions of lerobot and openpi, stays meaningful near +-pi).
+ROTATIONS = ("rotvec", "rot6d")
 #: ``next_state``: action[t] = state[t+1]; ``delta``: position and gripper differences
 #: state[t+1] - state[t] and the rotation R[t+1] R[t]^-1 as a rotation vector (world
 #: frame). The last frame holds: its action is its own state (``next_state``) or zero (``delta``).
@@ -122,6 +129,31 @@ def episode_actions(state: np.ndarray, rule: str = "next_state") -> np.ndarray:
         action[:, 3:6] = rel.as_rotvec()
     action[-1] = 0.0
     return action.astype(np.float32)
+
+
+def with_rotation(vectors: np.ndarray, rotation: str) -> np.ndarray:
+    """(N, 7) ``[pos, rotvec, width]`` vectors (states or actions) in the chosen rotation.
+
+    Args:
+        vectors: (N, 7) as :func:`episode_state` / :func:`episode_actions` give them.
+        rotation: one of :data:`ROTATIONS`; ``rot6d`` maps the rotation vector (absolute, or the
+            relative rotation of a ``delta`` action) to its 6-D form, so a zero ``delta`` rotation
+            becomes the identity ``[1, 0, 0, 0, 1, 0]``.
+
+    Returns:
+        (N, 7) unchanged for ``rotvec``; (N, 10) float32 ``[pos, rot6d, width]`` for ``rot6d``.
+
+    Raises:
+        ConversionError: for an unknown rotation.
+    """
+    if rotation not in ROTATIONS:
+        raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
+    v = np.asarray(vectors, dtype=np.float32)
+    if rotation == "rotvec":
+        return v
+    from dpflow_core.pose import rotvec_to_rot6d
+
+    return np.concatenate([v[:, :3], rotvec_to_rot6d(v[:, 3:6].astype(np.float64)).astype(np.float32), v[:, 6:]], axis=1)
 
 
 def measured_fps(timestamps_s: Iterable[np.ndarray]) -> float:

@@ -34,8 +34,8 @@ from dpflow_core.errors import ConversionError
 from dpflow_core.export.features import (
     ACTION_KEY, ACTION_RULES, CHUNKS_SIZE, DATA_FILES_SIZE_IN_MB, DATA_PATH, EPISODES_PATH,
     EPISODES_STATS_PATH, FORMATS, INDEX_FEATURES, INFO_PATH, PROVENANCE_PATH, ROBOT_TYPE, STATE_KEY, STATE_NAMES,
-    STATS_PATH, TASKS_PATH, V30_CHUNKS_SIZE, V30_DATA_PATH, V30_EPISODES_PATH, V30_TASKS_PATH, V30_VERSION,
-    V30_VIDEO_PATH, VIDEO_FILES_SIZE_IN_MB, VIDEO_PATH, episode_actions, measured_fps,
+    ROT6D_STATE_NAMES, ROTATIONS, STATS_PATH, TASKS_PATH, V30_CHUNKS_SIZE, V30_DATA_PATH, V30_EPISODES_PATH, V30_TASKS_PATH, V30_VERSION,
+    V30_VIDEO_PATH, VIDEO_FILES_SIZE_IN_MB, VIDEO_PATH, episode_actions, measured_fps, with_rotation,
 )
 from dpflow_core.export.stats import aggregate_stats, camera_stats, vector_stats
 from dpflow_core.export.video import VideoSpec, concat_videos, encode_video, retime_video, video_info
@@ -196,6 +196,7 @@ class LeRobotWriter:
         chunks_size: files per chunk folder (v3.0) or episodes per chunk (v2.1); default lerobot's 1000.
         data_files_size_in_mb, video_files_size_in_mb: v3.0: a data / video file takes episodes
             until it would reach this size (lerobot's defaults 100 and 200 MB).
+        rotation: ``rotvec`` (7-D state and action) or ``rot6d`` (10-D), see :data:`ROTATIONS`.
 
     Raises:
         ConversionError: when ``out_dir`` exists, ``task`` is empty, the rule, the version or a
@@ -213,6 +214,7 @@ class LeRobotWriter:
         chunks_size: int | None = None,
         data_files_size_in_mb: float = DATA_FILES_SIZE_IN_MB,
         video_files_size_in_mb: float = VIDEO_FILES_SIZE_IN_MB,
+        rotation: str = "rotvec",
     ):
         self.out_dir = Path(out_dir).absolute()
         if self.out_dir.exists():
@@ -227,6 +229,9 @@ class LeRobotWriter:
             raise ConversionError(f"unknown LeRobot format {codebase_version!r}; use one of {', '.join(FORMATS)}", code="bad_option")
         if not (data_files_size_in_mb > 0 and video_files_size_in_mb > 0 and (chunks_size is None or chunks_size > 0)):
             raise ConversionError("chunks_size and the file sizes must be positive", code="bad_option")
+        if rotation not in ROTATIONS:
+            raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
+        self.rotation = rotation
         self.codebase_version = codebase_version
         self.chunks_size = int(chunks_size or (V30_CHUNKS_SIZE if codebase_version == V30_VERSION else CHUNKS_SIZE))
         self.data_files_size_in_mb = data_files_size_in_mb
@@ -265,7 +270,8 @@ class LeRobotWriter:
         """Add one episode; its videos are encoded now.
 
         Args:
-            state: (N, 7) state of each frame (:func:`episode_state`), N >= 2.
+            state: (N, 7) state of each frame (:func:`episode_state`, rotation vector), N >= 2;
+                written 10-D, with the rotation as rot6d, when the writer's ``rotation`` is ``rot6d``.
             cameras: video key -> (N, H, W, 3) uint8 RGB frames; every episode
                 must have the same keys and frame sizes.
             timestamps_s: (N,) float64 capture times of the frames, seconds,
@@ -305,7 +311,8 @@ class LeRobotWriter:
             else:
                 stats[key] = image_stats(frames)
             self._camera_shapes[key] = (int(frames.shape[1]), int(frames.shape[2]))
-        action = episode_actions(state, self.action_rule)
+        action = with_rotation(episode_actions(state, self.action_rule), self.rotation)
+        state = with_rotation(state, self.rotation)
         self._episodes.append(_Episode(stem, state, action, t, stats, sampled, staged, dict(record or {})))
 
     def abort(self) -> None:
@@ -313,7 +320,7 @@ class LeRobotWriter:
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def _features(self, video_infos: dict[str, dict]) -> dict:
-        names = list(STATE_NAMES)
+        names = list(ROT6D_STATE_NAMES if self.rotation == "rot6d" else STATE_NAMES)
         features: dict[str, dict] = {
             STATE_KEY: {"dtype": "float32", "shape": [len(names)], "names": names},
             ACTION_KEY: {"dtype": "float32", "shape": [len(names)], "names": names},
@@ -431,6 +438,7 @@ class LeRobotWriter:
             "codebase_version": self.codebase_version,
             "fps": fps,
             "action_rule": self.action_rule,
+            "rotation": self.rotation,
             "frequency_tolerance": frequency_tolerance,
             "episodes": records,
             "skipped": {**(provenance or {}).get("skipped", {}), **skipped},

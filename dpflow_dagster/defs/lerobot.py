@@ -36,6 +36,9 @@ class LeRobotDatasetConfig(dg.Config):
     frequency_tolerance: float = Field(default=0.05, description="Relative; episodes off the median rate are left out.")
     workers: int = Field(default=0, description="Alignment worker processes; 0 = CPU cores.")
     format: str = Field(default="v3.0", description="LeRobot format: v3.0 (lerobot >= 0.4) | v2.1 (lerobot 0.3, openpi).")
+    rotation: str = Field(
+        default="rotvec", description="rotvec: 7-D state/action | rot6d: 10-D, for relative (action - state) actions."
+    )
 
 
 class NormStatsConfig(dg.Config):
@@ -83,6 +86,7 @@ def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetCon
             frequency_tolerance=config.frequency_tolerance,
             topics=topics,
             codebase_version=config.format,
+            rotation=config.rotation,
         )
         key = lerobot.export_key(paired_episodes["manifest_path"], config.task_text, **options)
         out = base / paired_episodes["task"] / key[:16]
