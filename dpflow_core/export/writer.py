@@ -34,11 +34,12 @@ from dpflow_core.errors import ConversionError
 from dpflow_core.export.features import (
     ACTION_KEY, ACTION_RULES, CHUNKS_SIZE, DATA_FILES_SIZE_IN_MB, DATA_PATH, EPISODES_PATH,
     EPISODES_STATS_PATH, FORMATS, INDEX_FEATURES, INFO_PATH, PROVENANCE_PATH, ROBOT_TYPE, STATE_KEY, STATE_NAMES,
-    ROT6D_STATE_NAMES, ROTATIONS, STATS_PATH, TASKS_PATH, V30_CHUNKS_SIZE, V30_DATA_PATH, V30_EPISODES_PATH, V30_TASKS_PATH, V30_VERSION,
+    ROT6D_STATE_NAMES, ROTATIONS, TASKS_PATH, V30_CHUNKS_SIZE, V30_DATA_PATH, V30_VERSION,
     V30_VIDEO_PATH, VIDEO_FILES_SIZE_IN_MB, VIDEO_PATH, episode_actions, measured_fps, with_rotation,
 )
-from dpflow_core.export.stats import aggregate_stats, camera_stats, vector_stats
-from dpflow_core.export.video import VideoSpec, concat_videos, encode_video, retime_video, video_info
+from dpflow_core.export.stats import camera_stats
+from dpflow_core.export.v30 import write_v30
+from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
 from dpflow_core.files import write_text_atomic
 
 
@@ -259,6 +260,11 @@ class LeRobotWriter:
     def __len__(self) -> int:
         return len(self._episodes)
 
+    @property
+    def camera_keys(self) -> list[str]:
+        """The video feature keys, in the order the first episode gave them."""
+        return list(self._camera_shapes)
+
     def add_episode(
         self,
         state: np.ndarray,
@@ -398,7 +404,7 @@ class LeRobotWriter:
             episodes.append((ep_index, ep, table, columns, start))
             start += n
         if self.codebase_version == V30_VERSION:
-            first_video = self._write_v30(root, fps, episodes)
+            first_video = write_v30(self, root, fps, episodes)
         else:
             first_video = self._write_v21(root, fps, episodes)
         n_episodes = len(self._episodes)
@@ -492,98 +498,3 @@ class LeRobotWriter:
         write_text_atomic(root / EPISODES_STATS_PATH, "\n".join(stats_lines) + "\n")
         write_text_atomic(root / TASKS_PATH, json.dumps({"task_index": 0, "task": self.task}) + "\n")
         return first_video
-
-    def _next_file(self, chunk: int, file: int) -> tuple[int, int]:
-        return (chunk + 1, 0) if file == self.chunks_size - 1 else (chunk, file + 1)
-
-    def _write_v30(self, root: Path, fps: float, episodes: list) -> dict[str, Path]:
-        """Data and video files holding many episodes, the episode index, tasks and ``meta/stats.json``."""
-        limit_data = self.data_files_size_in_mb * 1024 * 1024
-        limit_video = self.video_files_size_in_mb * 1024 * 1024
-        rows: list[dict] = []
-        all_stats: list[dict] = []
-        writer: pq.ParquetWriter | None = None
-        data_at, data_bytes = (0, 0), 0
-        # per video key: (chunk, file), the episodes' staged files and frame counts in the current file
-        video_at = {k: (0, 0) for k in self._camera_shapes}
-        video_files: dict[str, list[tuple[tuple[int, int], list[Path]]]] = {k: [((0, 0), [])] for k in self._camera_shapes}
-        video_bytes = {k: 0 for k in self._camera_shapes}
-        video_frames = {k: 0 for k in self._camera_shapes}
-        try:
-            for ep_index, ep, table, columns, start in episodes:
-                n = len(ep.state)
-                if writer is not None and data_bytes + table.nbytes >= limit_data:
-                    writer.close()
-                    writer, data_at, data_bytes = None, self._next_file(*data_at), 0
-                if writer is None:
-                    path = root / V30_DATA_PATH.format(chunk_index=data_at[0], file_index=data_at[1])
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    writer = pq.ParquetWriter(path, table.schema, compression="snappy")
-                writer.write_table(table, row_group_size=max(n, 1))
-                data_bytes += table.nbytes
-                row = {
-                    "episode_index": ep_index, "tasks": [self.task], "length": n,
-                    "data/chunk_index": data_at[0], "data/file_index": data_at[1],
-                    "dataset_from_index": start, "dataset_to_index": start + n,
-                }
-                for key, staged in ep.staged_videos.items():
-                    size = staged.stat().st_size
-                    if video_files[key][-1][1] and video_bytes[key] + size >= limit_video:
-                        video_at[key] = self._next_file(*video_at[key])
-                        video_files[key].append((video_at[key], []))
-                        video_bytes[key], video_frames[key] = 0, 0
-                    video_files[key][-1][1].append(staged)
-                    row |= {
-                        f"videos/{key}/chunk_index": video_at[key][0], f"videos/{key}/file_index": video_at[key][1],
-                        f"videos/{key}/from_timestamp": video_frames[key] / fps,
-                        f"videos/{key}/to_timestamp": (video_frames[key] + n) / fps,
-                    }
-                    video_bytes[key] += size
-                    video_frames[key] += n
-                stats = {STATE_KEY: vector_stats(ep.state), ACTION_KEY: vector_stats(ep.action), **ep.camera_stats}
-                stats.update({k: vector_stats(v) for k, v in columns.items()})
-                all_stats.append(stats)
-                row |= {"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}
-                row |= {f"stats/{feature}/{name}": np.asarray(v).tolist() for feature, s in stats.items() for name, v in s.items()}
-                rows.append(row)
-        finally:
-            if writer is not None:
-                writer.close()
-        first_video: dict[str, Path] = {}
-        lengths = [len(ep.state) for _, ep, *_ in episodes]
-        for key, files in video_files.items():
-            k = 0
-            for (chunk, file), sources in files:
-                path = root / V30_VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                counts = concat_videos(sources, path, fps)
-                if counts != lengths[k:k + len(sources)]:
-                    raise ConversionError(f"video {key} holds {counts} frames per episode, expected {lengths[k:k + len(sources)]}", path)
-                k += len(sources)
-                for p in sources:
-                    p.unlink()
-                first_video.setdefault(key, path)
-        episodes_path = root / V30_EPISODES_PATH.format(chunk_index=0, file_index=0)
-        episodes_path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows), episodes_path)
-        _write_tasks_parquet(root / V30_TASKS_PATH, [self.task])
-        write_text_atomic(root / STATS_PATH, json.dumps(_jsonable(aggregate_stats(all_stats)), indent=4) + "\n")
-        return first_video
-
-
-def _write_tasks_parquet(path: Path, tasks: list[str]) -> None:
-    """``meta/tasks.parquet`` as lerobot 0.4 writes it: a pandas frame indexed by the task text, with a
-    ``task_index`` column (the pandas metadata makes ``pandas.read_parquet`` restore that index)."""
-    pandas_meta = {
-        "index_columns": ["__index_level_0__"],
-        "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
-                            "metadata": {"encoding": "UTF-8"}}],
-        "columns": [
-            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64", "metadata": None},
-            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object", "metadata": None},
-        ],
-        "creator": {"library": "pyarrow", "version": pa.__version__},
-        "pandas_version": "2.2.3",
-    }
-    table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), "__index_level_0__": pa.array(tasks, pa.string())})
-    pq.write_table(table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()}), path)
