@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +23,24 @@ from dpflow_core.export.stats import aggregate_stats, vector_stats
 from dpflow_core.export.video import concat_videos
 from dpflow_core.files import write_text_atomic
 
-if TYPE_CHECKING:
-    from dpflow_core.export.writer import LeRobotWriter
+
+
+@dataclass(frozen=True)
+class V30Layout:
+    """What the v3.0 files depend on besides the episodes.
+
+    Attributes:
+        task: the task text of every episode.
+        camera_keys: the video feature keys.
+        chunks_size: files per chunk folder.
+        data_files_size_in_mb, video_files_size_in_mb: the size a data / video file may reach, MB.
+    """
+
+    task: str
+    camera_keys: tuple[str, ...]
+    chunks_size: int
+    data_files_size_in_mb: float
+    video_files_size_in_mb: float
 
 
 def _next_file(chunks_size: int, chunk: int, file: int) -> tuple[int, int]:
@@ -36,11 +52,11 @@ def _jsonable(stats) -> dict:
     return {key: {k: np.asarray(v).tolist() for k, v in s.items()} for key, s in stats.items()}
 
 
-def write_v30(owner: "LeRobotWriter", root: Path, fps: float, episodes: list) -> dict[str, Path]:
-    """Write the v3.0 files of ``owner``'s episodes into ``root``; return the first video file per key.
+def write_v30(owner: V30Layout, root: Path, fps: float, episodes: list) -> dict[str, Path]:
+    """Write the v3.0 files of the episodes into ``root``; return the first video file per key.
 
     Args:
-        owner: the :class:`~dpflow_core.export.writer.LeRobotWriter` (task, cameras, chunk and size limits).
+        owner: task, cameras, chunk and size limits.
         root: the temporary dataset folder.
         fps: the dataset's frame rate, Hz.
         episodes: per episode ``(episode_index, episode, data table, index columns, first global index)``.

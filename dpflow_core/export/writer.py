@@ -38,7 +38,7 @@ from dpflow_core.export.features import (
     V30_VIDEO_PATH, VIDEO_FILES_SIZE_IN_MB, VIDEO_PATH, episode_actions, measured_fps, with_rotation,
 )
 from dpflow_core.export.stats import camera_stats
-from dpflow_core.export.v30 import write_v30
+from dpflow_core.export.v30 import V30Layout, write_v30
 from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
 from dpflow_core.files import write_text_atomic
 
@@ -260,11 +260,6 @@ class LeRobotWriter:
     def __len__(self) -> int:
         return len(self._episodes)
 
-    @property
-    def camera_keys(self) -> list[str]:
-        """The video feature keys, in the order the first episode gave them."""
-        return list(self._camera_shapes)
-
     def add_episode(
         self,
         state: np.ndarray,
@@ -404,7 +399,9 @@ class LeRobotWriter:
             episodes.append((ep_index, ep, table, columns, start))
             start += n
         if self.codebase_version == V30_VERSION:
-            first_video = write_v30(self, root, fps, episodes)
+            layout = V30Layout(self.task, tuple(self._camera_shapes), self.chunks_size,
+                               self.data_files_size_in_mb, self.video_files_size_in_mb)
+            first_video = write_v30(layout, root, fps, episodes)
         else:
             first_video = self._write_v21(root, fps, episodes)
         n_episodes = len(self._episodes)
