@@ -67,9 +67,11 @@ def test_assets_export_then_reuse(paired, tmp_path):
     assert again.success and again.output_for_node("lerobot_dataset") == value
     assert again.asset_materializations_for_node("lerobot_dataset")[0].metadata["reused"].value is True
 
-    other = _run(paired, tmp_path)  # next_state actions: another folder, the first export untouched
+    other = _run(paired, tmp_path, format="v2.1")  # next_state actions, v2.1: another folder, the first untouched
     assert other.success
     other_path = Path(other.output_for_node("lerobot_dataset")["path"])
+    assert other.output_for_node("lerobot_dataset")["codebase_version"] == "v2.1"
+    assert json.loads((other_path / "meta/info.json").read_text())["codebase_version"] == "v2.1"
     assert other_path != path and sorted(p.name for p in (tmp_path / "lerobot" / "wipe_table").iterdir()) == sorted(
         [path.name, other_path.name])
     assert np.isfinite(lr.compute_openpi_norm_stats(other_path)["state"].std).all()
