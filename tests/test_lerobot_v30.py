@@ -189,3 +189,27 @@ def test_rot6d_state_and_actions(tmp_path, rule):
         np.testing.assert_allclose(action[n - 1, 3:9], [1, 0, 0, 0, 1, 0], atol=1e-7)
     stats = lr.compute_openpi_norm_stats(out, action_horizon=5, batch_size=8, delta_action_mask=[True] * 9 + [False])
     assert stats["state"].mean.shape == stats["actions"].q99.shape == (10,)
+
+
+def test_video_files_roll_over_at_their_size_limit(tmp_path):
+    """A tiny video_files_size_in_mb: every episode starts a new video file at from_timestamp 0, and each
+    file holds exactly its episode's frames; the data stays in one file."""
+    import av
+
+    out = tmp_path / "ds"
+    episodes = _episodes()
+    with lr.LeRobotWriter(out, "pick", codebase_version="v3.0", video_files_size_in_mb=1e-6, chunks_size=2) as writer:
+        for k, (s, f, t) in enumerate(episodes):
+            writer.add_episode(s, {lr.CAMERA_KEY: f}, t, stem=f"ep{k}")
+        result = writer.finish()
+    index = pq.read_table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    key = lr.CAMERA_KEY
+    # chunks_size 2: the third file opens chunk-001 (lerobot's update_chunk_file_indices)
+    assert [(e[f"videos/{key}/chunk_index"], e[f"videos/{key}/file_index"]) for e in index] == [(0, 0), (0, 1), (1, 0)]
+    assert [e[f"videos/{key}/from_timestamp"] for e in index] == [0.0, 0.0, 0.0]
+    assert [e["data/file_index"] for e in index] == [0, 0, 0]
+    for e, (s, _, _) in zip(index, episodes):
+        path = out / f"videos/{key}/chunk-{e[f'videos/{key}/chunk_index']:03d}/file-{e[f'videos/{key}/file_index']:03d}.mp4"
+        with av.open(str(path)) as c:
+            assert sum(1 for _ in c.decode(video=0)) == len(s)
+        assert e[f"videos/{key}/to_timestamp"] == pytest.approx(len(s) / result.fps, rel=1e-12)
