@@ -37,14 +37,17 @@ def _histogram(column: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
     (the arithmetic in the column's dtype, as lerobot does it).
 
     Uniform edges take numpy's equal-bins path (it corrects for rounding at the edges, so the counts equal
-    those of the explicit edges) unless rounding has made the range empty.
+    those of the explicit edges) unless rounding has made the range empty or too narrow for it.
     """
     lo, hi = column.min(), column.max()
     first, last = lo - 1e-10, hi + 1e-10
     edges = np.linspace(first, last, bins + 1)
     if first < last:
-        counts, uniform = np.histogram(column, bins=bins, range=(first, last))
-        if np.array_equal(uniform, edges):
+        try:
+            counts, uniform = np.histogram(column, bins=bins, range=(first, last))
+        except ValueError:  # a range too narrow for finite equal bins in this dtype
+            uniform = None
+        if uniform is not None and np.array_equal(uniform, edges):
             return counts, edges
     return np.histogram(column, bins=edges)[0], edges
 
