@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/system-packages.sh
 scripts/setup.sh
+scripts/setup-lerobot.sh
 exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

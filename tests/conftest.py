@@ -25,6 +25,8 @@ INSTALL = {
     "rsync": "apt-get install -y rsync",
     "slurm": "apt-get install -y slurm-wlm munge (the tests start their own cluster as root)",
     "netns": "apt-get install -y iproute2, and run the tests as root",
+    "lerobot 0.4.4": "scripts/setup-lerobot.sh (makes .venv-lerobot-0.4)",
+    "lerobot 0.3.3": "scripts/setup-lerobot.sh (makes .venv-lerobot-0.3)",
 }
 
 

@@ -1,10 +1,10 @@
 """LeRobot v2.1 writer and openpi norm stats: layout, values, fail-fast errors, no network.
 
-lerobot itself is not installed in the test environment: `pip install --dry-run
-lerobot==0.3.3` (the last release writing v2.1) would replace torch 2.13 CPU by
-torch 2.7.1 with CUDA libraries. The schema tests below check the documented v2.1
-layout and the rules LeRobot's loader enforces (timestamps 1/fps apart within
-1e-4 s, video frames at those timestamps, per-episode stats shapes).
+The schema tests below check the documented v2.1 layout and the rules LeRobot's loader
+enforces (timestamps 1/fps apart within 1e-4 s, video frames at those timestamps,
+per-episode stats shapes); tests/test_lerobot_consumers.py reads the same kind of
+dataset with lerobot 0.3.3 itself. openpi's norm stats are compared with
+:func:`openpi_reference`, a transcription of openpi's ``compute_norm_stats``.
 """
 
 from __future__ import annotations
@@ -54,10 +54,11 @@ def frame_times(n: int, hz: float, seed: int) -> np.ndarray:
     return np.arange(n) / hz + jitter - jitter[0]
 
 
-def write_dataset(out: Path, lengths=(40, 33, 51), freqs=(29.97, 30.02, 29.99), rule="next_state", task="pick the cup"):
+def write_dataset(out: Path, lengths=(40, 33, 51), freqs=(29.97, 30.02, 29.99), rule="next_state", task="pick the cup",
+                  version="v2.1", **writer_options):
     """Write a dataset; return (export result, states, frames, frame times)."""
     states, frames, times = [], [], []
-    with lr.LeRobotWriter(out, task, rule) as writer:
+    with lr.LeRobotWriter(out, task, rule, codebase_version=version, **writer_options) as writer:
         for k, (n, f) in enumerate(zip(lengths, freqs)):
             s, fr = synthetic_episode(n, k)
             t = frame_times(n, f, k)
@@ -119,7 +120,7 @@ def test_measured_fps_is_one_over_the_median_interval():
 
 def test_episodes_off_the_dataset_rate_are_left_out(tmp_path):
     out = tmp_path / "ds"
-    with lr.LeRobotWriter(out, "task") as writer:
+    with lr.LeRobotWriter(out, "task", codebase_version="v2.1") as writer:
         for k, hz in enumerate((30.0, 30.1, 15.0)):
             s, fr = synthetic_episode(20, k)
             writer.add_episode(s, {lr.CAMERA_KEY: fr}, frame_times(20, hz, k), stem=f"ep{k}")
@@ -204,12 +205,13 @@ def test_parquet_columns_and_timestamps_pass_lerobots_sync_rule(dataset):
         table = pq.read_table(out / f"data/chunk-000/episode_{k:06d}.parquet")
         assert table.column_names == ["observation.state", "action", "timestamp", "frame_index",
                                       "episode_index", "index", "task_index"]
-        assert table.schema.field("observation.state").type == pa.list_(pa.float32())
+        # lerobot's datasets.Sequence(length=7, float32) is arrow's fixed_size_list<float32>[7]
+        assert table.schema.field("observation.state").type == pa.list_(pa.float32(), 7)
         assert table.schema.field("timestamp").type == pa.float32()
         n = len(s)
-        state = np.stack(table.column("observation.state").to_numpy(zero_copy_only=False))
+        state = table.column("observation.state").combine_chunks().flatten().to_numpy().reshape(n, 7)
         np.testing.assert_array_equal(state, s)
-        action = np.stack(table.column("action").to_numpy(zero_copy_only=False))
+        action = table.column("action").combine_chunks().flatten().to_numpy().reshape(n, 7)
         np.testing.assert_array_equal(action, lr.episode_actions(s, "next_state"))
         assert table.column("frame_index").to_pylist() == list(range(n))
         assert table.column("episode_index").to_pylist() == [k] * n
@@ -252,7 +254,7 @@ def test_writer_refuses_an_existing_folder_and_cleans_up_on_error(tmp_path):
     state, frames = synthetic_episode(5, 0)
     t = frame_times(5, 30, 0)
     with pytest.raises(ConversionError, match="camera"):
-        with lr.LeRobotWriter(out2, "task") as writer:
+        with lr.LeRobotWriter(out2, "task", codebase_version="v2.1") as writer:
             writer.add_episode(state, {lr.CAMERA_KEY: frames}, t)
             writer.add_episode(state, {lr.CAMERA_KEY: frames[:, :32]}, t)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
@@ -261,28 +263,82 @@ def test_writer_refuses_an_existing_folder_and_cleans_up_on_error(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
 
 
-def test_chunks_follow_chunks_size(tmp_path, monkeypatch):
-    monkeypatch.setattr(lr.writer, "CHUNKS_SIZE", 2)
+def test_chunks_follow_chunks_size(tmp_path):
     out = tmp_path / "ds"
-    result, *_ = write_dataset(out, lengths=(5, 6, 7), freqs=(30, 30, 30))
+    result, *_ = write_dataset(out, lengths=(5, 6, 7), freqs=(30, 30, 30), chunks_size=2)
     info = json.loads((out / "meta/info.json").read_text())
     assert info["chunks_size"] == 2 and info["total_chunks"] == 2
     assert (out / "data/chunk-001/episode_000002.parquet").is_file()
     assert (out / "videos/chunk-001/observation.images.camera0/episode_000002.mp4").is_file()
-    assert lr.compute_openpi_norm_stats(out)["state"].mean.shape == (7,)
+    assert lr.compute_openpi_norm_stats(out, batch_size=4)["state"].mean.shape == (7,)
 
 
 # --------------------------------------------------------------------------- norm stats
 
 
-def numpy_reference(values: np.ndarray) -> dict[str, list[float]]:
-    v = values.astype(np.float64)
-    return {
-        "mean": v.mean(axis=0).tolist(),
-        "std": v.std(axis=0).tolist(),
-        "q01": np.quantile(v, 0.01, axis=0).tolist(),
-        "q99": np.quantile(v, 0.99, axis=0).tolist(),
-    }
+def assert_stats_close(got: dict, reference: dict) -> None:
+    """norm_stats.json content (key -> mean/std/q01/q99 lists) equal within float32 rounding."""
+    assert set(got) == set(reference)
+    for key, stats in reference.items():
+        assert set(got[key]) == set(stats), key
+        for name, values in stats.items():
+            np.testing.assert_allclose(got[key][name], values, rtol=1e-6, atol=1e-9, err_msg=f"{key}.{name}")
+
+
+class _ReferenceRunningStats:
+    """openpi's ``RunningStats`` (openpi/shared/normalize.py) transcribed: running mean and mean of
+    squares, 5000-bin histograms re-binned by left edges when the range widens, quantile = the left
+    edge of the bin where the cumulative count reaches q * count."""
+
+    def __init__(self):
+        self.n = 0
+
+    def update(self, batch):
+        batch = batch.reshape(-1, batch.shape[-1])
+        if self.n == 0:
+            self.mean, self.sq = batch.mean(0), (batch ** 2).mean(0)
+            self.lo, self.hi = batch.min(0), batch.max(0)
+            self.hist = [np.zeros(5000) for _ in range(batch.shape[1])]
+            self.edges = [np.linspace(self.lo[i] - 1e-10, self.hi[i] + 1e-10, 5001) for i in range(batch.shape[1])]
+        else:
+            lo, hi = np.minimum(self.lo, batch.min(0)), np.maximum(self.hi, batch.max(0))
+            changed = np.any(hi > self.hi) or np.any(lo < self.lo)
+            self.lo, self.hi = lo, hi
+            if changed:
+                for i in range(len(self.hist)):
+                    new = np.linspace(lo[i] - 1e-10, hi[i] + 1e-10, 5001)
+                    self.hist[i] = np.histogram(self.edges[i][:-1], bins=new, weights=self.hist[i])[0]
+                    self.edges[i] = new
+        self.n += len(batch)
+        self.mean += (batch.mean(0) - self.mean) * (len(batch) / self.n)
+        self.sq += ((batch ** 2).mean(0) - self.sq) * (len(batch) / self.n)
+        for i in range(batch.shape[1]):
+            self.hist[i] += np.histogram(batch[:, i], bins=self.edges[i])[0]
+
+    def result(self):
+        q = [[float(e[np.searchsorted(np.cumsum(h), p * self.n)]) for h, e in zip(self.hist, self.edges)] for p in (0.01, 0.99)]
+        return {"mean": self.mean.tolist(), "std": np.sqrt(np.maximum(0, self.sq - self.mean ** 2)).tolist(),
+                "q01": q[0], "q99": q[1]}
+
+
+def openpi_reference(states, actions, horizon=50, batch_size=32, mask=None) -> dict[str, dict[str, list[float]]]:
+    """openpi's compute_norm_stats on per-episode float32 arrays: frames in order, each with its state and
+    the actions of frames t .. t+horizon-1 (clamped to the episode's last frame, as lerobot pads),
+    ``DeltaActions(mask)`` applied, batches of ``batch_size`` frames, the last partial batch dropped."""
+    frames = []
+    for s, a in zip(states, actions):
+        for t in range(len(s)):
+            chunk = np.stack([a[min(t + k, len(s) - 1)] for k in range(horizon)]).astype(np.float32)
+            if mask is not None:
+                m = np.asarray(mask)
+                chunk[:, :len(m)] -= np.where(m, s[t, :len(m)], 0).astype(np.float32)
+            frames.append((s[t].astype(np.float32), chunk))
+    stats = {"state": _ReferenceRunningStats(), "actions": _ReferenceRunningStats()}
+    for b in range(len(frames) // batch_size):
+        batch = frames[b * batch_size:(b + 1) * batch_size]
+        stats["state"].update(np.stack([f[0] for f in batch]))
+        stats["actions"].update(np.stack([f[1] for f in batch]))
+    return {k: v.result() for k, v in stats.items()}
 
 
 def test_openpi_norm_stats_equal_the_numpy_reference(dataset, tmp_path):
@@ -291,17 +347,15 @@ def test_openpi_norm_stats_equal_the_numpy_reference(dataset, tmp_path):
     assert path == tmp_path / "assets" / "norm_stats.json"
     data = json.loads(path.read_text())
     assert set(data) == {"norm_stats"} and set(data["norm_stats"]) == {"state", "actions"}
-    state = np.concatenate(states)
-    actions = np.concatenate([lr.episode_actions(s, "next_state") for s in states])
-    assert data["norm_stats"]["state"] == numpy_reference(state)
-    assert data["norm_stats"]["actions"] == numpy_reference(actions)
+    reference = openpi_reference(states, [lr.episode_actions(s, "next_state") for s in states])
+    assert_stats_close(data["norm_stats"], reference)
     mtime = path.stat().st_mtime_ns
     assert lr.write_openpi_norm_stats(out, path) == path and path.stat().st_mtime_ns == mtime  # same content kept
     path.write_text(path.read_text().replace("1", "2"))
     with pytest.raises(DatasetError, match="different norm stats file already exists"):
         lr.write_openpi_norm_stats(out, path)
     lr.write_openpi_norm_stats(out, path, overwrite=True)
-    assert json.loads(path.read_text())["norm_stats"]["state"] == numpy_reference(state)
+    assert_stats_close(json.loads(path.read_text())["norm_stats"], reference)
 
 
 def test_norm_stats_never_open_a_video(dataset, tmp_path):
@@ -317,9 +371,9 @@ def test_norm_stats_never_open_a_video(dataset, tmp_path):
 def test_delta_rule_dataset_stats(tmp_path):
     out = tmp_path / "ds"
     _, states, _, _ = write_dataset(out, lengths=(20, 25), freqs=(30, 30), rule="delta")
-    stats = lr.compute_openpi_norm_stats(out)
-    actions = np.concatenate([lr.episode_actions(s, "delta") for s in states]).astype(np.float64)
-    assert stats["actions"].mean.tolist() == actions.mean(0).tolist()
+    stats = lr.compute_openpi_norm_stats(out, action_horizon=4, batch_size=5)
+    reference = openpi_reference(states, [lr.episode_actions(s, "delta") for s in states], horizon=4, batch_size=5)
+    assert_stats_close({k: v.to_json() for k, v in stats.items()}, reference)
 
 
 def test_openpi_style_feature_names_are_accepted(dataset, tmp_path):
@@ -413,7 +467,7 @@ def test_rows_of_another_episode_are_found_and_the_file_named(dataset, tmp_path)
     t = pq.read_table(p)
     t = t.set_column(t.column_names.index("episode_index"), "episode_index", pa.array([1] * t.num_rows, pa.int64()))
     pq.write_table(t, p)
-    with pytest.raises(DatasetError, match=r"episode_index column holds \[1\], expected 2") as exc:
+    with pytest.raises(DatasetError, match=r"episode_index column holds \[1\], expected \[2\]") as exc:
         lr.compute_openpi_norm_stats(copy)
     assert exc.value.path == str(p)
 
@@ -476,10 +530,9 @@ def test_norm_stats_finish_without_network(dataset):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["attempts"] == 0
-    state = np.concatenate(states).astype(np.float64)
-    assert result["state_mean"] == state.mean(0).tolist()
-    actions = np.concatenate([lr.episode_actions(s, "next_state") for s in states]).astype(np.float64)
-    assert result["actions_q99"] == np.quantile(actions, 0.99, axis=0).tolist()
+    reference = openpi_reference(states, [lr.episode_actions(s, "next_state") for s in states])
+    assert result["state_mean"] == pytest.approx(reference["state"]["mean"], rel=1e-6)
+    assert result["actions_q99"] == pytest.approx(reference["actions"]["q99"], rel=1e-6)
 
 
 @pytest.mark.parametrize("command", [["norm-stats", "--format", "openpi"], ["lerobot-norm-stats"]])

@@ -52,7 +52,7 @@ def test_assets_export_then_reuse(paired, tmp_path):
     path = Path(value["path"])
     key = lr.export_key(paired["manifest_path"], "wipe the table", action_rule="delta")
     assert path == tmp_path / "lerobot" / "wipe_table" / key[:16]
-    assert value["export_key"] == key and value["codebase_version"] == "v2.1"
+    assert value["export_key"] == key and value["codebase_version"] == "v3.0"
     assert value["n_episodes"] == 2 and value["image_size"] == [96, 64] and value["action_rule"] == "delta"
     info = json.loads((path / "meta/info.json").read_text())
     assert info["total_frames"] == value["total_frames"] and info["fps"] == value["fps"]
@@ -67,9 +67,11 @@ def test_assets_export_then_reuse(paired, tmp_path):
     assert again.success and again.output_for_node("lerobot_dataset") == value
     assert again.asset_materializations_for_node("lerobot_dataset")[0].metadata["reused"].value is True
 
-    other = _run(paired, tmp_path)  # next_state actions: another folder, the first export untouched
+    other = _run(paired, tmp_path, format="v2.1")  # next_state actions, v2.1: another folder, the first untouched
     assert other.success
     other_path = Path(other.output_for_node("lerobot_dataset")["path"])
+    assert other.output_for_node("lerobot_dataset")["codebase_version"] == "v2.1"
+    assert json.loads((other_path / "meta/info.json").read_text())["codebase_version"] == "v2.1"
     assert other_path != path and sorted(p.name for p in (tmp_path / "lerobot" / "wipe_table").iterdir()) == sorted(
         [path.name, other_path.name])
     assert np.isfinite(lr.compute_openpi_norm_stats(other_path)["state"].std).all()

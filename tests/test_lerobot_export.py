@@ -9,6 +9,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -54,16 +55,28 @@ def test_export_reuses_align_episode_frame_for_frame(manifest_path, exported):
     assert info["fps"] == pytest.approx(fps, rel=1e-12) and 29.5 < info["fps"] < 30.5
     assert info["total_episodes"] == 3 and info["total_frames"] == sum(len(a) for a in aligned)
     assert info["features"]["observation.images.camera0"]["shape"] == [120, 160, 3]
-    tasks = [json.loads(x) for x in (out / "meta/tasks.jsonl").read_text().splitlines()]
-    assert tasks == [{"task_index": 0, "task": "pick_place"}]
+    tasks = pq.read_table(out / "meta/tasks.parquet").to_pylist()
+    assert tasks == [{"task_index": 0, "__index_level_0__": "pick_place"}]
+    table = pq.read_table(out / "data/chunk-000/file-000.parquet")
+    assert pq.ParquetFile(out / "data/chunk-000/file-000.parquet").metadata.num_row_groups == 3  # one per episode
+    episodes = pq.read_table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    ep_col = table.column("episode_index").to_numpy()
+    with av.open(str(out / "videos/observation.images.camera0/chunk-000/file-000.mp4")) as c:
+        s = c.streams.video[0]
+        decoded = [(float(f.pts * s.time_base), f.to_ndarray(format="rgb24")) for f in c.decode(s)]
+    video_t = np.array([t for t, _ in decoded])
     for k, a in enumerate(aligned):
-        table = pq.read_table(out / f"data/chunk-000/episode_{k:06d}.parquet")
-        state = np.stack(table.column("observation.state").to_numpy(zero_copy_only=False))
+        rows = table.filter(pa.array(ep_col == k))
+        state = rows.column("observation.state").combine_chunks().flatten().to_numpy().reshape(-1, 7)
         expected = np.concatenate([a.eef_pos, a.eef_rot_axis_angle, a.gripper_width], axis=1)
         np.testing.assert_array_equal(state, expected)
-        np.testing.assert_array_equal(np.stack(table.column("action").to_numpy(zero_copy_only=False))[:-1], expected[1:])
-        with av.open(str(out / f"videos/chunk-000/observation.images.camera0/episode_{k:06d}.mp4")) as c:
-            frames = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)]).astype(np.float64)
+        action = rows.column("action").combine_chunks().flatten().to_numpy().reshape(-1, 7)
+        np.testing.assert_array_equal(action[:-1], expected[1:])
+        ep = episodes[k]
+        assert ep["dataset_to_index"] - ep["dataset_from_index"] == len(a) == ep["length"]
+        inside = (video_t >= ep["videos/observation.images.camera0/from_timestamp"] - 1e-4) & (
+            video_t < ep["videos/observation.images.camera0/to_timestamp"] - 1e-4)
+        frames = np.stack([f for (_, f), keep in zip(decoded, inside) if keep]).astype(np.float64)
         assert frames.shape == a.rgb.shape
         psnr = 10 * np.log10(255**2 / np.mean((frames - a.rgb) ** 2))
         assert psnr > 30, f"episode {k}: PSNR {psnr:.1f} dB"
@@ -83,14 +96,17 @@ def test_provenance_records_inputs_and_alignment(manifest_path, exported):
 
 
 def test_norm_stats_of_the_export(exported):
-    out, _ = exported
-    stats = lr.compute_openpi_norm_stats(out)
-    state = np.concatenate(
-        [np.stack(pq.read_table(p).column("observation.state").to_numpy(zero_copy_only=False))
-         for p in sorted((out / "data").rglob("*.parquet"))]
-    ).astype(np.float64)
-    assert stats["state"].mean.tolist() == state.mean(0).tolist()
-    assert stats["state"].q01.tolist() == np.quantile(state, 0.01, axis=0).tolist()
+    from test_lerobot import assert_stats_close, openpi_reference
+
+    out, result = exported
+    assert result.codebase_version == "v3.0"
+    stats = lr.compute_openpi_norm_stats(out, action_horizon=10, batch_size=16)
+    table = pq.read_table(out / "data/chunk-000/file-000.parquet")
+    ep = table.column("episode_index").to_numpy()
+    cols = {k: table.column(k).combine_chunks().flatten().to_numpy().reshape(-1, 7) for k in ("observation.state", "action")}
+    per_episode = [[cols[k][ep == e] for e in range(result.n_episodes)] for k in cols]
+    assert_stats_close({k: v.to_json() for k, v in stats.items()},
+                       openpi_reference(*per_episode, horizon=10, batch_size=16))
     assert np.all(stats["state"].q01 <= stats["state"].q99)
 
 
@@ -107,16 +123,16 @@ def test_changed_input_is_skipped_with_its_hash(manifest_path, tmp_path):
 def test_cli_export_with_delta_actions_and_image_size(manifest_path, tmp_path):
     out = tmp_path / "ds"
     cmd = ["dpflow", "export-lerobot", str(manifest_path), "-o", str(out), "--action-rule", "delta",
-           "--image-size", "64,48", "--task-text", "put the cup on the plate", "--workers", "1"]
+           "--image-size", "64,48", "--task-text", "put the cup on the plate", "--workers", "1", "--format", "v2.1"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "3 episodes" in proc.stdout and "skipped pick_place_0003: low_coverage" in proc.stderr
+    assert "LeRobot v2.1, 3 episodes" in proc.stdout and "skipped pick_place_0003: low_coverage" in proc.stderr
     info = json.loads((out / "meta/info.json").read_text())
     assert info["features"]["observation.images.camera0"]["shape"] == [48, 64, 3]
     assert json.loads((out / "meta/tasks.jsonl").read_text())["task"] == "put the cup on the plate"
     table = pq.read_table(out / "data/chunk-000/episode_000000.parquet")
-    state = np.stack(table.column("observation.state").to_numpy(zero_copy_only=False))
-    action = np.stack(table.column("action").to_numpy(zero_copy_only=False))
+    state = table.column("observation.state").combine_chunks().flatten().to_numpy().reshape(-1, 7)
+    action = table.column("action").combine_chunks().flatten().to_numpy().reshape(-1, 7)
     np.testing.assert_allclose(action[:-1, :3], np.diff(state[:, :3], axis=0), atol=1e-6)
     assert not action[-1].any()
     again = subprocess.run(cmd, capture_output=True, text=True)
@@ -128,6 +144,8 @@ def test_bad_options_fail_before_any_work(manifest_path, tmp_path):
         lr.export_lerobot(manifest_path, tmp_path / "a", image_size=(63, 48))
     with pytest.raises(ConversionError, match="unknown action rule"):
         lr.export_lerobot(manifest_path, tmp_path / "b", action_rule="velocity")
+    with pytest.raises(ConversionError, match="unknown LeRobot format 'v2.0'"):
+        lr.export_lerobot(manifest_path, tmp_path / "c", codebase_version="v2.0")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -137,6 +155,7 @@ def test_reuse_existing_returns_the_same_export_and_refuses_another(manifest_pat
     assert result.export_key == key and len(key) == 64
     assert lr.export_key(manifest_path, action_rule="delta") != key
     assert lr.export_key(manifest_path, task_text="other task") != key
+    assert lr.export_key(manifest_path, codebase_version="v2.1") != key
     again = lr.export_lerobot(manifest_path, out, reuse_existing=True)
     assert again.reused and again.export_key == key
     assert (again.fps, again.stems, again.total_frames, again.image_size) == (

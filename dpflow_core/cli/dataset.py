@@ -110,16 +110,21 @@ def norm_stats_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write (default: beside the dataset)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing norm stats file."),
     fmt: str = typer.Option(
-        "npz", "--format", help="npz: DATASET is a dataset.npz; openpi: DATASET is a LeRobot v2.1 folder (openpi norm_stats.json)."
+        "npz", "--format", help="npz: DATASET is a dataset.npz; openpi: DATASET is a LeRobot v3.0 or v2.1 folder (openpi norm_stats.json)."
+    ),
+    action_horizon: int = typer.Option(50, "--action-horizon", help="openpi only: model.action_horizon (pi0: 50)."),
+    batch_size: int = typer.Option(32, "--batch-size", help="openpi only: batch_size (32); partial batches dropped as openpi does."),
+    delta_actions: Optional[str] = typer.Option(
+        None, "--delta-actions", help="openpi only: DeltaActions mask as make_bool_mask counts, e.g. 6,-1."
     ),
 ) -> None:
     """Compute per-key mean/std/min/max/q01/q99 of a dataset's low-dimensional members."""
     from rich.console import Console
     from rich.table import Table
     if fmt == "openpi":
-        from dpflow_core.export import write_openpi_norm_stats
+        from dpflow_core.cli.lerobot import write_openpi
 
-        typer.echo(str(write_openpi_norm_stats(dataset, output, overwrite=overwrite)))
+        write_openpi(dataset, output, overwrite, None, action_horizon, batch_size, delta_actions)
         return
     if fmt != "npz":
         raise ConversionError(f"--format must be npz or openpi, got {fmt!r}", code="bad_option")

@@ -1,4 +1,4 @@
-"""LeRobot v2.1 export and openpi-style norm stats (formats.md section 4).
+"""LeRobot v3.0 and v2.1 exports and openpi norm stats (formats.md section 4).
 
 pi0 / openpi and LeRobot users train from a LeRobot dataset, and their chain is
 convert -> LeRobot dataset -> compute norm stats -> train. The statistics step
@@ -9,7 +9,10 @@ a Hub download is attempted. Here the chain is explicit:
 * :func:`export_lerobot` decodes and aligns each accepted episode of a pairing
   manifest with :func:`dpflow_core.conversion.align_episode` (the same code as
   the ``dataset.npz`` conversion, in worker processes) and writes a LeRobot
-  v2.1 dataset with :class:`LeRobotWriter`::
+  dataset with :class:`LeRobotWriter`: v3.0 by default (lerobot >= 0.4: many
+  episodes per data and video file, ``meta/episodes/``, ``meta/tasks.parquet``,
+  ``meta/stats.json`` with quantiles; see :mod:`.writer`), or v2.1 (lerobot 0.3,
+  openpi)::
 
       meta/info.json              codebase_version "v2.1", fps, features, totals, path templates
       meta/episodes.jsonl         {"episode_index", "tasks": [str], "length"}
@@ -28,7 +31,8 @@ a Hub download is attempted. Here the chain is explicit:
 
 * :func:`compute_openpi_norm_stats` reads only the parquet columns of the state
   and the actions (never a video) and returns openpi's ``norm_stats.json``
-  content: mean, std, q01, q99 per dimension. It validates ``meta/info.json``
+  content: mean, std, q01, q99 per dimension, as openpi's ``compute_norm_stats``
+  computes them (:func:`openpi_norm_stats`). It validates ``meta/info.json``
   first and fails at once, naming the file and the field, when the dataset was
   not converted, has another ``codebase_version``, inconsistent features or no
   frames. Nothing here opens a network connection.
@@ -49,10 +53,6 @@ from dpflow_core._lazy import lazy_exports
 # Names are imported from their module on first use (PEP 562): importing one submodule, or this
 # package, does not load the others and their dependencies.
 __getattr__, __dir__ = lazy_exports(__name__, {
-    'export_key': 'export',
-    'export_lerobot': 'export',
-    'load_export': 'export',
-    'parse_image_size': 'export',
     'ACTION_KEY': 'features',
     'ACTION_RULES': 'features',
     'CAMERA_KEY': 'features',
@@ -73,14 +73,18 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     'episode_actions': 'features',
     'episode_state': 'features',
     'measured_fps': 'features',
-    'NormStats': 'openpi',
-    'compute_openpi_norm_stats': 'openpi',
-    'norm_stats_of': 'openpi',
-    'write_openpi_norm_stats': 'openpi',
-    'LeRobotLayout': 'validation',
-    'read_lowdim': 'validation',
-    'validate_lerobot_dataset': 'validation',
+    'FORMATS': 'features',
+    'STATS_PATH': 'features',
+    'V30_DATA_PATH': 'features',
+    'V30_EPISODES_PATH': 'features',
+    'V30_TASKS_PATH': 'features',
+    'V30_VERSION': 'features',
+    'V30_VIDEO_PATH': 'features',
+    'aggregate_stats': 'stats',
+    'camera_stats': 'stats',
+    'vector_stats': 'stats',
     'VideoSpec': 'video',
+    'concat_videos': 'video',
     'encode_video': 'video',
     'retime_video': 'video',
     'video_info': 'video',
@@ -88,6 +92,20 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     'LeRobotWriter': 'writer',
     'feature_stats': 'writer',
     'image_stats': 'writer',
+    'export_key': 'export',
+    'export_lerobot': 'export',
+    'load_export': 'export',
+    'parse_image_size': 'export',
+    'LeRobotLayout': 'validation',
+    'read_lowdim': 'validation',
+    'validate_lerobot_dataset': 'validation',
+    'NormStats': 'openpi',
+    'RunningStats': 'openpi',
+    'action_chunks': 'openpi',
+    'compute_openpi_norm_stats': 'openpi',
+    'norm_stats_of': 'openpi',
+    'openpi_norm_stats': 'openpi',
+    'write_openpi_norm_stats': 'openpi',
 })
 
 __all__ = [
@@ -97,5 +115,7 @@ __all__ = [
     "NormStats", "VideoSpec", "compute_openpi_norm_stats", "encode_video", "episode_actions", "episode_state",
     "export_key", "export_lerobot", "feature_stats", "image_stats", "load_export", "measured_fps", "norm_stats_of",
     "parse_image_size", "read_lowdim", "retime_video", "validate_lerobot_dataset", "video_info",
-    "write_openpi_norm_stats",
+    "write_openpi_norm_stats", "FORMATS", "STATS_PATH", "V30_DATA_PATH", "V30_EPISODES_PATH", "V30_TASKS_PATH",
+    "V30_VERSION", "V30_VIDEO_PATH", "aggregate_stats", "camera_stats", "vector_stats", "concat_videos",
+    "RunningStats", "action_chunks", "openpi_norm_stats",
 ]

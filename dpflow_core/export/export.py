@@ -1,4 +1,4 @@
-"""The export job: a pairing manifest in, a LeRobot v2.1 dataset out.
+"""The export job: a pairing manifest in, a LeRobot dataset (v3.0 or v2.1) out.
 
 Takes a manifest and options (image size, action rule, task text, workers); aligns each accepted
 episode with the conversion's own alignment (worker processes) and writes it with
@@ -26,7 +26,9 @@ from dpflow_core.conversion import (
 )
 from dpflow_core.conversion.jobs import _die_with_parent
 from dpflow_core.errors import ConversionError, DatasetError, DpflowError
-from dpflow_core.export.features import ACTION_RULES, CAMERA_KEY, CODEBASE_VERSION, PROVENANCE_PATH, episode_state
+from dpflow_core.export.features import (
+    ACTION_RULES, CAMERA_KEY, FORMATS, PROVENANCE_PATH, ROTATIONS, V30_VERSION, episode_state,
+)
 from dpflow_core.export.validation import _read_json, validate_lerobot_dataset
 from dpflow_core.export.video import VideoSpec
 from dpflow_core.export.writer import LeRobotExport, LeRobotWriter
@@ -104,7 +106,6 @@ def parse_image_size(value: str) -> tuple[int, int] | None:
 
 def _export_key(inputs: Any, options: dict) -> str:
     doc = {
-        "codebase_version": CODEBASE_VERSION,
         "converter_version": CONVERTER_VERSION,
         "options": options,
         "inputs": sorted([e.stem, e.sha256] for e in inputs.episodes),
@@ -116,14 +117,15 @@ def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> s
     """Content address of the export :func:`export_lerobot` would make (64 hex digits).
 
     SHA-256 of the accepted inputs' stems and ``_vio.mcap`` hashes, the options
-    that change the output (same keywords and defaults as :func:`export_lerobot`),
-    the converter version and the LeRobot format version. Use it to name an
+    that change the output (same keywords and defaults as :func:`export_lerobot`, the
+    LeRobot format ``codebase_version`` among them) and the converter version. Use it to name an
     output folder: equal keys mean the same export of the same bytes.
     """
     inputs = load_inputs(manifest)
     defaults = {
         "action_rule": "next_state", "image_size": None, "invalid_pose_policy": "trim",
         "min_overlap_fraction": 0.5, "frequency_tolerance": 0.05, "topics": DAS_DEFAULT, "video": VideoSpec(),
+        "codebase_version": V30_VERSION, "rotation": "rotvec",
     }
     unknown = set(options) - set(defaults)
     if unknown:
@@ -141,6 +143,8 @@ def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> s
             "frequency_tolerance": o["frequency_tolerance"],
             "topics": {"camera": o["topics"].camera, "pose": o["topics"].pose, "gripper": o["topics"].gripper},
             "video": dataclasses.asdict(o["video"]),
+            "codebase_version": o["codebase_version"],
+            "rotation": o["rotation"],
         },
     )
 
@@ -150,7 +154,7 @@ def load_export(dataset_dir: str | Path) -> LeRobotExport:
 
     Raises:
         DatasetError: ``meta/info.json`` or ``meta/dpflow.json`` is missing or
-            malformed, or the version is not :data:`CODEBASE_VERSION`.
+            malformed, or the version is none of :data:`FORMATS`.
     """
     layout = validate_lerobot_dataset(dataset_dir)
     path = layout.root / PROVENANCE_PATH
@@ -173,6 +177,7 @@ def load_export(dataset_dir: str | Path) -> LeRobotExport:
             stems=[e["stem"] for e in record["episodes"]],
             skipped=dict(record.get("skipped", {})),
             export_key=record.get("export_key"),
+            codebase_version=info["codebase_version"],
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise DatasetError(f"metadata lacks a field: {exc!r}", path, code="bad_metadata") from exc
@@ -193,8 +198,13 @@ def export_lerobot(
     video: VideoSpec = VideoSpec(),
     reuse_existing: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
+    codebase_version: str = V30_VERSION,
+    rotation: str = "rotvec",
 ) -> LeRobotExport:
-    """Export the accepted episodes of a pairing manifest as a LeRobot v2.1 dataset.
+    """Export the accepted episodes of a pairing manifest as a LeRobot dataset, v3.0 (default) or v2.1.
+
+    Both formats come from the same aligned episodes and the same video encoding
+    (:class:`LeRobotWriter`); only the files they are laid out in differ.
 
     The manifest is read by :func:`dpflow_core.conversion.load_inputs` and each
     episode decoded and aligned by :func:`dpflow_core.conversion.align_episode`,
@@ -221,6 +231,9 @@ def export_lerobot(
             :func:`export_key` (same input hashes and options), return it
             (``reused=True``) instead of failing.
         progress: called as ``progress(stem, done, total)`` after each episode.
+        codebase_version: ``"v3.0"`` (lerobot >= 0.4) or ``"v2.1"`` (lerobot 0.3, openpi).
+        rotation: ``"rotvec"`` (7-D state and action, as dataset.npz) or ``"rot6d"`` (10-D; for
+            relative actions, ``action - state``, as openpi's delta transform and lerobot compute them).
 
     Returns:
         The export summary.
@@ -233,6 +246,10 @@ def export_lerobot(
     """
     if action_rule not in ACTION_RULES:
         raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
+    if codebase_version not in FORMATS:
+        raise ConversionError(f"unknown LeRobot format {codebase_version!r}; use one of {', '.join(FORMATS)}", code="bad_option")
+    if rotation not in ROTATIONS:
+        raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
     if invalid_pose_policy not in INVALID_POSE_POLICIES:
         raise ConversionError(
             f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
@@ -253,6 +270,8 @@ def export_lerobot(
         "frequency_tolerance": frequency_tolerance,
         "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
         "video": dataclasses.asdict(video),
+        "codebase_version": codebase_version,
+        "rotation": rotation,
     }
     key = _export_key(inputs, options)
     if Path(out_dir).exists():
@@ -272,7 +291,8 @@ def export_lerobot(
                               source, code="no_valid_episodes")
     skipped: dict[str, str] = {}
     n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
-    with LeRobotWriter(out_dir, task, action_rule, video=video) as writer:
+    with LeRobotWriter(out_dir, task, action_rule, video=video, codebase_version=codebase_version,
+                       rotation=rotation) as writer:
         rgb_dir = writer.staging_dir / "frames"
         rgb_dir.mkdir()
         jobs = [

@@ -1,8 +1,8 @@
-"""The LeRobot v2.1 layout: paths, feature keys, and the state and action of each frame.
+"""The LeRobot v3.0 and v2.1 layouts: paths, feature keys, and the state and action of each frame.
 
 Takes an episode's aligned end-effector pose (position m, rotation vector rad) and gripper width (m);
 gives the 7-float32 state ``[x, y, z, rx, ry, rz, gripper_width]`` and the action by one of
-:data:`ACTION_RULES`. Paths and keys follow lerobot 0.3.x (``lerobot/datasets/utils.py``).
+:data:`ACTION_RULES`. Paths and keys follow ``lerobot/datasets/utils.py`` of lerobot 0.3.3 (v2.1) and 0.4.4 (v3.0).
 """
 
 from __future__ import annotations
@@ -15,8 +15,12 @@ from scipy.spatial.transform import Rotation
 from dpflow_core.errors import ConversionError
 
 
-#: The LeRobot dataset format version written and expected by default.
+#: The LeRobot v2.1 format (one parquet file and one video per episode; openpi's pinned lerobot reads it).
 CODEBASE_VERSION = "v2.1"
+#: The LeRobot v3.0 format (many episodes per file; lerobot >= 0.4 reads only this one).
+V30_VERSION = "v3.0"
+#: Formats :func:`export_lerobot` writes; the first is the default.
+FORMATS = (V30_VERSION, CODEBASE_VERSION)
 #: Episodes per chunk folder (LeRobot's default).
 CHUNKS_SIZE = 1000
 INFO_PATH = "meta/info.json"
@@ -27,12 +31,32 @@ EPISODES_STATS_PATH = "meta/episodes_stats.jsonl"
 PROVENANCE_PATH = "meta/dpflow.json"
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+# v3.0 (lerobot 0.4.x): chunk-XXX/file-XXX files, each holding many episodes.
+V30_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+V30_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+V30_EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+V30_EPISODES_DIR = "meta/episodes"
+V30_TASKS_PATH = "meta/tasks.parquet"
+STATS_PATH = "meta/stats.json"
+#: lerobot 0.4.x defaults: files per chunk folder, and the size a data / video file may reach (MB).
+V30_CHUNKS_SIZE = 1000
+DATA_FILES_SIZE_IN_MB = 100
+VIDEO_FILES_SIZE_IN_MB = 200
+#: Quantiles of lerobot 0.4.x statistics (``compute_stats.DEFAULT_QUANTILES``).
+QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
 #: Video feature key of the centre camera (camera0).
 CAMERA_KEY = "observation.images.camera0"
 #: Names of the 7 state (and action) dimensions: metres, radians (rotation vector), metres.
 STATE_NAMES = ("eef_pos_x", "eef_pos_y", "eef_pos_z", "eef_rot_x", "eef_rot_y", "eef_rot_z", "gripper_width")
+#: Names of the 10 dimensions with the rotation as rot6d (``rotation="rot6d"``): metres, the first two
+#: columns of the rotation matrix (:func:`dpflow_core.pose.rotvec_to_rot6d`, the trainer's convention), metres.
+ROT6D_STATE_NAMES = ("eef_pos_x", "eef_pos_y", "eef_pos_z", *(f"eef_rot6d_{i}" for i in range(6)), "gripper_width")
+#: How the end-effector rotation is written in the state and the action: ``rotvec`` (3, a rotation
+#: vector; what the dataset.npz holds) or ``rot6d`` (6, continuous, so that ``action - state`` per
+#: element, the relative actions of lerobot and openpi, stays meaningful near +-pi).
+ROTATIONS = ("rotvec", "rot6d")
 #: ``next_state``: action[t] = state[t+1]; ``delta``: position and gripper differences
 #: state[t+1] - state[t] and the rotation R[t+1] R[t]^-1 as a rotation vector (world
 #: frame). The last frame holds: its action is its own state (``next_state``) or zero (``delta``).
@@ -105,6 +129,31 @@ def episode_actions(state: np.ndarray, rule: str = "next_state") -> np.ndarray:
         action[:, 3:6] = rel.as_rotvec()
     action[-1] = 0.0
     return action.astype(np.float32)
+
+
+def with_rotation(vectors: np.ndarray, rotation: str) -> np.ndarray:
+    """(N, 7) ``[pos, rotvec, width]`` vectors (states or actions) in the chosen rotation.
+
+    Args:
+        vectors: (N, 7) as :func:`episode_state` / :func:`episode_actions` give them.
+        rotation: one of :data:`ROTATIONS`; ``rot6d`` maps the rotation vector (absolute, or the
+            relative rotation of a ``delta`` action) to its 6-D form, so a zero ``delta`` rotation
+            becomes the identity ``[1, 0, 0, 0, 1, 0]``.
+
+    Returns:
+        (N, 7) unchanged for ``rotvec``; (N, 10) float32 ``[pos, rot6d, width]`` for ``rot6d``.
+
+    Raises:
+        ConversionError: for an unknown rotation.
+    """
+    if rotation not in ROTATIONS:
+        raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
+    v = np.asarray(vectors, dtype=np.float32)
+    if rotation == "rotvec":
+        return v
+    from dpflow_core.pose import rotvec_to_rot6d
+
+    return np.concatenate([v[:, :3], rotvec_to_rot6d(v[:, 3:6].astype(np.float64)).astype(np.float32), v[:, 6:]], axis=1)
 
 
 def measured_fps(timestamps_s: Iterable[np.ndarray]) -> float:

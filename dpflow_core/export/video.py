@@ -113,6 +113,59 @@ def retime_video(src: str | Path, dst: str | Path, fps: float) -> int:
         raise ConversionError(f"cannot rewrite video timestamps: {exc}", src) from exc
 
 
+def concat_videos(sources: list[str | Path], dst: str | Path, fps: float) -> list[int]:
+    """Concatenate MP4s without re-encoding (v3.0's many episodes per file), frame k of the result at k / ``fps``.
+
+    Each source must start with a key frame (every :func:`encode_video` output does) and carry
+    the same codec parameters (size, pixel format, SPS/PPS) as the first, so that a decoder
+    seeking to an episode's first frame needs nothing from the episode before.
+
+    Args:
+        sources: the episode videos, in order.
+        dst: the ``.mp4`` to write.
+        fps: frame rate, Hz.
+
+    Returns:
+        The number of frames taken from each source.
+
+    Raises:
+        ConversionError: when a source is unreadable, has no video stream, or its codec
+            parameters differ from the first source's.
+    """
+    ticks = _VIDEO_TIME_BASE.denominator / fps
+    counts: list[int] = []
+    try:
+        with av.open(str(dst), "w", format="mp4") as oc:
+            out = None
+            extradata = None
+            k = 0
+            for src in sources:
+                with av.open(str(src)) as ic:
+                    if not ic.streams.video:
+                        raise ConversionError("no video stream", src)
+                    ins = ic.streams.video[0]
+                    params = (ins.codec_context.extradata, ins.codec_context.width, ins.codec_context.height)
+                    if out is None:
+                        out = oc.add_stream_from_template(ins)
+                        out.time_base = _VIDEO_TIME_BASE
+                        extradata = params
+                    elif params != extradata:
+                        raise ConversionError(f"codec parameters differ from those of {sources[0]}: cannot concatenate", src)
+                    packets = [p for p in ic.demux(ins) if p.size]
+                    rank = np.empty(len(packets), dtype=np.int64)
+                    rank[sorted(range(len(packets)), key=lambda j: packets[j].pts)] = np.arange(len(packets))
+                    for j, packet in enumerate(packets):
+                        packet.pts = packet.dts = round((k + int(rank[j])) * ticks)
+                        packet.time_base = _VIDEO_TIME_BASE
+                        packet.stream = out
+                        oc.mux(packet)
+                    k += len(packets)
+                    counts.append(len(packets))
+    except av.FFmpegError as exc:
+        raise ConversionError(f"cannot concatenate videos: {exc}", dst) from exc
+    return counts
+
+
 def video_info(path: str | Path, fps: float) -> dict:
     """The ``info`` block of a LeRobot video feature, read from the written file.
 

@@ -1,8 +1,19 @@
-"""The LeRobot v2.1 writer: episodes in, a dataset folder out.
+"""The LeRobot writer, v3.0 and v2.1: episodes in, a dataset folder out.
 
-Takes one episode at a time (state, action, timestamps, frames, task text); gives the ``meta/``
-files, one parquet file and one video per episode, and per-episode statistics (min, max, mean, std,
-count, as lerobot's ``compute_stats.py``) in ``meta/episodes_stats.jsonl``.
+Takes one episode at a time (state, action, timestamps, frames, task text); encodes its videos at
+once (one code path for both formats), and at :meth:`LeRobotWriter.finish` gives the dataset in
+the chosen layout:
+
+* v2.1 (lerobot 0.3.x): one parquet file and one video per episode, ``meta/episodes.jsonl``,
+  ``meta/tasks.jsonl`` and per-episode statistics (min, max, mean, std, count, as lerobot 0.3's
+  ``compute_stats.py``) in ``meta/episodes_stats.jsonl``;
+* v3.0 (lerobot 0.4.x): ``data/chunk-XXX/file-XXX.parquet`` holding many episodes (one row group
+  each) up to ``data_files_size_in_mb``, ``videos/<key>/chunk-XXX/file-XXX.mp4`` concatenating
+  episodes up to ``video_files_size_in_mb`` (each episode from a key frame; its place in the file is
+  ``videos/<key>/from_timestamp``/``to_timestamp``), ``meta/tasks.parquet``, the episode index
+  ``meta/episodes/chunk-000/file-000.parquet`` with per-episode statistics (:mod:`.stats`) and
+  ``meta/stats.json`` aggregating them. Layout and column names as lerobot 0.4.4 writes them
+  (``lerobot/datasets/lerobot_dataset.py``, ``utils.py``), read there and written here.
 """
 
 from __future__ import annotations
@@ -21,10 +32,13 @@ import pyarrow.parquet as pq
 
 from dpflow_core.errors import ConversionError
 from dpflow_core.export.features import (
-    ACTION_KEY, ACTION_RULES, CHUNKS_SIZE, CODEBASE_VERSION, DATA_PATH, EPISODES_PATH, EPISODES_STATS_PATH,
-    INDEX_FEATURES, INFO_PATH, PROVENANCE_PATH, ROBOT_TYPE, STATE_KEY, STATE_NAMES, TASKS_PATH, VIDEO_PATH,
-    episode_actions, measured_fps,
+    ACTION_KEY, ACTION_RULES, CHUNKS_SIZE, DATA_FILES_SIZE_IN_MB, DATA_PATH, EPISODES_PATH,
+    EPISODES_STATS_PATH, FORMATS, INDEX_FEATURES, INFO_PATH, PROVENANCE_PATH, ROBOT_TYPE, STATE_KEY, STATE_NAMES,
+    ROT6D_STATE_NAMES, ROTATIONS, TASKS_PATH, V30_CHUNKS_SIZE, V30_DATA_PATH, V30_VERSION,
+    V30_VIDEO_PATH, VIDEO_FILES_SIZE_IN_MB, VIDEO_PATH, episode_actions, measured_fps, with_rotation,
 )
+from dpflow_core.export.stats import camera_stats
+from dpflow_core.export.v30 import V30Layout, write_v30
 from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
 from dpflow_core.files import write_text_atomic
 
@@ -45,6 +59,7 @@ class LeRobotExport:
         skipped: stem -> reason, for episodes left out (not aligned, or off the dataset's frequency).
         export_key: content address of the export (:func:`export_key`), when made from a manifest.
         reused: True when :func:`export_lerobot` found this export already in place.
+        codebase_version: the LeRobot format written, one of :data:`FORMATS`.
     """
 
     path: Path
@@ -59,12 +74,13 @@ class LeRobotExport:
     skipped: dict[str, str] = field(default_factory=dict)
     export_key: str | None = None
     reused: bool = False
+    codebase_version: str = V30_VERSION
 
     def contract(self) -> dict:
         """The ``lerobot_dataset`` asset value (plain dict)."""
         return {
             "path": str(self.path),
-            "codebase_version": CODEBASE_VERSION,
+            "codebase_version": self.codebase_version,
             "fps": self.fps,
             "n_episodes": self.n_episodes,
             "total_frames": self.total_frames,
@@ -133,9 +149,15 @@ def _jsonable(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
 
 
 def _list_column(values: np.ndarray) -> pa.Array:
+    """(N, D) float32 -> fixed_size_list<float32>[D], the arrow type of lerobot's ``Sequence(length=D)``."""
     v = np.ascontiguousarray(values, dtype=np.float32)
-    offsets = np.arange(0, v.size + 1, v.shape[1], dtype=np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(v.reshape(-1)))
+    return pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
+
+
+#: Rate the per-episode videos are first encoded at. One rate for every episode keeps the
+#: encoder's parameter sets identical, so v3.0 can concatenate episodes without re-encoding;
+#: the frames are re-timed to the measured fps afterwards.
+_STAGING_FPS = 30.0
 
 
 @dataclass
@@ -145,6 +167,7 @@ class _Episode:
     action: np.ndarray
     timestamps_s: np.ndarray
     image_stats: dict[str, dict[str, np.ndarray]]
+    camera_stats: dict[str, dict[str, np.ndarray]]
     staged_videos: dict[str, Path]
     record: dict
 
@@ -154,7 +177,7 @@ class _Episode:
 
 
 class LeRobotWriter:
-    """Writes a LeRobot v2.1 dataset, episode by episode, atomically.
+    """Writes a LeRobot dataset (v3.0 or v2.1), episode by episode, atomically.
 
     Everything is written into a temporary folder beside ``out_dir`` and renamed
     to ``out_dir`` by :meth:`finish`; :meth:`abort` (or leaving a ``with`` block
@@ -170,9 +193,15 @@ class LeRobotWriter:
         action_rule: one of :data:`ACTION_RULES`.
         robot_type: ``robot_type`` in ``meta/info.json``.
         video: encoder settings.
+        codebase_version: ``"v3.0"`` (default) or ``"v2.1"``.
+        chunks_size: files per chunk folder (v3.0) or episodes per chunk (v2.1); default lerobot's 1000.
+        data_files_size_in_mb, video_files_size_in_mb: v3.0: a data / video file takes episodes
+            until it would reach this size (lerobot's defaults 100 and 200 MB).
+        rotation: ``rotvec`` (7-D state and action) or ``rot6d`` (10-D), see :data:`ROTATIONS`.
 
     Raises:
-        ConversionError: when ``out_dir`` exists, ``task`` is empty or the rule is unknown.
+        ConversionError: when ``out_dir`` exists, ``task`` is empty, the rule, the version or a
+            size is invalid.
     """
 
     def __init__(
@@ -182,6 +211,11 @@ class LeRobotWriter:
         action_rule: str = "next_state",
         robot_type: str = ROBOT_TYPE,
         video: VideoSpec = VideoSpec(),
+        codebase_version: str = V30_VERSION,
+        chunks_size: int | None = None,
+        data_files_size_in_mb: float = DATA_FILES_SIZE_IN_MB,
+        video_files_size_in_mb: float = VIDEO_FILES_SIZE_IN_MB,
+        rotation: str = "rotvec",
     ):
         self.out_dir = Path(out_dir).absolute()
         if self.out_dir.exists():
@@ -192,6 +226,17 @@ class LeRobotWriter:
             raise ConversionError("task text is empty", code="bad_option")
         if action_rule not in ACTION_RULES:
             raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
+        if codebase_version not in FORMATS:
+            raise ConversionError(f"unknown LeRobot format {codebase_version!r}; use one of {', '.join(FORMATS)}", code="bad_option")
+        if not (data_files_size_in_mb > 0 and video_files_size_in_mb > 0 and (chunks_size is None or chunks_size > 0)):
+            raise ConversionError("chunks_size and the file sizes must be positive", code="bad_option")
+        if rotation not in ROTATIONS:
+            raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
+        self.rotation = rotation
+        self.codebase_version = codebase_version
+        self.chunks_size = int(chunks_size or (V30_CHUNKS_SIZE if codebase_version == V30_VERSION else CHUNKS_SIZE))
+        self.data_files_size_in_mb = data_files_size_in_mb
+        self.video_files_size_in_mb = video_files_size_in_mb
         self.task = task
         self.action_rule = action_rule
         self.robot_type = robot_type
@@ -226,7 +271,8 @@ class LeRobotWriter:
         """Add one episode; its videos are encoded now.
 
         Args:
-            state: (N, 7) state of each frame (:func:`episode_state`), N >= 2.
+            state: (N, 7) state of each frame (:func:`episode_state`, rotation vector), N >= 2;
+                written 10-D, with the rotation as rot6d, when the writer's ``rotation`` is ``rot6d``.
             cameras: video key -> (N, H, W, 3) uint8 RGB frames; every episode
                 must have the same keys and frame sizes.
             timestamps_s: (N,) float64 capture times of the frames, seconds,
@@ -257,21 +303,25 @@ class LeRobotWriter:
                 raise ConversionError(f"{where}: camera {key} frame size {hw} differs from {self._camera_shapes[key]}")
         staged: dict[str, Path] = {}
         stats: dict[str, dict[str, np.ndarray]] = {}
-        provisional_fps = 1.0 / float(np.median(np.diff(t)))
+        sampled: dict[str, dict[str, np.ndarray]] = {}
         for key, frames in cameras.items():
             staged[key] = self.staging_dir / f"{key}-{len(self._episodes):06d}.mp4"
-            encode_video(staged[key], frames, provisional_fps, self.video)
-            stats[key] = image_stats(frames)
+            encode_video(staged[key], frames, _STAGING_FPS, self.video)
+            if self.codebase_version == V30_VERSION:
+                sampled[key] = camera_stats(frames)
+            else:
+                stats[key] = image_stats(frames)
             self._camera_shapes[key] = (int(frames.shape[1]), int(frames.shape[2]))
-        action = episode_actions(state, self.action_rule)
-        self._episodes.append(_Episode(stem, state, action, t, stats, staged, dict(record or {})))
+        action = with_rotation(episode_actions(state, self.action_rule), self.rotation)
+        state = with_rotation(state, self.rotation)
+        self._episodes.append(_Episode(stem, state, action, t, stats, sampled, staged, dict(record or {})))
 
     def abort(self) -> None:
         """Remove the temporary folder; nothing is left behind."""
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def _features(self, video_infos: dict[str, dict]) -> dict:
-        names = list(STATE_NAMES)
+        names = list(ROT6D_STATE_NAMES if self.rotation == "rot6d" else STATE_NAMES)
         features: dict[str, dict] = {
             STATE_KEY: {"dtype": "float32", "shape": [len(names)], "names": names},
             ACTION_KEY: {"dtype": "float32", "shape": [len(names)], "names": names},
@@ -306,7 +356,7 @@ class LeRobotWriter:
         return dropped
 
     def finish(self, frequency_tolerance: float = 0.05, provenance: dict | None = None) -> LeRobotExport:
-        """Write parquet files, videos and metadata, then rename into place.
+        """Write parquet files, videos and metadata in the writer's format, then rename into place.
 
         Episodes whose frequency differs from the median episode frequency by
         more than ``frequency_tolerance`` (relative) are left out (one ``fps``
@@ -333,12 +383,9 @@ class LeRobotWriter:
         fps = measured_fps([e.timestamps_s for e in self._episodes])
         root = self.tmp_dir
         (root / "meta").mkdir(exist_ok=True)
-        episodes_lines, stats_lines, records = [], [], []
-        first_video: dict[str, Path] = {}
-        start = 0
+        episodes, start = [], 0
         for ep_index, ep in enumerate(self._episodes):
             n = len(ep.state)
-            chunk = ep_index // CHUNKS_SIZE
             frame_index = np.arange(n, dtype=np.int64)
             columns = {
                 "timestamp": (frame_index / fps).astype(np.float32),
@@ -347,56 +394,54 @@ class LeRobotWriter:
                 "index": np.arange(start, start + n, dtype=np.int64),
                 "task_index": np.zeros(n, dtype=np.int64),
             }
-            table = pa.table(
-                {
-                    STATE_KEY: _list_column(ep.state),
-                    ACTION_KEY: _list_column(ep.action),
-                    **{k: pa.array(v) for k, v in columns.items()},
-                }
-            )
-            data_path = root / DATA_PATH.format(episode_chunk=chunk, episode_index=ep_index)
-            data_path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, data_path)
-            for key, staged in ep.staged_videos.items():
-                video_path = root / VIDEO_PATH.format(episode_chunk=chunk, video_key=key, episode_index=ep_index)
-                video_path.parent.mkdir(parents=True, exist_ok=True)
-                written = retime_video(staged, video_path, fps)
-                if written != n:
-                    raise ConversionError(f"episode {ep_index}: video {key} holds {written} frames, expected {n}", staged)
-                staged.unlink()
-                first_video.setdefault(key, video_path)
-            stats = {STATE_KEY: feature_stats(ep.state), ACTION_KEY: feature_stats(ep.action), **ep.image_stats}
-            stats.update({k: feature_stats(v) for k, v in columns.items()})
-            episodes_lines.append(json.dumps({"episode_index": ep_index, "tasks": [self.task], "length": n}))
-            stats_lines.append(json.dumps({"episode_index": ep_index, "stats": _jsonable(stats)}))
-            records.append({"episode_index": ep_index, "stem": ep.stem, "frames": n,
-                            "frequency_hz": ep.frequency_hz, **ep.record})
+            table = pa.table({STATE_KEY: _list_column(ep.state), ACTION_KEY: _list_column(ep.action),
+                              **{k: pa.array(v) for k, v in columns.items()}})
+            episodes.append((ep_index, ep, table, columns, start))
             start += n
+        if self.codebase_version == V30_VERSION:
+            layout = V30Layout(self.task, tuple(self._camera_shapes), self.chunks_size,
+                               self.data_files_size_in_mb, self.video_files_size_in_mb)
+            first_video = write_v30(layout, root, fps, episodes)
+        else:
+            first_video = self._write_v21(root, fps, episodes)
         n_episodes = len(self._episodes)
-        features = self._features({k: video_info(p, fps) for k, p in first_video.items()})
         info = {
-            "codebase_version": CODEBASE_VERSION,
+            "codebase_version": self.codebase_version,
             "robot_type": self.robot_type,
             "total_episodes": n_episodes,
             "total_frames": start,
             "total_tasks": 1,
-            "total_videos": n_episodes * len(self._camera_shapes),
-            "total_chunks": (n_episodes + CHUNKS_SIZE - 1) // CHUNKS_SIZE,
-            "chunks_size": CHUNKS_SIZE,
-            "fps": fps,
-            "splits": {"train": f"0:{n_episodes}"},
-            "data_path": DATA_PATH,
-            "video_path": VIDEO_PATH,
-            "features": features,
         }
-        write_text_atomic(root / EPISODES_PATH, "\n".join(episodes_lines) + "\n")
-        write_text_atomic(root / EPISODES_STATS_PATH, "\n".join(stats_lines) + "\n")
-        write_text_atomic(root / TASKS_PATH, json.dumps({"task_index": 0, "task": self.task}) + "\n")
+        if self.codebase_version == V30_VERSION:
+            info |= {
+                "chunks_size": self.chunks_size,
+                "data_files_size_in_mb": self.data_files_size_in_mb,
+                "video_files_size_in_mb": self.video_files_size_in_mb,
+                "fps": fps,
+                "splits": {"train": f"0:{n_episodes}"},
+                "data_path": V30_DATA_PATH,
+                "video_path": V30_VIDEO_PATH,
+            }
+        else:
+            info |= {
+                "total_videos": n_episodes * len(self._camera_shapes),
+                "total_chunks": (n_episodes + self.chunks_size - 1) // self.chunks_size,
+                "chunks_size": self.chunks_size,
+                "fps": fps,
+                "splits": {"train": f"0:{n_episodes}"},
+                "data_path": DATA_PATH,
+                "video_path": VIDEO_PATH,
+            }
+        info["features"] = self._features({k: video_info(p, fps) for k, p in first_video.items()})
         write_text_atomic(root / INFO_PATH, json.dumps(info, indent=4) + "\n")
+        records = [{"episode_index": ep_index, "stem": ep.stem, "frames": len(ep.state),
+                    "frequency_hz": ep.frequency_hz, **ep.record} for ep_index, ep, *_ in episodes]
         record = {
             **(provenance or {}),
+            "codebase_version": self.codebase_version,
             "fps": fps,
             "action_rule": self.action_rule,
+            "rotation": self.rotation,
             "frequency_tolerance": frequency_tolerance,
             "episodes": records,
             "skipped": {**(provenance or {}).get("skipped", {}), **skipped},
@@ -421,4 +466,32 @@ class LeRobotWriter:
             stems=[e.stem for e in self._episodes],
             skipped=record["skipped"],
             export_key=record.get("export_key"),
+            codebase_version=self.codebase_version,
         )
+
+    def _write_v21(self, root: Path, fps: float, episodes: list) -> dict[str, Path]:
+        """One parquet file and one video per episode, and the ``.jsonl`` metadata."""
+        episodes_lines, stats_lines = [], []
+        first_video: dict[str, Path] = {}
+        for ep_index, ep, table, columns, _ in episodes:
+            n = len(ep.state)
+            chunk = ep_index // self.chunks_size
+            data_path = root / DATA_PATH.format(episode_chunk=chunk, episode_index=ep_index)
+            data_path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, data_path)
+            for key, staged in ep.staged_videos.items():
+                video_path = root / VIDEO_PATH.format(episode_chunk=chunk, video_key=key, episode_index=ep_index)
+                video_path.parent.mkdir(parents=True, exist_ok=True)
+                written = retime_video(staged, video_path, fps)
+                if written != n:
+                    raise ConversionError(f"episode {ep_index}: video {key} holds {written} frames, expected {n}", staged)
+                staged.unlink()
+                first_video.setdefault(key, video_path)
+            stats = {STATE_KEY: feature_stats(ep.state), ACTION_KEY: feature_stats(ep.action), **ep.image_stats}
+            stats.update({k: feature_stats(v) for k, v in columns.items()})
+            episodes_lines.append(json.dumps({"episode_index": ep_index, "tasks": [self.task], "length": n}))
+            stats_lines.append(json.dumps({"episode_index": ep_index, "stats": _jsonable(stats)}))
+        write_text_atomic(root / EPISODES_PATH, "\n".join(episodes_lines) + "\n")
+        write_text_atomic(root / EPISODES_STATS_PATH, "\n".join(stats_lines) + "\n")
+        write_text_atomic(root / TASKS_PATH, json.dumps({"task_index": 0, "task": self.task}) + "\n")
+        return first_video

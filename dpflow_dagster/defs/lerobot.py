@@ -1,4 +1,4 @@
-"""Assets of the LeRobot export: ``lerobot_dataset`` (LeRobot v2.1) and ``norm_stats`` (openpi).
+"""Assets of the LeRobot export: ``lerobot_dataset`` (LeRobot v3.0 or v2.1) and ``norm_stats`` (openpi).
 
 Thin wrappers over :func:`dpflow_core.export.export_lerobot` and
 :func:`dpflow_core.export.write_openpi_norm_stats`. The dataset folder is
@@ -35,6 +35,10 @@ class LeRobotDatasetConfig(dg.Config):
     invalid_pose_policy: str = Field(default="trim", description="trim | reject (pose_valid == false stretches).")
     frequency_tolerance: float = Field(default=0.05, description="Relative; episodes off the median rate are left out.")
     workers: int = Field(default=0, description="Alignment worker processes; 0 = CPU cores.")
+    format: str = Field(default="v3.0", description="LeRobot format: v3.0 (lerobot >= 0.4) | v2.1 (lerobot 0.3, openpi).")
+    rotation: str = Field(
+        default="rotvec", description="rotvec: 7-D state/action | rot6d: 10-D, for relative (action - state) actions."
+    )
 
 
 class NormStatsConfig(dg.Config):
@@ -66,8 +70,9 @@ def _skipped_table(skipped: dict[str, str]) -> str:
     partitions_def=task_partitions,
     automation_condition=CONVERSION_AUTOMATION,
     description=(
-        "LeRobot v2.1 dataset (meta/info.json, episodes, tasks, episode stats, parquet per episode, H.264 MP4 "
-        "per camera) of the paired episodes, aligned by the same code as dataset.npz; fps = measured frequency."
+        "LeRobot dataset, v3.0 (default) or v2.1 (config format): meta/info.json, episode index, tasks, stats, "
+        "parquet data and H.264 MP4 per camera, of the paired episodes, aligned by the same code as dataset.npz; "
+        "fps = measured frequency."
     ),
 )
 def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetConfig, paired_episodes: dict) -> dg.Output[dict]:
@@ -81,6 +86,8 @@ def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetCon
             invalid_pose_policy=config.invalid_pose_policy,
             frequency_tolerance=config.frequency_tolerance,
             topics=topics,
+            codebase_version=config.format,
+            rotation=config.rotation,
         )
         key = lerobot.export_key(paired_episodes["manifest_path"], config.task_text, **options)
         out = base / paired_episodes["task"] / key[:16]
@@ -103,7 +110,7 @@ def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetCon
         result.contract(),
         metadata={
             "path": dg.MetadataValue.path(str(result.path)),
-            "codebase_version": lerobot.CODEBASE_VERSION,
+            "codebase_version": result.codebase_version,
             "fps": result.fps,
             "n_episodes": result.n_episodes,
             "total_frames": result.total_frames,
