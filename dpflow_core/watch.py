@@ -57,7 +57,7 @@ from dpflow_core.pairing import ROLES, parse_vio_status, split_name
 #: A folder mtime younger than this at the time it was read is not trusted (ns): 2 s covers FAT's granularity.
 RACY_WINDOW_NS = 2_000_000_000
 #: Default stat calls per tick spent on full scans (audits) of unchanged-looking folders.
-DEFAULT_AUDIT_FILES = 3000
+DEFAULT_AUDIT_FILES = 1000
 #: Default age (s) after which a folder larger than the audit budget is scanned alone.
 DEFAULT_AUDIT_INTERVAL_S = 600.0
 #: Waiting stems named in the cursor per folder (for the skip reason); the rest are counted.

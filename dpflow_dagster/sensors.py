@@ -17,7 +17,7 @@ unchanged, with nothing waiting, is not even listed, so a tick costs the same ov
 30,000 unchanged recordings; ``_vio.json`` files are parsed only when new or changed.
 A finished recording rewritten in place (its folder's mtime does not change) is found by
 the audit: each tick also fully scans unchanged-looking folders, least recently scanned
-first, within ``$DPFLOW_SENSOR_AUDIT_FILES`` stat calls (default 3,000, about 1,000
+first, within ``$DPFLOW_SENSOR_AUDIT_FILES`` stat calls (default 1,000, about 330
 recordings: a small root is re-verified on every tick); a folder larger than that is
 scanned alone once its last scan is ``$DPFLOW_SENSOR_AUDIT_S`` seconds old (default 600).
 
