@@ -165,7 +165,7 @@ def _watch_changed(folder: Path, watch: Mapping[str, list[int]]) -> tuple[bool, 
     calls = 0
     for stem, (size, mtime_ns) in watch.items():
         total, newest = 0, 0
-        for role, name in zip(ROLES, (f"{stem}.mcap", f"{stem}_vio.mcap", f"{stem}_vio.json")):
+        for name in (f"{stem}.mcap", f"{stem}_vio.mcap", f"{stem}_vio.json"):
             calls += 1
             try:
                 st = os.stat(folder / name)

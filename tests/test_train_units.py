@@ -352,11 +352,13 @@ def test_loader_batches_equal_per_sample_collation(buffer):
 
     spec = ObsActionSpec(horizon=4, n_obs_steps=2, obs_down_sample_steps=2, obs_latency_steps={"robot0_gripper_width": 0.5})
     ds = SequenceDataset(buffer, spec, np.ones(3, bool))
-    sampler = EpochBatchSampler(len(ds), 3, seed=7)
+    # batches of 2: each worker fills more batches than its 4 reused buffers, checked as they arrive
+    sampler = EpochBatchSampler(len(ds), 2, seed=7)
     loader = DataLoader(ds, batch_sampler=sampler, num_workers=2, collate_fn=pass_batch)
-    batches = list(loader)
-    assert len(batches) == len(sampler) == -(-len(ds) // 3) > 1
-    for indices, batch in zip(sampler, batches):
+    assert len(sampler) == -(-len(ds) // 2) > 2 * ds.worker_buffers
+    n = 0
+    for indices, batch in zip(sampler, loader):
+        n += 1
         expected = default_collate([ds[i] for i in indices])
         assert list(batch["obs"]) == list(expected["obs"])
         for key, value in expected["obs"].items():
@@ -364,5 +366,6 @@ def test_loader_batches_equal_per_sample_collation(buffer):
         assert torch.equal(batch["action"], expected["action"])
         steps = obs_positions(spec, "camera0_rgb", ds.index[indices]).astype(np.int64)
         assert np.array_equal(batch["obs"]["camera0_rgb"].numpy(), np.asarray(buffer["camera0_rgb"])[steps])
+    assert n == len(sampler)
     with pytest.raises(ValueError, match="C-contiguous uint8 array of shape"):
         gather_frames(buffer["camera0_rgb"], np.zeros((2, 2), np.int64), np.zeros((2, 2, 32, 32, 3), np.float32))
