@@ -9,31 +9,49 @@ Conversion then runs by its automation condition when ``conversion_automation``
 is on; GPU work is never requested by a sensor.
 
 A recording is finished when its three files (``<STEM>.mcap``, ``<STEM>_vio.mcap``,
-``<STEM>_vio.json``) are present, the status file holds a final status
-(success, failed, or a layout that pairing reports as unknown) and the size and
-mtime of the stem's files are the same on two consecutive ticks: files still
-being written or copied are never paired.
+``<STEM>_vio.json``) are present, the status file holds a final status (success, failed,
+or a layout that pairing reports as unknown) and the size and mtime of the stem's files
+are the same on two consecutive scans: files still being written or copied are never
+paired. The scan is incremental (:mod:`dpflow_core.watch`): a task folder whose mtime is
+unchanged, with nothing waiting, is not even listed, so a tick costs the same over 10 or
+30,000 unchanged recordings; ``_vio.json`` files are parsed only when new or changed.
+A finished recording rewritten in place (its folder's mtime does not change) is found by
+the audit: each tick also fully scans unchanged-looking folders, least recently scanned
+first, within ``$DPFLOW_SENSOR_AUDIT_FILES`` stat calls (default 1,000, about 330
+recordings: a small root is re-verified on every tick); a folder larger than that is
+scanned alone once its last scan is ``$DPFLOW_SENSOR_AUDIT_S`` seconds old (default 600).
 
-Cursor (JSON): ``{"tasks": {task: {"max_mtime": float, "pending": {stem: [size_bytes, mtime]}}}}``.
-``max_mtime`` is the newest file mtime of the task's stems already requested (never
-the wall clock); a stem is looked at again only when one of its files is newer
-than that, or while it is pending. The run key is a SHA-256 over the task folder
-and each requested stem's file names, sizes and mtimes (ns), so a re-recorded stem
-runs again and an unchanged one never does. Files copied in with an mtime older
-than ``max_mtime`` (``cp -p``, ``rsync -t``) are not seen: pair them with
-``dpflow pair`` or materialise the task's ``paired_episodes`` partition by hand.
-Folders whose names are not valid task names are named in the skip reason.
+Cursor (JSON): ``{"version": 2, "tasks": {task: FolderState}}``
+(:class:`dpflow_core.watch.FolderState`): per task folder a fixed set of fields (the
+newest mtime already requested, the folder mtime, one SHA-256 digest over the recordings
+waiting for their second look), never a list of every stem; its size does not grow
+with the recordings. The run key is a SHA-256 over the task folder and each requested
+stem's file names, sizes and mtimes (ns), so a re-recorded stem runs again and an
+unchanged one never does. Files copied in with an mtime older than the newest one
+already requested (``cp -p``, ``rsync -t``) are not seen: pair them with ``dpflow pair``
+or materialise the task's ``paired_episodes`` partition by hand. Folders whose names are
+not valid task names are named in the skip reason. Log lines are one per task with new
+recordings (a count and the first few stems) and one summary per tick.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import dagster as dg
 
-from dpflow_core.pairing import StemSnapshot, snapshot_stems
+from dpflow_core.errors import DpflowError
+from dpflow_core.watch import (
+    DEFAULT_AUDIT_FILES,
+    DEFAULT_AUDIT_INTERVAL_S,
+    FolderState,
+    scan_tick,
+    states_from_json,
+    states_to_json,
+)
 from dpflow_dagster.partitions import recordings_root, task_folders, task_partitions
 
 paired_episodes_job = dg.define_asset_job(
@@ -43,38 +61,38 @@ paired_episodes_job = dg.define_asset_job(
 )
 
 
-def parse_cursor(cursor: str | None) -> dict[str, tuple[float, dict[str, list]]]:
-    """Task -> ``(max_mtime, pending)`` from a cursor string; an absent or unreadable cursor starts afresh."""
+def parse_cursor(cursor: str | None) -> dict[str, FolderState]:
+    """Task -> :class:`~dpflow_core.watch.FolderState` from a cursor string.
+
+    An absent or unreadable cursor starts afresh; a version-1 cursor (``max_mtime`` and
+    ``pending`` per task) keeps its ``max_mtime``, so requested stems are not requested again.
+    """
     try:
         data = json.loads(cursor) if cursor else {}
-        out = {}
-        for task, state in dict(data.get("tasks", {})).items():
-            max_mtime = float(state.get("max_mtime", 0.0))
-            pending = {str(k): [int(v[0]), float(v[1])] for k, v in dict(state.get("pending", {})).items()}
-            out[str(task)] = (max_mtime, pending)
+        if isinstance(data, dict) and "version" not in data:
+            return {
+                str(task): FolderState(max_mtime_ns=int(float(state["max_mtime"]) * 1e9))
+                for task, state in dict(data.get("tasks", {})).items()
+            }
+        return states_from_json(data)
     except (ValueError, TypeError, AttributeError, IndexError, KeyError):
         return {}
-    return out
 
 
-def _cursor(state: dict[str, tuple[float, dict[str, list]]]) -> str:
-    return json.dumps(
-        {"tasks": {task: {"max_mtime": m, "pending": p} for task, (m, p) in state.items()}}, sort_keys=True
-    )
+def _env_number(name: str, default: float, kind: type) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        value = kind(raw) if raw else default
+    except ValueError:
+        raise DpflowError(f"{name} must be a {kind.__name__} >= 0, got {raw!r}") from None
+    if value < 0:
+        raise DpflowError(f"{name} must be a {kind.__name__} >= 0, got {raw!r}")
+    return value
 
 
-def _scan(folder: Path, max_mtime: float, pending: dict[str, list]) -> tuple[list[StemSnapshot], dict[str, list]]:
-    """(stems finished and unchanged since the last tick, stems still pending) of one task folder."""
-    ready, still_pending = [], {}
-    for stem, snap in snapshot_stems(folder).items():
-        if snap.mtime <= max_mtime and stem not in pending:
-            continue
-        seen = [snap.size_bytes, snap.mtime]
-        if snap.final and pending.get(stem) == seen:
-            ready.append(snap)
-        else:
-            still_pending[stem] = seen
-    return ready, still_pending
+def _named(stems: list[str], limit: int = 5) -> str:
+    shown = ", ".join(stems[:limit])
+    return shown + (f" and {len(stems) - limit} more" if len(stems) > limit else "")
 
 
 def run_key_for(root: Path, snapshots: list) -> str:
@@ -98,34 +116,42 @@ def recordings_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     root = recordings_root().absolute()
     if not root.is_dir():
         return dg.SensorResult(skip_reason=f"{root}: no such folder", cursor=context.cursor)
-    state = parse_cursor(context.cursor)
     folders = task_folders(root)
-    requests, new_partitions, waiting = [], [], []
-    for task, folder in folders.items():
-        max_mtime, pending = state.get(task, (0.0, {}))
-        ready, still_pending = _scan(folder, max_mtime, pending)
-        if ready:
-            max_mtime = max(max_mtime, *(s.mtime for s in ready))
-        state[task] = (max_mtime, still_pending)
-        waiting += [stem if folder == root else f"{task}/{stem}" for stem in sorted(still_pending)]
-        if not ready:
+    tick = scan_tick(
+        folders,
+        parse_cursor(context.cursor),
+        audit_files=int(_env_number("DPFLOW_SENSOR_AUDIT_FILES", DEFAULT_AUDIT_FILES, int)),
+        audit_interval_s=_env_number("DPFLOW_SENSOR_AUDIT_S", DEFAULT_AUDIT_INTERVAL_S, float),
+    )
+    requests, new_partitions, waiting, n_waiting = [], [], [], 0
+    for task, result in tick.folders.items():
+        folder = folders[task]
+        n_waiting += result.state.waiting_n
+        waiting += [stem if folder == root else f"{task}/{stem}" for stem in result.state.waiting_names]
+        if not result.ready:
             continue
-        stems = sorted(s.stem for s in ready)
+        stems = [s.stem for s in result.ready]
         if not context.instance.has_dynamic_partition(task_partitions.name, task):
             new_partitions.append(task)
         requests.append(dg.RunRequest(
-            run_key=run_key_for(folder, ready),
+            run_key=run_key_for(folder, result.ready),
             partition_key=task,
             run_config={"ops": {"paired_episodes": {"config": {"root": str(folder)}}}},
             tags={"dpflow/root": str(folder), "dpflow/task": task, "dpflow/new_stems": ",".join(stems)[:1000]},
         ))
-        context.log.info(f"{task}: {len(stems)} finished recording(s) under {folder}: {', '.join(stems)}")
-    cursor = _cursor(state)
+        context.log.info(f"{task}: {len(stems)} finished recording(s) under {folder}: {_named(stems)}")
+    context.log.info(
+        f"{len(folders)} task folder(s) under {root}: {tick.scanned} scanned"
+        + (f" ({len(tick.audited)} unchanged-looking, as the audit)" if tick.audited else "")
+        + f", {tick.files_statted} file(s) statted, {tick.json_parsed} status file(s) parsed, "
+        f"{sum(len(r.ready) for r in tick.folders.values())} recording(s) ready, {n_waiting} waiting"
+    )
+    cursor = json.dumps(states_to_json({task: r.state for task, r in tick.folders.items()}), sort_keys=True)
     if not requests:
-        if waiting:
+        if n_waiting:
             reason = (
-                f"waiting for {len(waiting)} recording(s) to finish and stay unchanged for one tick: "
-                + ", ".join(waiting[:10])
+                f"waiting for {n_waiting} recording(s) to finish and stay unchanged for one tick: "
+                + ", ".join(waiting[:10]) + (", ..." if n_waiting > len(waiting[:10]) else "")
             )
         else:
             reason = f"no new recordings under {root}"

@@ -54,6 +54,13 @@ def instance():
         yield inst
 
 
+def _settled(cursor: str) -> dict[str, float]:
+    """Task -> newest requested mtime, asserting that nothing waits any more."""
+    states = parse_cursor(cursor)
+    assert all((s.pending_n, s.waiting_n, s.watch) == (0, 0, {}) for s in states.values()), states
+    return {task: s.max_mtime for task, s in states.items()}
+
+
 def tick(instance, cursor):
     context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
     result = recordings_sensor(context)
@@ -67,10 +74,10 @@ def test_run_only_after_two_identical_ticks(root, instance):
     assert first.skip_reason.skip_message == (
         "waiting for 2 recording(s) to finish and stay unchanged for one tick: pick_place_0000, pick_place_0001"
     )
-    assert parse_cursor(first.cursor)["pick_place"] == (
-        0.0, {"pick_place_0000": [sum(p.stat().st_size for p in _files(root, "pick_place_0000")), T0],
-              "pick_place_0001": [sum(p.stat().st_size for p in _files(root, "pick_place_0001")), T0 + 1]},
-    )
+    state = parse_cursor(first.cursor)["pick_place"]
+    # both seen once: one digest over them, the newest mtime among them, nothing requested yet
+    assert (state.max_mtime, state.pending_n, state.pending_upto_ns, state.watch) == (0.0, 2, int((T0 + 1) * 1e9), {})
+    assert state.waiting_names == ["pick_place_0000", "pick_place_0001"] and len(state.pending_digest) == 64
     second = tick(instance, first.cursor)
     assert len(second.run_requests) == 1
     request = second.run_requests[0]
@@ -79,14 +86,14 @@ def test_run_only_after_two_identical_ticks(root, instance):
     assert request.tags["dpflow/new_stems"] == "pick_place_0000,pick_place_0001"
     assert request.partition_key == "pick_place"
     assert second.dynamic_partitions_requests == [dg.AddDynamicPartitionsRequest("task", ["pick_place"])]
-    assert parse_cursor(second.cursor) == {"pick_place": (T0 + 1, {})}
+    assert _settled(second.cursor) == {"pick_place": T0 + 1}
     job = defs.resolve_job_def("paired_episodes_job")
     assert dg.validate_run_config(job, request.run_config)["ops"]["paired_episodes"]["config"]["root"] == str(root)
 
     third = tick(instance, second.cursor)
     assert not third.run_requests
     assert third.skip_reason.skip_message == f"no new recordings under {root}"
-    assert parse_cursor(third.cursor) == {"pick_place": (T0 + 1, {})}
+    assert _settled(third.cursor) == {"pick_place": T0 + 1}
     # the same tick from the same cursor asks for the same run key: Dagster runs it once
     assert tick(instance, first.cursor).run_requests[0].run_key == request.run_key
 
@@ -101,8 +108,8 @@ def test_half_written_recordings_wait(root, instance, source):
     (root / f"{stem}_vio.mcap").write_bytes(data[: len(data) // 2])
     _touch(_files(root, stem), T0 + 10)
     r = tick(instance, cursor)
-    assert not r.run_requests and parse_cursor(r.cursor)["pick_place"][1] == {
-        stem: [(root / f"{stem}.mcap").stat().st_size + len(data) // 2, T0 + 10]}
+    state = parse_cursor(r.cursor)["pick_place"]
+    assert not r.run_requests and (state.waiting_n, state.waiting_names, state.pending_n) == (1, [stem], 0)
     r = tick(instance, r.cursor)  # unchanged but incomplete: still waiting
     assert not r.run_requests
     # the VIO file grows and a status file says it is still running
@@ -132,7 +139,7 @@ def test_half_written_recordings_wait(root, instance, source):
     assert not r.run_requests
     r = tick(instance, r.cursor)
     assert [q.tags["dpflow/new_stems"] for q in r.run_requests] == [stem]
-    assert parse_cursor(r.cursor) == {"pick_place": (T0 + 14, {})}
+    assert _settled(r.cursor) == {"pick_place": T0 + 14}
 
 
 def test_rerecorded_stem_runs_again_unchanged_never(root, instance, source):

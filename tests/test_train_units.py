@@ -341,3 +341,31 @@ def test_pretrained_obs_encoder_trains_at_a_tenth_of_the_lr_in_the_umi_config(bu
     assert only["name"] == "model" and [id(p) for p in only["params"]] == [id(p) for p in no_camera.parameters()]
     with pytest.raises(ValueError, match="obs_encoder_lr_scale must be a finite number > 0, got 0"):
         optimizer_param_groups(policy, 1e-3, 0)
+
+
+def test_loader_batches_equal_per_sample_collation(buffer):
+    """Whole batches from worker processes hold exactly what per-sample ``dataset[i]`` plus
+    ``default_collate`` gives, frames read straight from the replay buffer."""
+    from torch.utils.data import DataLoader, default_collate
+
+    from dpflow_core.train.data import gather_frames, obs_positions, pass_batch
+
+    spec = ObsActionSpec(horizon=4, n_obs_steps=2, obs_down_sample_steps=2, obs_latency_steps={"robot0_gripper_width": 0.5})
+    ds = SequenceDataset(buffer, spec, np.ones(3, bool))
+    # batches of 2: each worker fills more batches than its 4 reused buffers, checked as they arrive
+    sampler = EpochBatchSampler(len(ds), 2, seed=7)
+    loader = DataLoader(ds, batch_sampler=sampler, num_workers=2, collate_fn=pass_batch)
+    assert len(sampler) == -(-len(ds) // 2) > 2 * ds.worker_buffers
+    n = 0
+    for indices, batch in zip(sampler, loader):
+        n += 1
+        expected = default_collate([ds[i] for i in indices])
+        assert list(batch["obs"]) == list(expected["obs"])
+        for key, value in expected["obs"].items():
+            assert batch["obs"][key].dtype == value.dtype and torch.equal(batch["obs"][key], value), key
+        assert torch.equal(batch["action"], expected["action"])
+        steps = obs_positions(spec, "camera0_rgb", ds.index[indices]).astype(np.int64)
+        assert np.array_equal(batch["obs"]["camera0_rgb"].numpy(), np.asarray(buffer["camera0_rgb"])[steps])
+    assert n == len(sampler)
+    with pytest.raises(ValueError, match="C-contiguous uint8 array of shape"):
+        gather_frames(buffer["camera0_rgb"], np.zeros((2, 2), np.int64), np.zeros((2, 2, 32, 32, 3), np.float32))

@@ -50,6 +50,7 @@ from dpflow_core.train.data import (
     decode_action,
     latency_steps,
     normalizer_stats,
+    pass_batch,
     recorded_actions,
     resolve_frequency,
     shape_meta,
@@ -324,6 +325,8 @@ class Workspace:
             dataset,
             batch_sampler=sampler,
             num_workers=workers,
+            # whole batches from SequenceDataset.__getitems__, gathered into one buffer each
+            collate_fn=pass_batch,
             pin_memory=bool(dl_cfg.pin_memory) and self.device.type == "cuda",
             persistent_workers=bool(dl_cfg.persistent_workers) and workers > 0,
             # A private generator: creating an iterator must not consume the global RNG,
