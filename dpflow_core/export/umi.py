@@ -120,7 +120,9 @@ def read_umi_sidecar(
 def _jpegxl(level: int, effort: int):
     from imagecodecs.numcodecs import Jpegxl
 
-    return Jpegxl(level=int(level), effort=int(effort), numthreads=1)
+    # lossless=False: imagecodecs' numcodecs codec defaults to lossless, which ignores the level
+    # (frames 3-4x larger and slower to decode than the lossy level-80 frames UMI writes)
+    return Jpegxl(level=int(level), effort=int(effort), lossless=False, numthreads=1)
 
 
 def export_umi(
