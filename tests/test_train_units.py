@@ -339,8 +339,12 @@ def test_pretrained_obs_encoder_trains_at_a_tenth_of_the_lr_in_the_umi_config(bu
     [only] = optimizer_param_groups(no_camera, 1e-3, 0.1)
     # the demo config's case: one group, every parameter in the order AdamW(policy.parameters()) had them
     assert only["name"] == "model" and [id(p) for p in only["params"]] == [id(p) for p in no_camera.parameters()]
-    with pytest.raises(ValueError, match="obs_encoder_lr_scale must be a finite number > 0, got 0"):
-        optimizer_param_groups(policy, 1e-3, 0)
+    with pytest.raises(ValueError, match="obs_encoder_lr_scale must be a finite number >= 0, got -0.1"):
+        optimizer_param_groups(policy, 1e-3, -0.1)
+    with pytest.raises(ValueError, match="optimizer.lr must be a finite number >= 0, got nan"):
+        optimizer_param_groups(policy, float("nan"))
+    frozen = optimizer_param_groups(policy, 0.0)  # lr 0: an untrained reference policy (the evaluation tests')
+    assert [g["lr"] for g in frozen] == [0.0, 0.0]
 
 
 def test_loader_batches_equal_per_sample_collation(buffer):

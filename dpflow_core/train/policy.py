@@ -305,11 +305,13 @@ def optimizer_param_groups(
     ``"model"`` comes first, so the logged ``lr`` (group 0) is the U-Net's.
 
     Raises:
-        ValueError: ``lr`` or ``obs_encoder_lr_scale`` is not a finite number > 0.
+        ValueError: ``lr`` or ``obs_encoder_lr_scale`` is negative or not a finite number
+            (0 is allowed: the weights stay at their initial values, e.g. an untrained reference
+            policy or a frozen encoder).
     """
     for name, value in (("optimizer.lr", lr), ("obs_encoder_lr_scale", obs_encoder_lr_scale)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     encoder = [p for p in policy.obs_encoder.parameters() if p.requires_grad]
     inside = {id(p) for p in encoder}
     rest = [p for p in policy.parameters() if p.requires_grad and id(p) not in inside]
