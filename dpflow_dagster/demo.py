@@ -281,7 +281,10 @@ def run_demo(
     config: Optional[Path],
 ) -> int:
     """Run the ``dpflow_pipeline`` job; return 0 when every step and blocking check passed."""
-    settings = yaml.safe_load(config.read_text()) if config else {}
+    try:
+        settings = yaml.safe_load(config.read_text()) if config else {}
+    except yaml.YAMLError as exc:  # a missing brace, a tab: the file and YAML's own line and column
+        raise typer.BadParameter(f"{config}: not valid YAML: {exc}") from None
     if settings and not isinstance(settings, dict):
         raise typer.BadParameter(f"{config}: expected a mapping at the top level")
     settings = settings or {}
@@ -366,8 +369,9 @@ def run_demo(
     _print_outputs(result, ops)
     console.print(f"Dagster instance: {os.environ['DAGSTER_HOME']}")
     console.print(
-        f"Open the UI:  DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/dagster dev -w workspace.yaml  "
-        "(then http://127.0.0.1:3000)"
+        f"Open the UI:  DAGSTER_HOME={os.environ['DAGSTER_HOME']} DPFLOW_WORKDIR={os.environ['DPFLOW_WORKDIR']} "
+        f"DPFLOW_RECORDINGS_ROOT={os.environ['DPFLOW_RECORDINGS_ROOT']} .venv/bin/dg dev  "
+        "(then http://127.0.0.1:3000; the same variables let the UI re-materialise this task)"
     )
     if not result.success or failures:
         console.print(f"[red]dpflow demo failed[/red] (task {task!r}):")

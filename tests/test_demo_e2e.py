@@ -171,6 +171,7 @@ def test_main_job_on_sample_recordings_then_a_second_task(tmp_path):
     [
         ("server:\n  hostname: gpu01\n", "unknown key 'hostname' under 'server'; valid keys: activate, data_root, expect_gpu, host,"),
         ("- just\n- a list\n", "expected a mapping at the top level"),
+        ("assets:\n  train_run: {epochs: 100\n", "not valid YAML: while parsing a flow mapping"),
         ("server:\n  scheduler: slurm\n", "server.scheduler: the main job drives one GPU server; run a Slurm cluster or several "
                                           "servers with `dpflow scale smoke|train --lab"),
         ("recording: /data/x\n", "unknown key 'recording' at the top level; valid keys: assets, out, recordings, server"),
