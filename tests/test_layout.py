@@ -23,9 +23,9 @@ def _imported_modules(path: Path) -> set[str]:
     return names
 
 
-#: The one core module allowed to import the standalone ``dagster-pipes`` package, inside a function only
-#: (the trainer's reports when Dagster Pipes launched it; plain runs never import it).
-PIPES_MODULE = "dpflow_core/train/pipes.py"
+#: The trainer's Pipes reporter: a plug-in outside the core that imports the standalone ``dagster-pipes``
+#: package inside a function only (plain runs, and servers without the package, never import it).
+PIPES_MODULE = "dpflow_pipes/reporter.py"
 
 
 def _function_level_imports(path: Path) -> set[str]:
@@ -46,12 +46,14 @@ def test_core_never_imports_dagster_statically():
     for p in sorted((REPO / "dpflow_core").rglob("*.py")):
         rel = str(p.relative_to(REPO))
         bad = {m for m in _imported_modules(p) if m == "dagster" or m.startswith(("dagster.", "dagster_"))}
-        if rel == PIPES_MODULE:
-            bad -= {"dagster_pipes"} & _function_level_imports(p)
         if bad:
             offenders.append((rel, sorted(bad)))
     assert offenders == []
-    assert "dagster_pipes" in _function_level_imports(REPO / PIPES_MODULE)
+    plugin = REPO / PIPES_MODULE
+    assert {m for m in _imported_modules(plugin) if m.startswith("dagster")} == {"dagster_pipes"}
+    assert "dagster_pipes" in _function_level_imports(plugin)  # and nowhere at module level:
+    top = {n.module for n in ast.parse(plugin.read_text()).body if isinstance(n, ast.ImportFrom)}
+    assert not any(str(m).startswith("dagster") for m in top)
 
 
 def test_plain_trainer_run_does_not_import_dagster_pipes(tmp_path):
@@ -60,7 +62,7 @@ def test_plain_trainer_run_does_not_import_dagster_pipes(tmp_path):
         "import os, sys\n"
         "os.environ.pop('DAGSTER_PIPES_CONTEXT', None); os.environ.pop('DAGSTER_PIPES_MESSAGES', None)\n"
         "import dpflow_core.train.workspace\n"
-        "from dpflow_core.train.pipes import open_reporter\n"
+        "from dpflow_core.train.reporting import open_reporter\n"
         "assert open_reporter(total_steps=10) is None\n"
         "bad = sorted(m for m in sys.modules if m == 'dagster' or m.startswith(('dagster.', 'dagster_')))\n"
         "print(bad); sys.exit(1 if bad else 0)\n"
@@ -251,7 +253,7 @@ def test_size_check_flags_a_long_module_without_a_reason(tmp_path):
 
 # ------------------------------------------------------------------ README layout section
 
-_LAYOUT_LINE = re.compile(r"^- `((?:dpflow_core|dpflow_dagster)/[A-Za-z0-9_]+(?:/|\.py))`: \S")
+_LAYOUT_LINE = re.compile(r"^- `((?:dpflow_core|dpflow_dagster|dpflow_pipes)/[A-Za-z0-9_]+(?:/|\.py))`: \S")
 
 
 def _readme_layout(text: str) -> list[str]:
@@ -274,7 +276,7 @@ def _top_level_entries(package: Path) -> set[str]:
 def test_readme_layout_lists_every_package_and_module_once():
     listed = _readme_layout((REPO / "README.md").read_text())
     assert len(listed) == len(set(listed)), "an entry is listed twice"
-    actual = _top_level_entries(REPO / "dpflow_core") | _top_level_entries(REPO / "dpflow_dagster")
+    actual = set().union(*(_top_level_entries(REPO / pkg) for pkg in ("dpflow_core", "dpflow_dagster", "dpflow_pipes")))
     assert set(listed) == actual, {"missing": sorted(actual - set(listed)), "stale": sorted(set(listed) - actual)}
 
 

@@ -56,7 +56,7 @@ from dpflow_core.train.data import (
     shape_meta,
     split_episodes,
 )
-from dpflow_core.train.pipes import PipesReporter, open_reporter
+from dpflow_core.train.reporting import Reporter, open_reporter
 from dpflow_core.train.logs import JsonLinesLogger
 from dpflow_core.train.policy import DiffusionUnetImagePolicy, build_policy, optimizer_param_groups
 from dpflow_core.train.sampler import EpochBatchSampler
@@ -235,7 +235,7 @@ class Workspace:
         self.wandb: _WandbRun | None = None
         self.json_log: JsonLinesLogger | None = None
         # reports to Dagster when launched through Dagster Pipes (main process only; None otherwise)
-        self.pipes: PipesReporter | None = None
+        self.pipes: Reporter | None = None
 
     def _shared_run_dir(self, own: Path) -> Path:
         """Every process uses the main process's run directory (``${now:...}`` may differ by a second)."""

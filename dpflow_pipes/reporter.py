@@ -165,6 +165,8 @@ def _cuda_memory() -> dict[str, float]:
 def open_reporter(total_steps: int, start_step: int = 0) -> PipesReporter | None:
     """A :class:`PipesReporter` when Dagster Pipes launched this process, else None (nothing imported).
 
+    The ``dpflow.train_reporters`` plug-in that :func:`dpflow_core.train.reporting.open_reporter` calls.
+
     A Pipes launch on a server without the ``dagster-pipes`` package trains anyway and prints one
     ``warning:`` line to stderr; the orchestrator then follows ``logs.json.txt`` alone.
     """
