@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -290,3 +292,26 @@ def test_readme_layout_check_sees_a_missing_module(tmp_path):
     readme = "## How the code is laid out\n\n- `dpflow_core/runs/`: runs.\n- `dpflow_core/gone.py`: old.\n\n## Next\n"
     assert _top_level_entries(pkg) == {"dpflow_core/runs/", "dpflow_core/files.py"}
     assert _readme_layout(readme) == ["dpflow_core/runs/", "dpflow_core/gone.py"]
+
+
+#: Modules the command line must not load before a command that needs them runs (issue 19: start-up).
+HEAVY_MODULES = ("numpy", "scipy", "torch", "av", "mcap", "pyarrow", "fabric", "paramiko", "cv2", "dagster")
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["convert", "--help"], ["export-lerobot", "--help"]])
+def test_command_line_start_up_loads_no_heavy_module(argv):
+    """``dpflow --version`` and the help pages register every command without importing NumPy, SciPy,
+    torch, PyAV, mcap, pyarrow, Fabric or Dagster (each costs tenths of a second at every start)."""
+    code = (
+        "import sys\n"
+        "from dpflow_core.cli import main\n"
+        f"sys.argv = ['dpflow', *{argv!r}]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code in (0, None), exc.code\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY_MODULES!r})\n"
+        "sys.stderr.write(repr(bad)); sys.exit(3 if bad else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,7 +10,7 @@ import typer
 from dpflow_core import export as lerobot
 from dpflow_core.cli import app
 from dpflow_core.errors import DatasetError
-from dpflow_core.export.openpi import OPENPI_ACTION_HORIZON, OPENPI_BATCH_SIZE
+from dpflow_core.export import OPENPI_ACTION_HORIZON, OPENPI_BATCH_SIZE
 
 
 @app.command("export-lerobot")

@@ -50,6 +50,17 @@ from __future__ import annotations
 
 from dpflow_core._lazy import lazy_exports
 
+#: openpi's defaults: ``Pi0Config.action_horizon`` and ``TrainConfig.batch_size`` (defined here, not in
+#: :mod:`~dpflow_core.export.openpi`, so that the CLI's option defaults load no NumPy, pyarrow or SciPy).
+OPENPI_ACTION_HORIZON = 50
+OPENPI_BATCH_SIZE = 32
+#: The LeRobot v2.1 format (one parquet file and one video per episode; openpi's pinned lerobot reads it).
+CODEBASE_VERSION = "v2.1"
+#: The LeRobot v3.0 format (many episodes per file; lerobot >= 0.4 reads only this one).
+V30_VERSION = "v3.0"
+#: Formats :func:`export_lerobot` writes; the first is the default.
+FORMATS = (V30_VERSION, CODEBASE_VERSION)
+
 # Names are imported from their module on first use (PEP 562): importing one submodule, or this
 # package, does not load the others and their dependencies.
 __getattr__, __dir__ = lazy_exports(__name__, {
@@ -57,7 +68,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     'ACTION_RULES': 'features',
     'CAMERA_KEY': 'features',
     'CHUNKS_SIZE': 'features',
-    'CODEBASE_VERSION': 'features',
     'DATA_PATH': 'features',
     'EPISODES_PATH': 'features',
     'EPISODES_STATS_PATH': 'features',
@@ -73,12 +83,10 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     'episode_actions': 'features',
     'episode_state': 'features',
     'measured_fps': 'features',
-    'FORMATS': 'features',
     'STATS_PATH': 'features',
     'V30_DATA_PATH': 'features',
     'V30_EPISODES_PATH': 'features',
     'V30_TASKS_PATH': 'features',
-    'V30_VERSION': 'features',
     'V30_VIDEO_PATH': 'features',
     'aggregate_stats': 'stats',
     'camera_stats': 'stats',

@@ -13,14 +13,9 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from dpflow_core.errors import ConversionError
+# the format versions live in the package (the CLI's option defaults read them without NumPy or SciPy)
+from dpflow_core.export import CODEBASE_VERSION, FORMATS, V30_VERSION  # noqa: F401
 
-
-#: The LeRobot v2.1 format (one parquet file and one video per episode; openpi's pinned lerobot reads it).
-CODEBASE_VERSION = "v2.1"
-#: The LeRobot v3.0 format (many episodes per file; lerobot >= 0.4 reads only this one).
-V30_VERSION = "v3.0"
-#: Formats :func:`export_lerobot` writes; the first is the default.
-FORMATS = (V30_VERSION, CODEBASE_VERSION)
 #: Episodes per chunk folder (LeRobot's default).
 CHUNKS_SIZE = 1000
 INFO_PATH = "meta/info.json"

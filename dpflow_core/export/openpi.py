@@ -16,13 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from dpflow_core.errors import DatasetError
+from dpflow_core.export import OPENPI_ACTION_HORIZON, OPENPI_BATCH_SIZE  # noqa: F401  (defined there for the CLI)
 from dpflow_core.export.validation import LeRobotLayout, read_lowdim, validate_lerobot_dataset
 from dpflow_core.files import write_text_atomic
 
 
-#: openpi's defaults: ``Pi0Config.action_horizon`` and ``TrainConfig.batch_size``.
-OPENPI_ACTION_HORIZON = 50
-OPENPI_BATCH_SIZE = 32
 #: Histogram bins of openpi's ``RunningStats`` quantiles.
 OPENPI_QUANTILE_BINS = 5000
 
