@@ -97,7 +97,7 @@ def pytest_configure(config):
 #: The modules that take minutes, collected first and in this order: under pytest-xdist (``--dist
 #: loadfile``, scripts/test.sh) each then starts at once on a worker of its own, rather than last
 #: while the other worker has nothing left to do. The rest keep their order.
-SLOW_MODULES_FIRST = ("test_demo_e2e.py", "test_demo_foreign.py", "test_assets_training.py", "test_browser.py")
+SLOW_MODULES_FIRST = ("test_demo_e2e.py", "test_assets_training.py", "test_browser.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,8 +3,8 @@
 Runs the real command in a subprocess on a private Dagster instance and checks
 what it produced: every step and asset check passed, the dataset SHA-256
 recorded along the lineage equals the file's, the checkpoint loads and its
-evaluation metrics are finite and beat the constant baseline. The run on recordings written by
-an independent writer (tests/foreign_writer.py) is in tests/test_demo_foreign.py.
+evaluation metrics are finite and beat the constant baseline; then a second task written by an
+independent writer (tests/foreign_writer.py) on the same instance.
 """
 
 from __future__ import annotations
@@ -142,10 +142,15 @@ def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # two demo runs; about 10 min each on a loaded 2-core machine
-def test_main_job_on_sample_recordings_then_a_second_task(tmp_path):
-    """The sample task, then a second (smaller) task folder on the same instance and work folder: both
-    partitions pass with their own checks, and the first task's results stay as they were."""
-    from dpflow_core.recordings.samples import write_task
+def test_main_job_on_sample_recordings_then_a_second_task_from_another_writer(tmp_path):
+    """The README's main command, then a second task folder written by an independent writer
+    (tests/foreign_writer.py: other stems, 20 fps, 96x64, a ``vio_result.json``) on the same instance
+    and work folder: both partitions pass with their own checks, the second one's recordings are read
+    where they are, and the first task's results stay as they were.
+
+    One test for both, so that the suite pays the demo's fixed costs (instance, conversion, the three
+    smoke launches, training, evaluation) once less than with a module per recording writer."""
+    import foreign_writer as fw
 
     # the README's main command as it is: its policy must pass the evaluation gate
     proc, instance, out = _run_demo(tmp_path)
@@ -154,16 +159,31 @@ def test_main_job_on_sample_recordings_then_a_second_task(tmp_path):
     assert "warns: CPU run: GPU release not checked" in proc.stdout
     assert "every step and blocking check passed" in proc.stdout and proc.returncode == 0
     first = {asset: _latest(instance, asset, "pick_place") for asset in _PRODUCTS}
+    recordings_before = sorted(p.relative_to(out) for p in (out / "recordings").rglob("*"))
 
-    # the second task costs less than the first: fewer, shorter episodes and a tiny training (its
-    # policy need not pass the gate; the test checks that the outcome is reported either way)
-    write_task(out / "recordings", episodes=3, seconds=5.0, seed=1, task="wipe_table")
-    proc, instance, out = _run_demo(
-        tmp_path, "--recordings", str(out / "recordings" / "wipe_table"), "--config", str(_tiny_lab(tmp_path)))
-    beats = _assert_pipeline_products(instance, out, "wipe_table", runs_before=1)
+    # the second task: another writer's recordings outside the work folder, and a tiny training (what is
+    # under test is reading them and the second partition, not learning: its policy need not pass the
+    # gate, and the test checks that the outcome is reported either way)
+    task = tmp_path / "matrix_output" / "cup_stack"
+    episodes = [
+        fw.write_foreign_episode(task, f"DAS07_20261129_{10 + k:02d}1500", seed=k, seconds=7.0, fps=20, size=(96, 64))
+        for k in range(4)
+    ]
+    (task / "vio_result.json").write_text(json.dumps({
+        "task_name": "cup_stack",
+        "success_mcap_files": [e.raw_mcap.name for e in episodes],
+        "failed_mcap_files": [],
+    }))
+    proc, instance, out = _run_demo(tmp_path, "--recordings", str(task), "--config", str(_tiny_lab(tmp_path)))
+    beats = _assert_pipeline_products(instance, out, "cup_stack", runs_before=1)
     assert ("every step and blocking check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
+    assert sorted(p.relative_to(out) for p in (out / "recordings").rglob("*")) == recordings_before, \
+        "no sample recordings are written when --recordings is given"
+    meta = json.loads(next(out.glob("datasets/cup_stack/*/dataset.json")).read_text())
+    assert meta["n_episodes"] == 4
+    assert abs(meta["frequency_hz"] - 20.0) < 0.2
     assert {asset: _latest(instance, asset, "pick_place") for asset in _PRODUCTS} == first
-    assert instance.get_materialized_partitions(dg.AssetKey("evaluation")) == {"pick_place", "wipe_table"}
+    assert instance.get_materialized_partitions(dg.AssetKey("evaluation")) == {"pick_place", "cup_stack"}
 
 
 @pytest.mark.parametrize(
