@@ -13,6 +13,17 @@ from typing import NamedTuple
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: One intra-op thread for torch (OpenMP, MKL) in this process and every trainer the tests start. The
+#: suite runs two pytest-xdist workers on a 2-core machine, each often beside a trainer subprocess:
+#: with torch's default of one thread per core, their OpenMP threads spin-wait on each other, and a
+#: tiny training measured here took 15x longer (6 steps: 56 s against 3.6 s, 27 s of CPU against 9 s).
+#: Set before anything imports torch; trainers started over the test sshd get it through its
+#: ``SetEnv`` (tests/sshd.py), Slurm jobs through sbatch's default ``--export=ALL``. What the tests
+#: assert does not depend on the thread count (the bit-exact resume tests pinned it to 1 already).
+TEST_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+for _name, _value in TEST_THREAD_ENV.items():
+    os.environ.setdefault(_name, _value)
 VENV_BIN = Path(sys.executable).parent
 
 #: How to install each service a test may need (Debian 12), named in the skip or failure reason.

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import missing_executable, require_service
+from conftest import TEST_THREAD_ENV, missing_executable, require_service
 
 #: The sshd binary: ``$DPFLOW_TEST_SSHD``, else ``sshd`` on ``PATH`` (Debian: /usr/sbin), else ``None``.
 SSHD = os.environ.get("DPFLOW_TEST_SSHD") or shutil.which("sshd")
@@ -150,6 +150,8 @@ def start_sshd(
             "MaxSessions 50",
             "MaxStartups 50:30:100",
             "LogLevel VERBOSE",
+            # one torch/OpenMP thread per trainer the tests start over SSH, as tests/conftest.py sets locally
+            f"SetEnv {' '.join(f'{k}={v}' for k, v in TEST_THREAD_ENV.items())}",
             f"Subsystem sftp {sftp_server}",
             "",
         ])
