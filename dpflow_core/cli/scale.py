@@ -73,6 +73,7 @@ def _spec(kind, name, path, sha, freq, config_name, epochs, max_train_steps, bat
 def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json,
          logging_mode="offline"):
     from dpflow_core.dataset import recorded_sha256
+    from dpflow_core.runs import dataset_frequency
     from dpflow_core.runs.scale import run_on_lab, upload_to_lab
 
     if not dataset.is_file():
@@ -85,7 +86,7 @@ def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps
         servers = [stack.enter_context(_server.GpuServer(c)) for c in lab.servers]
         upload = upload_to_lab(servers, dataset, expected_sha256=recorded_sha256(dataset),
                                on_event=lambda line: _verdict(line, True))
-        spec = _spec(kind, run_name, upload.paths[0], upload.sha256, upload.frequency_hz, config_name, epochs, max_train_steps,
+        spec = _spec(kind, run_name, upload.paths[0], upload.sha256, dataset_frequency(servers[0], upload.paths[0]), config_name, epochs, max_train_steps,
                      batch_size, resume, override, logging_mode)
         typer.echo(f"{kind} run {spec.name} ({lab.mode}, {len(servers)} server(s))")
         result = run_on_lab(servers, lab, spec, upload.paths, timeout_s=timeout, on_event=typer.echo)

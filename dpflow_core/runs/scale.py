@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dpflow_core.errors import RemoteError, RunError
-from dpflow_core.server import GpuServer
+from dpflow_core.server import GpuServer, SlurmSettings
 from dpflow_core.server.lab import LabServers
 from dpflow_core.server.upload import UploadResult, upload_dataset
 from dpflow_core.runs.slurm import JobState, SlurmJob, cancel_job, submit_run, wait_job
 from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, run_slurm_smoke, slurm_preflight
-from dpflow_core.runs.spec import RunSpec, dataset_frequency
+from dpflow_core.runs.spec import CPU_CONFIG_NAME, GPU_CONFIG_NAME, RunSpec
 
 #: (name, passed, detail) of one check, in the order it ran.
 Check = tuple[str, bool, str]
@@ -44,17 +44,30 @@ class LabUpload:
     Attributes:
         results: each server's :class:`UploadResult` (rank order), each verified by SHA-256 there.
         sha256: the dataset's SHA-256 (the same on every machine).
-        frequency_hz: the dataset's frequency, read from its metadata on the first machine.
     """
 
     results: tuple[UploadResult, ...]
     sha256: str
-    frequency_hz: float
 
     @property
     def paths(self) -> tuple[str, ...]:
         """The dataset's path on each machine, rank order."""
         return tuple(r.remote_path for r in self.results)
+
+
+class UploadMismatch(RemoteError):
+    """The dataset's SHA-256 on a server differs from the local one after upload; the file is quarantined there.
+
+    Attributes:
+        verification: both hashes and sizes (:class:`~dpflow_core.server.upload.Sha256Verification`).
+    """
+
+    code = "sha256_mismatch"
+
+    def __init__(self, where: str, verification):
+        self.verification = verification
+        super().__init__(f"SHA-256 mismatch after upload to {where}: {verification.describe()}",
+                         path=verification.remote_path)
 
 
 def upload_to_lab(
@@ -73,8 +86,8 @@ def upload_to_lab(
     cluster's shared file system; the compute nodes' view is checked by :func:`slurm_preflight`.
 
     Raises:
-        RemoteError: ``sha256_mismatch`` naming the server (the file is quarantined there), and
-            everything :func:`~dpflow_core.server.upload.upload_dataset` raises.
+        UploadMismatch: the SHA-256 differs on a server (named; the file is quarantined there);
+        everything :func:`~dpflow_core.server.upload.upload_dataset` raises.
     """
     if not servers:
         raise RemoteError("no server to upload to", code="bad_config")
@@ -83,13 +96,11 @@ def upload_to_lab(
         result = upload_dataset(server, dataset, expected_sha256=expected_sha256, sidecar_path=sidecar_path,
                                 method=method, with_preflight=with_preflight)
         if not result.verified:
-            raise RemoteError(f"SHA-256 mismatch after upload to {server.config.describe()}: "
-                              f"{result.verification.describe()}", path=result.remote_path, code="sha256_mismatch")
+            raise UploadMismatch(server.config.describe(), result.verification)
         if on_event is not None:
             on_event(f"dataset on {server.config.describe()}: {result.remote_path} sha256 {result.sha256}")
         results.append(result)
-    return LabUpload(results=tuple(results), sha256=results[0].sha256,
-                     frequency_hz=dataset_frequency(servers[0], results[0].remote_path))
+    return LabUpload(results=tuple(results), sha256=results[0].sha256)
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,7 @@ class ScaleResult:
         release: the release check's message (Slurm; each rank's in ``checks`` for ``hosts``).
         oom_advice: what to change after an out-of-memory end.
         job: the Slurm job record (None for ``hosts`` and for a refused preflight).
+        epoch, global_step: the last ones the trainer logged (training runs; None when unknown).
         hosts: ``hosts`` only: ``run_dirs``, ``exit_codes``, ``failed_ranks``, ``stopped_ranks``,
             ``tokens`` and ``released`` (one per rank).
     """
@@ -127,6 +139,8 @@ class ScaleResult:
     oom_advice: tuple[str, ...] = ()
     job: SlurmJob | None = field(default=None, repr=False)
     hosts: dict[str, Any] = field(default_factory=dict)
+    epoch: int | None = None
+    global_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready summary (``dpflow scale --json``)."""
@@ -138,6 +152,15 @@ class ScaleResult:
                        oom_advice=list(self.oom_advice))
         out.update(self.hosts)
         return out
+
+
+def slurm_config_name(config_name: str, settings: SlurmSettings) -> str:
+    """The trainer config of a run on the cluster: ``config_name`` unless ``auto``, which picks the GPU config
+    when the jobs ask for GPUs (``slurm.gpus_per_node``) and the CPU config otherwise (the login node's own
+    nvidia-smi says nothing about the compute nodes)."""
+    if config_name and config_name != "auto":
+        return config_name
+    return GPU_CONFIG_NAME if settings.gpus_per_node else CPU_CONFIG_NAME
 
 
 def _preflight(server: GpuServer, spec: RunSpec) -> list[Check]:
@@ -194,7 +217,8 @@ def slurm_train(
     state = report.state
     return ScaleResult("slurm", "train", spec.name, report.passed and release.passed, tuple(checks), run_dir=job.run_dir,
                        job_id=job.job_id, state=state.state if state else None, exit_code=state.exit_code if state else None,
-                       problems=report.problems, release=release.message, oom_advice=report.oom_advice, job=job)
+                       problems=report.problems, release=release.message, oom_advice=report.oom_advice, job=job,
+                       epoch=trainer.last_epoch, global_step=trainer.last_global_step)
 
 
 def hosts_smoke(servers: Sequence[GpuServer], spec: RunSpec, *, timeout_s: float = 900.0) -> ScaleResult:
@@ -236,8 +260,10 @@ def hosts_train(
     hosts = {"run_dirs": [h.run_dir for h in run.handles], "exit_codes": list(result.exit_codes),
              "failed_ranks": list(result.failed_ranks), "stopped_ranks": sorted(result.stopped),
              "tokens": [h.token for h in run.handles], "released": [r.passed for r in result.releases]}
+    natural = result.natural_exit
     return ScaleResult("hosts", "train", spec.name, result.passed, tuple(checks), run_dir=run.handles[0].run_dir,
-                       problems=result.problems, hosts=hosts)
+                       problems=result.problems, hosts=hosts, epoch=natural.last_epoch if natural else None,
+                       global_step=natural.last_global_step if natural else None)
 
 
 def run_on_lab(
@@ -248,8 +274,12 @@ def run_on_lab(
     *,
     timeout_s: float,
     on_event: EventCallback | None = None,
+    on_state: Callable[[JobState | None], None] | None = None,
 ) -> ScaleResult:
     """The smoke or training run ``spec`` (by its kind) on the lab's cluster or hosts.
+
+    ``on_event`` gets progress lines (submitted, launched); ``on_state`` each state a Slurm training job
+    is polled in (for progress reports).
 
     Raises:
         RunError: ``bad_config`` for a lab of one server without a scheduler (``dpflow smoke|train``
@@ -258,7 +288,7 @@ def run_on_lab(
     if lab.mode == "slurm":
         if spec.kind == "smoke":
             return slurm_smoke(servers[0], spec, timeout_s=timeout_s)
-        return slurm_train(servers[0], spec, timeout_s=timeout_s, on_event=on_event)
+        return slurm_train(servers[0], spec, timeout_s=timeout_s, on_event=on_event, on_state=on_state)
     if lab.mode == "hosts":
         if spec.kind == "smoke":
             return hosts_smoke(servers, spec, timeout_s=timeout_s)
