@@ -200,3 +200,69 @@ def test_readme_slurm_lab_smoke_trains_on_two_nodes_saves_and_resumes(slurm_clus
     assert "resumed from" in (run_dir / "dpflow/launch-1/output.log").read_text()
     for jid in (first["job_id"], second["job_id"]):
         assert _sacct(slurm_cluster, jid, "State,ExitCode,NNodes,NodeList") == "COMPLETED|0:0|2|n[1-2]"
+
+
+def test_dagster_assets_run_smoke_and_training_as_slurm_jobs_and_download_the_checkpoint(slurm_cluster, tmp_path, repo, dataset):
+    """remote_dataset, smoke_run, train_run and checkpoint materialized with the gpu_server resource set to the
+    cluster (the lab.yaml's Slurm settings, field for field); ground truth from sacct and the files."""
+    import dagster as dg
+    from partitioned import materialize as materialize_task
+
+    from dpflow_dagster.defs import remote as ar
+    from dpflow_dagster.defs import training as at
+    from dpflow_dagster.resources import GpuServerResource, SlurmConfig
+
+    path, sha = dataset
+
+    @dg.asset(name="dataset_npz", group_name="dataset")
+    def dataset_npz_stub() -> dict:
+        return {"path": path, "sha256": sha, "frequency_hz": 10.0}
+
+    gpu_server = GpuServerResource(
+        scheduler="slurm", slurm=SlurmConfig(partition="debug", nodes=2, cpus_per_task=1, time_limit="10"),
+        data_root=str(tmp_path / "shared"), repo_path=repo, python=sys.executable,
+    )
+    run_config = dg.RunConfig(ops={
+        "smoke_run": at.SmokeRunConfig(run_name="dg-smoke", config_name="tiny", max_train_steps=2),
+        "train_run": at.TrainRunConfig(run_name="dg-train", config_name="tiny", epochs=1, max_train_steps=2, batch_size=4,
+                                       logging_mode="disabled"),
+        "checkpoint": at.CheckpointConfig(output_dir=str(tmp_path / "checkpoints"), stable_interval_s=0.2),
+    })
+    assets = [dataset_npz_stub, ar.remote_dataset, ar.remote_dataset_sha256_match, at.smoke_run, at.smoke_run_released,
+              at.train_run, at.train_run_natural_exit, at.checkpoint, at.checkpoint_sha256_match]
+    result = materialize_task(assets, "pick_place", resources={"gpu_server": gpu_server}, run_config=run_config,
+                              raise_on_error=False)
+    failures = {e.step_key: e.step_failure_data.error.message if e.step_failure_data.error else ""
+                for e in result.all_events if e.is_step_failure}
+    assert result.success, failures
+    meta = {e.asset_key.to_user_string(): {k: v.value for k, v in e.step_materialization_data.materialization.metadata.items()}
+            for e in result.get_asset_materialization_events()}
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert {n: c.passed for n, c in checks.items()} == {
+        "remote_dataset_sha256_match": True, "released": True, "natural_exit": True, "sha256_match": True}
+
+    # the dataset on the cluster's shared file system, where the compute node's preflight found it
+    remote = meta["remote_dataset"]["remote_path"]
+    assert remote.startswith(str(tmp_path / "shared")) and sha256_file(remote) == sha
+    smoke, train = meta["smoke_run"], meta["train_run"]
+    assert smoke["scheduler"] == train["scheduler"] == "slurm"
+    assert "| preflight dataset | yes |" in smoke["checks"] and f"SHA-256 {sha}" in smoke["checks"]
+    # the job ids in the metadata are the jobs Slurm ran under the run names
+    assert _sacct(slurm_cluster, smoke["slurm_job_id"], "JobName,State,ExitCode,NNodes") == "dg-smoke|COMPLETED|0:0|1"
+    assert _sacct(slurm_cluster, train["slurm_job_id"], "JobName,State,ExitCode,NNodes") == "dg-train|COMPLETED|0:0|2"
+    assert (train["slurm_state"], train["slurm_exit_code"], train["slurm_nodes"]) == ("COMPLETED", "0:0", 2)
+    assert (train["epoch"], train["global_step"]) == (0, 1)
+    assert "#SBATCH --time=10" in Path(train["slurm_script"]).read_text()
+    exit_meta = {k: v.value for k, v in checks["natural_exit"].metadata.items()}
+    assert exit_meta["slurm_job_id"] == train["slurm_job_id"] and exit_meta["job"].startswith(f"job {train['slurm_job_id']} COMPLETED")
+    assert {k: v.value for k, v in checks["released"].metadata.items()}["slurm_job_id"] == smoke["slurm_job_id"]
+
+    # the checkpoint downloaded is the one the 2-node job saved, by SHA-256 on both ends
+    ckpt = meta["checkpoint"]
+    saved = tmp_path / "shared" / "runs" / "dg-train" / "checkpoints" / "latest.ckpt"
+    assert ckpt["remote_path"] == str(saved) and ckpt["sha256"] == ckpt["remote_sha256"] == sha256_file(saved)
+    assert sha256_file(ckpt["local_path"]) == ckpt["sha256"] and ckpt["run_finished"] is True
+    payload = torch.load(ckpt["local_path"], weights_only=False, map_location="cpu")
+    assert payload["num_processes"] == 2 and (payload["epoch"], payload["global_step"]) == (1, 2)
+    record = json.loads(Path(ckpt["record"]).read_text())
+    assert record["slurm_job_id"] == train["slurm_job_id"]
