@@ -169,13 +169,17 @@ def test_readme_slurm_lab_smoke_trains_on_two_nodes_saves_and_resumes(slurm_clus
     path, sha = dataset
     common = ["--lab", str(lab_file), path, "--config-name", "tiny", "--batch-size", "4", "--json"]
 
-    proc, smoke = dpflow("scale", "smoke", *common, "--run-name", "readme-smoke", "--max-train-steps", "2")
-    assert proc.returncode == 0 and smoke["passed"], proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert smoke["state"] == "COMPLETED" and "has left the queue; no step left" in smoke["release"]
-    assert _sacct(slurm_cluster, smoke["job_id"], "JobName,State,ExitCode,NNodes") == "readme-smoke|COMPLETED|0:0|1"
-    assert not Path(smoke["run_dir"], "checkpoints").exists() or not list(Path(smoke["run_dir"], "checkpoints").iterdir())
-    record = json.loads(Path(smoke["run_dir"], "dpflow/launch-0", SLURM_RECORD).read_text())
-    assert record["job_id"] == smoke["job_id"]
+    # `dpflow scale smoke` refuses a partition the cluster lacks before submitting anything; a smoke job
+    # itself runs in the Dagster test below, through the same dpflow_core.runs.scale.slurm_smoke
+    bad = yaml.safe_load(lab_file.read_text())
+    bad["server"]["slurm"]["partition"] = "nosuch"
+    bad_file = tmp_path / "bad-lab.yaml"
+    bad_file.write_text(yaml.safe_dump(bad))
+    proc, smoke = dpflow("scale", "smoke", "--lab", str(bad_file), path, "--config-name", "tiny", "--json", "--run-name", "readme-smoke")
+    assert proc.returncode == 1 and smoke["passed"] is False and smoke["job_id"] is None, proc.stdout[-3000:]
+    assert [c[:2] for c in smoke["checks"]][0] == ["preflight partition", False] and "nosuch: not found" in smoke["checks"][0][2]
+    assert "[FAIL] preflight partition: nosuch: not found" in proc.stdout
+    assert not (tmp_path / "shared" / "runs" / "readme-smoke").exists()
 
     train = ["scale", "train", *common, "--run-name", "readme-2n", "--max-train-steps", "2", "--logging-mode", "disabled"]
     proc, first = dpflow(*train, "--epochs", "1")
@@ -230,7 +234,8 @@ def test_dagster_assets_run_smoke_and_training_as_slurm_jobs_and_download_the_ch
     })
     assets = [dataset_npz_stub, ar.remote_dataset, ar.remote_dataset_sha256_match, at.smoke_run, at.smoke_run_released,
               at.train_run, at.train_run_natural_exit, at.checkpoint, at.checkpoint_sha256_match]
-    result = materialize_task(assets, "pick_place", resources={"gpu_server": gpu_server}, run_config=run_config,
+    instance = dg.DagsterInstance.ephemeral()
+    result = materialize_task(assets, "pick_place", instance=instance, resources={"gpu_server": gpu_server}, run_config=run_config,
                               raise_on_error=False)
     failures = {e.step_key: e.step_failure_data.error.message if e.step_failure_data.error else ""
                 for e in result.all_events if e.is_step_failure}
@@ -266,3 +271,31 @@ def test_dagster_assets_run_smoke_and_training_as_slurm_jobs_and_download_the_ch
     assert payload["num_processes"] == 2 and (payload["epoch"], payload["global_step"]) == (1, 2)
     record = json.loads(Path(ckpt["record"]).read_text())
     assert record["slurm_job_id"] == train["slurm_job_id"]
+
+
+def test_the_gpu_server_resource_is_the_lab_yaml_server_section(tmp_path, monkeypatch):
+    """The resource's fields are the lab.yaml's keys; DPFLOW_LAB (how `dpflow demo --config` passes a cluster or
+    several servers to the definitions) gives the machines lab_servers reads from the same file."""
+    import yaml
+
+    from dpflow_core.server.lab import CONNECTION_KEYS, SCALE_KEYS, SLURM_KEYS
+    from dpflow_dagster import demo
+    from dpflow_dagster.resources import GpuServerResource, HostConfig, SlurmConfig, gpu_server_from_env
+
+    assert set(SlurmConfig.model_fields) == set(SLURM_KEYS)
+    assert set(HostConfig.model_fields) == set(CONNECTION_KEYS)
+    assert set(CONNECTION_KEYS) | set(SCALE_KEYS) <= set(GpuServerResource.model_fields)
+    for title, mode in (("a Slurm cluster", "slurm"), ("two servers", "hosts")):
+        lab = readme_lab(title)
+        path = tmp_path / f"{mode}.yaml"
+        path.write_text(yaml.safe_dump(lab))
+        demo.check_lab_settings(lab, path)  # accepted by the demo, no longer refused
+        monkeypatch.setenv("DPFLOW_LAB", str(path))
+        resource = gpu_server_from_env()
+        assert resource.lab() == lab_servers(lab["server"], path) and resource.lab().mode == mode
+    assert [c.data_root for c in resource.lab().servers] == ["/data/dpflow", "/scratch/dpflow"]
+    with pytest.raises(RemoteError, match=r"the gpu_server resource: server.slurm: slurm.time_limit 'soon' is not a Slurm time"):
+        GpuServerResource(scheduler="slurm", slurm=SlurmConfig(time_limit="soon")).lab()
+    path.write_text(yaml.safe_dump({"server": {"scheduler": "slurm", "slurm": {"gpus": 2}}}))
+    with pytest.raises(RemoteError, match=rf"{path}: unknown key 'gpus' under 'server: slurm'"):
+        gpu_server_from_env()
