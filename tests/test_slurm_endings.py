@@ -20,7 +20,6 @@ from __future__ import annotations
 import sys
 import time
 
-import pytest
 from slurm_cluster import URGENT, slurm_limits_cluster  # noqa: F401  (the fixture)
 from test_slurm import _sacct, _train_spec, dataset, repo  # noqa: F401  (fixtures)
 
