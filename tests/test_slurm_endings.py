@@ -21,16 +21,10 @@ import sys
 import time
 
 from slurm_cluster import URGENT, slurm_limits_cluster  # noqa: F401  (the fixture)
-from test_slurm import _sacct, _train_spec, dataset, repo  # noqa: F401  (fixtures)
+from test_slurm import _sacct, _server, _train_spec, dataset, repo  # noqa: F401  (fixtures)
 
 from dpflow_core.runs.slurm import job_state, submit_run, wait_job
 from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released
-from dpflow_core.server import GpuServer, ServerConfig, SlurmSettings
-
-
-def _server(tmp_path, repo, **slurm) -> GpuServer:
-    settings = SlurmSettings(partition="debug", **slurm)
-    return GpuServer(ServerConfig.local(data_root=str(tmp_path / "cluster"), repo_path=repo, scheduler="slurm", slurm=settings))
 
 
 def _long(name, dataset):
