@@ -257,7 +257,7 @@ def test_dagster_assets_run_smoke_and_training_as_slurm_jobs_and_download_the_ch
     assert _sacct(slurm_cluster, train["slurm_job_id"], "JobName,State,ExitCode,NNodes") == "dg-train|COMPLETED|0:0|2"
     assert (train["slurm_state"], train["slurm_exit_code"], train["slurm_nodes"]) == ("COMPLETED", "0:0", 2)
     assert (train["epoch"], train["global_step"]) == (0, 1)
-    record = json.loads((Path(train["path"]) / "dpflow/launch-0" / SLURM_RECORD).read_text())
+    record = json.loads((tmp_path / "shared/runs/dg-train/dpflow/launch-0" / SLURM_RECORD).read_text())
     assert record["job_id"] == train["slurm_job_id"] and record["nodes"] == 2
     assert "#SBATCH --time=10" in Path(train["slurm_script"]).read_text()
     exit_meta = {k: v.value for k, v in checks["natural_exit"].metadata.items()}
