@@ -43,6 +43,7 @@ from dpflow_core.runs import (
     LATEST_CKPT,
     LOG_NAME,
     RECORD_NAME,
+    RunHandle,
     finalize_record,
     list_checkpoints,
     load_handle,
@@ -248,13 +249,15 @@ def download_checkpoint(
 ) -> DownloadedCheckpoint:
     """Download the chosen checkpoint of run ``run_name`` with its companions (see the module docstring).
 
+    On a Slurm cluster (``scheduler: slurm``) the run's job record (``slurm.json``) stands in for its
+    launch record: the run has ended when Slurm reports a final state.
+
     Raises:
         RunError: ``run_not_found``, ``checkpoint_missing``, ``checkpoint_unstable``.
         RemoteError: a transfer or the hash on the server failed.
     """
     validate_name(run_name, "run name")
-    handle = load_handle(server, run_name)
-    status = server.detached_status(handle.detached)
+    handle, finished = _launch(server, run_name)
     ckpt_dir = posixpath.join(handle.run_dir, CHECKPOINT_DIR)
     name = choose_checkpoint(list_checkpoints(server, handle.run_dir), choose)
     remote = posixpath.join(ckpt_dir, name)
@@ -266,7 +269,7 @@ def download_checkpoint(
     if (final / name).is_file() and (final / RECORD_FILE).is_file():
         rec = json.loads((final / RECORD_FILE).read_text())
         local_sha = sha256_file(final / name)
-        return _result(handle, choose, remote, remote_sha, size, final, name, local_sha, status, rec, already=True)
+        return _result(handle, choose, remote, remote_sha, size, final, name, local_sha, finished, rec, already=True)
 
     tmp = final.parent / f".partial-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
@@ -282,14 +285,18 @@ def download_checkpoint(
                 _get(server, posixpath.join(handle.run_dir, entry), tmp / entry)
         if not (tmp / NORMALIZER_FILE).exists() and local_sha == remote_sha:
             _write_normalizer(tmp / name, tmp / NORMALIZER_FILE)
-        try:
-            record = finalize_record(server, handle)
-        except RemoteError:
-            record = {"run_name": run_name, "note": f"no {RECORD_NAME} for launch {handle.launch_index}"}
+        if isinstance(handle, RunHandle):
+            try:
+                record = finalize_record(server, handle)
+            except RemoteError:
+                record = {"run_name": run_name, "note": f"no {RECORD_NAME} for launch {handle.launch_index}"}
+        else:
+            record = {"run_name": run_name, "slurm_job_id": handle.job_id,
+                      "note": f"Slurm job {handle.job_id} (launch {handle.launch_index}) keeps no {RECORD_NAME}"}
         record = dict(record)
         record["checkpoint"] = {
             "file": name, "choice": choose, "remote_path": remote, "remote_sha256": remote_sha, "local_sha256": local_sha,
-            "size_bytes": size, "downloaded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "run_finished": status.finished,
+            "size_bytes": size, "downloaded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "run_finished": finished,
         }
         if local_sha == remote_sha:
             trained = trained_representation(tmp / name)
@@ -306,10 +313,29 @@ def download_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return _result(handle, choose, remote, remote_sha, size, final, name, local_sha, status, record)
+    return _result(handle, choose, remote, remote_sha, size, final, name, local_sha, finished, record)
 
 
-def _result(handle, choose, remote, remote_sha, size, folder: Path, name, local_sha, status, record, already=False):
+def _launch(server: GpuServer, run_name: str):
+    """The run's latest launch record, and whether it has ended: its :class:`RunHandle` on a server, or
+    its :class:`~dpflow_core.runs.slurm.SlurmJob` (ended: Slurm reports a final state) on a cluster."""
+    try:
+        handle = load_handle(server, run_name)
+    except RunError as exc:
+        if server.config.scheduler != "slurm":
+            raise
+        from dpflow_core.runs.slurm import job_state, load_job
+
+        try:
+            job = load_job(server, run_name)
+        except RunError:
+            raise exc from None
+        state = job_state(server, job.job_id)
+        return job, state is None or state.finished
+    return handle, server.detached_status(handle.detached).finished
+
+
+def _result(handle, choose, remote, remote_sha, size, folder: Path, name, local_sha, finished, record, already=False):
     hydra = folder / ".hydra"
     normalizers = sorted(p for p in folder.iterdir() if _NORMALIZER_NAMES.match(p.name))
     return DownloadedCheckpoint(
@@ -318,7 +344,7 @@ def _result(handle, choose, remote, remote_sha, size, folder: Path, name, local_
         hydra_dir=str(hydra) if hydra.is_dir() else None,
         log_path=str(folder / LOG_NAME) if (folder / LOG_NAME).is_file() else None,
         normalizer_path=str(normalizers[0]) if normalizers else None,
-        record_path=str(folder / RECORD_FILE), run_finished=status.finished,
+        record_path=str(folder / RECORD_FILE), run_finished=finished,
         exit_code=record.get("exit_code") if isinstance(record, dict) else None, already_present=already,
     )
 

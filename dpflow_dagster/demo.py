@@ -26,6 +26,10 @@ of this machine (the local GPU-server transport). A YAML file given with
     assets:                                           # per-asset launchpad config
       dataset_npz: {image_width: 224, image_height: 224}
       train_run: {num_processes: 4, epochs: 100}
+
+A ``server:`` section for a Slurm cluster (``scheduler: slurm`` and ``slurm:``) or for several
+servers (``hosts:``), as the README's "Scaling out" shows, runs the same job there: the
+definitions take the ``gpu_server`` resource from that file (``DPFLOW_LAB``).
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ import typer
 import yaml
 from rich.console import Console
 
-from dpflow_core.errors import InvalidNameError
+from dpflow_core.errors import InvalidNameError, RemoteError
 from dpflow_core.names import validate_name
-from dpflow_core.server.lab import SCALE_KEYS
+from dpflow_core.server.lab import SCALE_KEYS, lab_servers
 
 REPO = Path(__file__).resolve().parents[1]
 # soft_wrap: paths are printed whole, also when the output goes to a file or a CI log
@@ -83,11 +87,11 @@ def _refuse(config: Optional[Path], key: object, where: str, valid) -> typer.Bad
 def check_lab_settings(settings: dict, config: Optional[Path]) -> None:
     """Refuse unknown top-level and ``server:`` keys of a lab.yaml, naming the key, the file and the valid keys.
 
-    The keys of a Slurm cluster or several servers (``scheduler``, ``slurm``, ``hosts``, ...) are refused
-    with the command that runs them (``dpflow scale``): the main job drives one server.
+    A ``server:`` section with the keys of a Slurm cluster or several servers (``scheduler``, ``slurm``,
+    ``hosts``, ...) is checked whole by :func:`dpflow_core.server.lab.lab_servers`, as ``dpflow scale`` does.
 
     Raises:
-        typer.BadParameter: an unknown key, or ``server``/``assets`` not a mapping.
+        typer.BadParameter: an unknown key or value, or ``server``/``assets`` not a mapping.
     """
     for key in settings:
         if key not in LAB_KEYS:
@@ -95,14 +99,21 @@ def check_lab_settings(settings: dict, config: Optional[Path]) -> None:
     for section in ("server", "assets"):
         if settings.get(section) is not None and not isinstance(settings[section], dict):
             raise typer.BadParameter(f"{config}: {section!r} must be a mapping, got {settings[section]!r}")
-    for key in settings.get("server") or {}:
-        if key in SCALE_KEYS:
-            raise typer.BadParameter(
-                f"{config}: server.{key}: the main job drives one GPU server; run a Slurm cluster or several "
-                f"servers with `dpflow scale smoke|train --lab {config} DATASET` (README, Scaling out)"
-            )
+    server = settings.get("server") or {}
+    if is_scaled(settings):
+        try:
+            lab_servers(server, config or "lab.yaml")
+        except RemoteError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        return
+    for key in server:
         if key not in _SERVER_ENV:
-            raise _refuse(config, key, " under 'server'", _SERVER_ENV)
+            raise _refuse(config, key, " under 'server'", set(_SERVER_ENV) | set(SCALE_KEYS))
+
+
+def is_scaled(settings: dict) -> bool:
+    """True when a lab.yaml's ``server:`` names a Slurm cluster or several servers (any of its scale keys)."""
+    return any(key in SCALE_KEYS for key in settings.get("server") or {})
 
 
 def check_asset_settings(assets: dict, config: Optional[Path], job) -> None:
@@ -291,7 +302,10 @@ def run_demo(
     check_lab_settings(settings, config)
     out = Path(settings.get("out", out)).expanduser().resolve()
     recordings = recordings or (Path(settings["recordings"]).expanduser() if settings.get("recordings") else None)
-    for key, value in (settings.get("server") or {}).items():
+    if is_scaled(settings):
+        # the whole server section is the gpu_server resource (dpflow_dagster.resources.gpu_server_from_lab_file)
+        os.environ["DPFLOW_LAB"] = str(Path(config).resolve())
+    for key, value in () if is_scaled(settings) else (settings.get("server") or {}).items():
         if key == "expect_gpu" and not isinstance(value, bool):
             raise typer.BadParameter(f"{config}: server.expect_gpu must be true or false, got {value!r}")
         os.environ[_SERVER_ENV[key]] = (
@@ -368,8 +382,9 @@ def run_demo(
     console.print()
     _print_outputs(result, ops)
     console.print(f"Dagster instance: {os.environ['DAGSTER_HOME']}")
+    lab = f"DPFLOW_LAB={os.environ['DPFLOW_LAB']} " if is_scaled(settings) else ""
     console.print(
-        f"Open the UI:  DAGSTER_HOME={os.environ['DAGSTER_HOME']} DPFLOW_WORKDIR={os.environ['DPFLOW_WORKDIR']} "
+        f"Open the UI:  DAGSTER_HOME={os.environ['DAGSTER_HOME']} DPFLOW_WORKDIR={os.environ['DPFLOW_WORKDIR']} {lab}"
         f"DPFLOW_RECORDINGS_ROOT={os.environ['DPFLOW_RECORDINGS_ROOT']} .venv/bin/dg dev  "
         "(then http://127.0.0.1:3000; the same variables let the UI re-materialise this task)"
     )

@@ -12,6 +12,17 @@ Usage in a test module::
 
     from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 
+A second kind, :func:`start_cluster` with ``limits=True`` (fixture ``slurm_limits_cluster`` in
+``tests/test_slurm_endings.py``), makes Slurm end jobs the ways a real cluster does: memory is a
+consumable resource enforced by ``task/cgroup`` (``ConstrainRAMSpace``: the kernel's cgroup OOM
+killer, which Slurm reports as ``OUT_OF_MEMORY``), and a partition ``urgent`` of a higher
+``PriorityTier`` pre-empts ``debug`` jobs (``PreemptType=preempt/partition_prio``,
+``PreemptMode=CANCEL``: ``PREEMPTED``). Its cgroup v1 memory hierarchy is this process's own
+memory cgroup, bind-mounted under the cluster's folder inside each slurmd's own mount namespace
+(``unshare --mount``: the mount ends with the daemon and no other process sees it), so the jobs'
+cgroups nest inside the limits this machine already sets; its node names carry the PID, since
+Slurm names its cgroups after the node (``slurm_<node>``), removed again at the end.
+
 ``SLURM_CONF`` is set in this process's environment while the cluster runs, so ``sbatch``,
 ``squeue``, ``sacct``, ``sinfo`` and ``scancel`` run by the local transport reach it. Missing
 binaries skip the tests, or fail them when ``CI`` is set (:func:`conftest.require_service`).
@@ -65,7 +76,12 @@ class SlurmCluster:
         return "\n".join(f"== {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))
 
 
-def _config(root: Path, socket_path: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
+#: Memory (MB) of each node of the ``limits`` cluster and a job's default share (jobs without ``--mem``).
+LIMITS_NODE_MB, LIMITS_DEFAULT_MB = 8000, 2500
+URGENT = "urgent"
+
+
+def _config(root: Path, socket_path: Path, ctld_port: int, node_ports: dict[str, int], limits: bool = False) -> str:
     lines = [
         "ClusterName=dpflowtest",
         "SlurmctldHost=localhost(127.0.0.1)",
@@ -82,9 +98,9 @@ def _config(root: Path, socket_path: Path, ctld_port: int, node_ports: dict[str,
         f"SlurmctldLogFile={root / 'slurmctld.log'}",
         f"SlurmdLogFile={root / 'slurmd-%n.log'}",
         "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
+        f"TaskPlugin={'task/cgroup' if limits else 'task/none'}",
         "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
+        f"SelectTypeParameters={'CR_Core_Memory' if limits else 'CR_Core'}",
         "MpiDefault=none",
         "SchedulerType=sched/backfill",
         "SchedulerParameters=sched_interval=1",
@@ -100,12 +116,45 @@ def _config(root: Path, socket_path: Path, ctld_port: int, node_ports: dict[str,
         "SlurmctldTimeout=30",
         "SlurmdTimeout=60",
     ]
+    if limits:
+        lines += [f"DefMemPerCPU={LIMITS_DEFAULT_MB}", "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL"]
+    memory = LIMITS_NODE_MB if limits else 1000
     for name, port in node_ports.items():
         lines.append(
-            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs=2 RealMemory=1000 State=UNKNOWN"
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs=2 RealMemory={memory} State=UNKNOWN"
         )
-    lines.append(f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4")
+    nodes = ",".join(node_ports)
+    lines.append(f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
+                 + (" PriorityTier=1" if limits else ""))
+    if limits:
+        lines.append(f"PartitionName={URGENT} Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2")
     return "\n".join(lines) + "\n"
+
+
+def _memory_cgroup() -> Path:
+    """This process's cgroup v1 memory folder (``/sys/fs/cgroup/memory/<path>``).
+
+    Raises:
+        RuntimeError: no cgroup v1 memory controller is mounted (a cgroup v2-only machine).
+    """
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            folder = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            if (folder / "memory.limit_in_bytes").exists():
+                return folder
+    raise RuntimeError("no cgroup v1 memory controller mounted at /sys/fs/cgroup/memory")
+
+
+def _remove_cgroups(folder: Path) -> None:
+    """Remove the cgroup ``folder`` and those under it, deepest first (a cgroup is removed with rmdir once empty)."""
+    if not folder.is_dir():
+        return
+    for sub in sorted([p for p in folder.rglob("*") if p.is_dir()] + [folder], key=lambda p: len(p.parts), reverse=True):
+        try:
+            sub.rmdir()
+        except OSError:
+            pass
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -120,8 +169,12 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait(10)
 
 
-def start_cluster(root: Path) -> tuple[SlurmCluster, list[subprocess.Popen]]:
-    """Write keys and configs under ``root`` and start munged, slurmctld and the slurmd of each node."""
+def start_cluster(root: Path, *, limits: bool = False, nodes: tuple[str, ...] = NODES) -> tuple[SlurmCluster, list[subprocess.Popen]]:
+    """Write keys and configs under ``root`` and start munged, slurmctld and the slurmd of each node.
+
+    ``limits``: memory enforced by task/cgroup and pre-emption by partition priority (module docstring);
+    each slurmd sees this process's memory cgroup at ``root/cgroup/memory`` (:func:`stop_cluster` removes what Slurm made in it).
+    """
     procs: list[subprocess.Popen] = []
     keydir, sockdir = root / "munge-key", root / "munge-socket"
     keydir.mkdir(mode=0o700)
@@ -132,12 +185,22 @@ def start_cluster(root: Path) -> tuple[SlurmCluster, list[subprocess.Popen]]:
     socket_path = sockdir / "munge.socket"
     (root / "state").mkdir()
     (root / "spool").mkdir()
-    for node in NODES:
+    for node in nodes:
         (root / "spool" / node).mkdir()
-    node_ports = {node: _free_port() for node in NODES}
+    node_ports = {node: _free_port() for node in nodes}
     conf = root / "slurm.conf"
-    conf.write_text(_config(root, socket_path, _free_port(), node_ports))
-    cluster = SlurmCluster(root=root, conf=conf, partition=PARTITION, nodes=NODES)
+    conf.write_text(_config(root, socket_path, _free_port(), node_ports, limits=limits))
+    slurmd_prefix: list[str] = []
+    if limits:
+        mount = root / "cgroup" / "memory"
+        mount.mkdir(parents=True)
+        slurmd_prefix = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                         'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(_memory_cgroup()), str(mount)]
+        (root / "cgroup.conf").write_text(  # read from beside slurm.conf
+            f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={root / 'cgroup'}\nCgroupAutomount=no\n"
+            "ConstrainRAMSpace=yes\nConstrainSwapSpace=yes\nAllowedSwapSpace=0\n"
+        )
+    cluster = SlurmCluster(root=root, conf=conf, partition=PARTITION, nodes=nodes)
     env = cluster.env()
     try:
         procs.append(subprocess.Popen(
@@ -155,24 +218,34 @@ def start_cluster(root: Path) -> tuple[SlurmCluster, list[subprocess.Popen]]:
             ["slurmctld", "-D", "-i", "-f", str(conf)], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         ))
-        for node in NODES:
+        for node in nodes:
             procs.append(subprocess.Popen(
-                ["slurmd", "-D", "-N", node, "-f", str(conf)], env=env,
+                [*slurmd_prefix, "slurmd", "-D", "-N", node, "-f", str(conf)], env=env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             ))
         deadline = time.monotonic() + 30
         while True:
-            states = cluster.run("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split()
-            if states and all(s == "idle" for s in states[1::2]) and len(states) == 2 * len(NODES):
+            # one line per node and partition: a node in two partitions is listed twice
+            states = dict(ln.split() for ln in cluster.run("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.splitlines()
+                          if len(ln.split()) == 2)
+            if sorted(states) == sorted(nodes) and all(s == "idle" for s in states.values()):
                 break
             dead = [p.args[0] for p in procs if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 raise RuntimeError(f"Slurm cluster not idle (exited: {dead}, sinfo: {states}): {cluster.logs()}")
             time.sleep(0.1)
     except BaseException:
-        _stop(procs)
+        stop_cluster(cluster, procs)
         raise
     return cluster, procs
+
+
+def stop_cluster(cluster: SlurmCluster, procs: list[subprocess.Popen]) -> None:
+    """Stop the daemons by their PIDs; for a ``limits`` cluster, remove the cgroups its nodes made."""
+    _stop(procs)
+    if (cluster.root / "cgroup").is_dir():
+        for node in cluster.nodes:
+            _remove_cgroups(_memory_cgroup() / f"slurm_{node}")
 
 
 @pytest.fixture(scope="session")
@@ -194,5 +267,32 @@ def slurm_cluster():
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = previous
-        _stop(procs)
+        stop_cluster(cluster, procs)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm_limits_cluster():
+    """A private cluster that enforces memory (task/cgroup) and pre-empts (partition priority), one node; for one module."""
+    missing = [d for d in DAEMONS + ("sbatch", "mungekey", "unshare") if shutil.which(d) is None and not os.path.exists(f"/usr/sbin/{d}")]
+    if missing:
+        require_service("slurm", f"{', '.join(missing)} not found")
+    if os.geteuid() != 0:
+        require_service("slurm", "the test cluster's daemons run as root and mount a cgroup hierarchy")
+    try:
+        _memory_cgroup()
+    except RuntimeError as exc:
+        require_service("slurm", f"memory enforcement needs cgroup v1's memory controller: {exc}")
+    root = Path(tempfile.mkdtemp(prefix="dpflow-slurm-limits-"))
+    cluster, procs = start_cluster(root, limits=True, nodes=(f"lim{os.getpid()}",))
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+        stop_cluster(cluster, procs)
         shutil.rmtree(root, ignore_errors=True)

@@ -85,7 +85,7 @@ def test_materialize_upload_and_check_then_catch_corruption(tmp_path, dataset):
     expected_path = str(data_root / "pick_place" / dataset["sha256"][:16] / "dataset.npz")
     assert result.output_for_node("remote_dataset") == {
         "remote_path": expected_path, "sha256": dataset["sha256"], "size_bytes": SIZE, "host": None,
-        "frequency_hz": 29.97, "local_path": dataset["path"],
+        "frequency_hz": 29.97, "local_path": dataset["path"], "remote_paths": [expected_path],
     }
     assert Path(expected_path).read_bytes() == Path(dataset["path"]).read_bytes()
     assert result.output_for_node("smoke_probe") == expected_path

@@ -192,8 +192,10 @@ def test_main_job_on_sample_recordings_then_a_second_task_from_another_writer(tm
         ("server:\n  hostname: gpu01\n", "unknown key 'hostname' under 'server'; valid keys: activate, data_root, expect_gpu, host,"),
         ("- just\n- a list\n", "expected a mapping at the top level"),
         ("assets:\n  train_run: {epochs: 100\n", "not valid YAML: while parsing a flow mapping"),
-        ("server:\n  scheduler: slurm\n", "server.scheduler: the main job drives one GPU server; run a Slurm cluster or several "
-                                          "servers with `dpflow scale smoke|train --lab"),
+        ("server:\n  scheduler: pbs\n", "server.scheduler must be 'none' or 'slurm', got 'pbs'"),
+        ("server:\n  scheduler: slurm\n  slurm: {partitions: debug}\n",
+         "unknown key 'partitions' under 'server: slurm'; valid keys: partition, account, nodes,"),
+        ("server:\n  hosts: [{host: a}, {hots: b}]\n", "unknown key 'hots' under 'server: hosts[1]'"),
         ("recording: /data/x\n", "unknown key 'recording' at the top level; valid keys: assets, out, recordings, server"),
         ("assets:\n  dataset_npzz: {image_width: 64}\n", "unknown key 'dataset_npzz' under 'assets'; valid keys: checkpoint,"),
         ("assets:\n  smoke_run: {max_train_steps: three}\n",

@@ -25,6 +25,7 @@ from synthetic_dataset import write_synthetic_dataset
 from scale_helpers import dpflow, readme_lab
 
 from dpflow_core.errors import RemoteError
+from dpflow_core.files import sha256_file
 from dpflow_core.server.lab import lab_servers
 
 pytestmark = pytest.mark.sshd
@@ -68,6 +69,15 @@ def _token_processes(tokens) -> list[int]:
     return out
 
 
+def _netns_dagster(two_hosts, lab: Path, run_name: str, dataset: Path | None = None) -> dict:
+    """tests/netns_dagster.py inside the first host's namespace: remote_dataset on both hosts, the multi-host verdict."""
+    cmd = [*two_hosts.hosts[0].exec_prefix(), sys.executable, str(Path(__file__).with_name("netns_dagster.py")), str(lab), run_name]
+    proc = subprocess.run(cmd + ([str(dataset)] if dataset else []), capture_output=True, text=True, timeout=300)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("NETNS_JSON ")), None)
+    assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(line.split(" ", 1)[1])
+
+
 def test_lab_servers_validation_names_the_file_and_key(tmp_path):
     with pytest.raises(RemoteError, match=r"lab.yaml: unknown key 'hots' under 'server: hosts\[1\]'"):
         lab_servers({"hosts": [{"host": "a"}, {"hots": "b"}]}, "lab.yaml")
@@ -101,6 +111,17 @@ def test_readme_two_server_lab_trains_on_two_machines_and_saves(two_hosts, tmp_p
         assert f"--machine_rank {rank}" in text and "--num_machines 2" in text
         assert f"--main_process_ip {two_hosts.hosts[0].address}" in text
     assert _token_processes(out["tokens"]) == []
+
+    # the Dagster side with the same lab.yaml: remote_dataset on each host, verified on each (the CLI's copies);
+    # train_run's natural_exit verdict on several hosts from the machines' launch records
+    verdict = _netns_dagster(two_hosts, lab, "two-hosts", dataset)
+    remote = verdict["remote"]
+    assert remote["success"] and remote["checks"] == {"remote_dataset_sha256_match": True}
+    paths = remote["value"]["remote_paths"]
+    assert [Path(p).is_relative_to(tmp_path / h) for p, h in zip(paths, ("h1", "h2"))] == [True, True]
+    assert [sha256_file(p) for p in paths] == [sha256_file(dataset)] * 2
+    assert remote["metadata"]["machines"] == 2 and remote["metadata"]["already_present"] is True
+    assert verdict["exit"] == {"passed": True, "exit_codes": [0, 0], "problems": []}
 
 
 @pytest.mark.slow
@@ -137,3 +158,6 @@ def test_killing_one_rank_fails_the_run_and_leaves_nothing_on_either_host(two_ho
     assert any(p.startswith("rank 1 on ") and "the run failed" in p for p in out["problems"])
     assert _token_processes(out["tokens"]) == []
     assert all(os.path.exists(f"/proc/{h.sshd.pid}") for h in two_hosts.hosts)  # only the run's processes were stopped
+    verdict = _netns_dagster(two_hosts, lab, "kill-rank")["exit"]
+    assert not verdict["passed"] and verdict["exit_codes"][1] not in (None, 0)
+    assert any(p.startswith("rank 1 on ") for p in verdict["problems"]), verdict["problems"]

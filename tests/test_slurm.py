@@ -169,13 +169,17 @@ def test_readme_slurm_lab_smoke_trains_on_two_nodes_saves_and_resumes(slurm_clus
     path, sha = dataset
     common = ["--lab", str(lab_file), path, "--config-name", "tiny", "--batch-size", "4", "--json"]
 
-    proc, smoke = dpflow("scale", "smoke", *common, "--run-name", "readme-smoke", "--max-train-steps", "2")
-    assert proc.returncode == 0 and smoke["passed"], proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert smoke["state"] == "COMPLETED" and "has left the queue; no step left" in smoke["release"]
-    assert _sacct(slurm_cluster, smoke["job_id"], "JobName,State,ExitCode,NNodes") == "readme-smoke|COMPLETED|0:0|1"
-    assert not Path(smoke["run_dir"], "checkpoints").exists() or not list(Path(smoke["run_dir"], "checkpoints").iterdir())
-    record = json.loads(Path(smoke["run_dir"], "dpflow/launch-0", SLURM_RECORD).read_text())
-    assert record["job_id"] == smoke["job_id"]
+    # `dpflow scale smoke` refuses a partition the cluster lacks before submitting anything; a smoke job
+    # itself runs in the Dagster test below, through the same dpflow_core.runs.scale.slurm_smoke
+    bad = yaml.safe_load(lab_file.read_text())
+    bad["server"]["slurm"]["partition"] = "nosuch"
+    bad_file = tmp_path / "bad-lab.yaml"
+    bad_file.write_text(yaml.safe_dump(bad))
+    proc, smoke = dpflow("scale", "smoke", "--lab", str(bad_file), path, "--config-name", "tiny", "--json", "--run-name", "readme-smoke")
+    assert proc.returncode == 1 and smoke["passed"] is False and smoke["job_id"] is None, proc.stdout[-3000:]
+    assert [c[:2] for c in smoke["checks"]][0] == ["preflight partition", False] and "nosuch: not found" in smoke["checks"][0][2]
+    assert "[FAIL] preflight partition: nosuch: not found" in proc.stdout
+    assert not (tmp_path / "shared" / "runs" / "readme-smoke").exists()
 
     train = ["scale", "train", *common, "--run-name", "readme-2n", "--max-train-steps", "2", "--logging-mode", "disabled"]
     proc, first = dpflow(*train, "--epochs", "1")
@@ -200,3 +204,100 @@ def test_readme_slurm_lab_smoke_trains_on_two_nodes_saves_and_resumes(slurm_clus
     assert "resumed from" in (run_dir / "dpflow/launch-1/output.log").read_text()
     for jid in (first["job_id"], second["job_id"]):
         assert _sacct(slurm_cluster, jid, "State,ExitCode,NNodes,NodeList") == "COMPLETED|0:0|2|n[1-2]"
+
+
+def test_dagster_assets_run_smoke_and_training_as_slurm_jobs_and_download_the_checkpoint(slurm_cluster, tmp_path, repo, dataset):
+    """remote_dataset, smoke_run, train_run and checkpoint materialized with the gpu_server resource set to the
+    cluster (the lab.yaml's Slurm settings, field for field); ground truth from sacct and the files."""
+    import dagster as dg
+    from partitioned import materialize as materialize_task
+
+    from dpflow_dagster.defs import remote as ar
+    from dpflow_dagster.defs import training as at
+    from dpflow_dagster.resources import GpuServerResource, SlurmConfig
+
+    path, sha = dataset
+
+    @dg.asset(name="dataset_npz", group_name="dataset")
+    def dataset_npz_stub() -> dict:
+        return {"path": path, "sha256": sha, "frequency_hz": 10.0}
+
+    gpu_server = GpuServerResource(
+        scheduler="slurm", slurm=SlurmConfig(partition="debug", nodes=2, cpus_per_task=1, time_limit="10"),
+        data_root=str(tmp_path / "shared"), repo_path=repo, python=sys.executable,
+    )
+    run_config = dg.RunConfig(ops={
+        "smoke_run": at.SmokeRunConfig(run_name="dg-smoke", config_name="tiny", max_train_steps=2),
+        "train_run": at.TrainRunConfig(run_name="dg-train", config_name="tiny", epochs=1, max_train_steps=2, batch_size=4,
+                                       logging_mode="disabled"),
+        "checkpoint": at.CheckpointConfig(output_dir=str(tmp_path / "checkpoints"), stable_interval_s=0.2),
+    })
+    assets = [dataset_npz_stub, ar.remote_dataset, ar.remote_dataset_sha256_match, at.smoke_run, at.smoke_run_released,
+              at.train_run, at.train_run_natural_exit, at.checkpoint, at.checkpoint_sha256_match]
+    instance = dg.DagsterInstance.ephemeral()
+    result = materialize_task(assets, "pick_place", instance=instance, resources={"gpu_server": gpu_server}, run_config=run_config,
+                              raise_on_error=False)
+    failures = {e.step_key: e.step_failure_data.error.message if e.step_failure_data.error else ""
+                for e in result.all_events if e.is_step_failure}
+    assert result.success, failures
+    meta = {e.asset_key.to_user_string(): {k: v.value for k, v in e.step_materialization_data.materialization.metadata.items()}
+            for e in result.get_asset_materialization_events()}
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert {n: c.passed for n, c in checks.items()} == {
+        "remote_dataset_sha256_match": True, "released": True, "natural_exit": True, "sha256_match": True}
+
+    # the dataset on the cluster's shared file system, where the compute node's preflight found it
+    remote = meta["remote_dataset"]["remote_path"]
+    assert remote.startswith(str(tmp_path / "shared")) and sha256_file(remote) == sha
+    smoke, train = meta["smoke_run"], meta["train_run"]
+    assert smoke["scheduler"] == train["scheduler"] == "slurm"
+    assert "| preflight dataset | yes |" in smoke["checks"] and f"SHA-256 {sha}" in smoke["checks"]
+    # the job ids in the metadata are the jobs Slurm ran under the run names
+    assert _sacct(slurm_cluster, smoke["slurm_job_id"], "JobName,State,ExitCode,NNodes") == "dg-smoke|COMPLETED|0:0|1"
+    assert _sacct(slurm_cluster, train["slurm_job_id"], "JobName,State,ExitCode,NNodes") == "dg-train|COMPLETED|0:0|2"
+    assert (train["slurm_state"], train["slurm_exit_code"], train["slurm_nodes"]) == ("COMPLETED", "0:0", 2)
+    assert (train["epoch"], train["global_step"]) == (0, 1)
+    record = json.loads((tmp_path / "shared/runs/dg-train/dpflow/launch-0" / SLURM_RECORD).read_text())
+    assert record["job_id"] == train["slurm_job_id"] and record["nodes"] == 2
+    assert "#SBATCH --time=10" in Path(train["slurm_script"]).read_text()
+    exit_meta = {k: v.value for k, v in checks["natural_exit"].metadata.items()}
+    assert exit_meta["slurm_job_id"] == train["slurm_job_id"] and exit_meta["job"].startswith(f"job {train['slurm_job_id']} COMPLETED")
+    assert {k: v.value for k, v in checks["released"].metadata.items()}["slurm_job_id"] == smoke["slurm_job_id"]
+
+    # the checkpoint downloaded is the one the 2-node job saved, by SHA-256 on both ends
+    ckpt = meta["checkpoint"]
+    saved = tmp_path / "shared" / "runs" / "dg-train" / "checkpoints" / "latest.ckpt"
+    assert ckpt["remote_path"] == str(saved) and ckpt["sha256"] == ckpt["remote_sha256"] == sha256_file(saved)
+    assert sha256_file(ckpt["local_path"]) == ckpt["sha256"] and ckpt["run_finished"] is True
+    payload = torch.load(ckpt["local_path"], weights_only=False, map_location="cpu")
+    assert payload["num_processes"] == 2 and (payload["epoch"], payload["global_step"]) == (1, 2)
+    record = json.loads(Path(ckpt["record"]).read_text())
+    assert record["slurm_job_id"] == train["slurm_job_id"]
+
+
+def test_the_gpu_server_resource_is_the_lab_yaml_server_section(tmp_path, monkeypatch):
+    """The resource's fields are the lab.yaml's keys; DPFLOW_LAB (how `dpflow demo --config` passes a cluster or
+    several servers to the definitions) gives the machines lab_servers reads from the same file."""
+    import yaml
+
+    from dpflow_core.server.lab import CONNECTION_KEYS, SCALE_KEYS, SLURM_KEYS
+    from dpflow_dagster import demo
+    from dpflow_dagster.resources import GpuServerResource, HostConfig, SlurmConfig, gpu_server_from_env
+
+    assert set(SlurmConfig.model_fields) == set(SLURM_KEYS)
+    assert set(HostConfig.model_fields) == set(CONNECTION_KEYS)
+    assert set(CONNECTION_KEYS) | set(SCALE_KEYS) <= set(GpuServerResource.model_fields)
+    for title, mode in (("a Slurm cluster", "slurm"), ("two servers", "hosts")):
+        lab = readme_lab(title)
+        path = tmp_path / f"{mode}.yaml"
+        path.write_text(yaml.safe_dump(lab))
+        demo.check_lab_settings(lab, path)  # accepted by the demo, no longer refused
+        monkeypatch.setenv("DPFLOW_LAB", str(path))
+        resource = gpu_server_from_env()
+        assert resource.lab() == lab_servers(lab["server"], path) and resource.lab().mode == mode
+    assert [c.data_root for c in resource.lab().servers] == ["/data/dpflow", "/scratch/dpflow"]
+    with pytest.raises(RemoteError, match=r"the gpu_server resource: server.slurm: slurm.time_limit 'soon' is not a Slurm time"):
+        GpuServerResource(scheduler="slurm", slurm=SlurmConfig(time_limit="soon")).lab()
+    path.write_text(yaml.safe_dump({"server": {"scheduler": "slurm", "slurm": {"gpus": 2}}}))
+    with pytest.raises(RemoteError, match=rf"{path}: unknown key 'gpus' under 'server: slurm'"):
+        gpu_server_from_env()

@@ -12,7 +12,8 @@
   follows it (:mod:`dpflow_core.runs.multihost`).
 
 ``dpflow scale smoke`` runs the smoke run (one node, one GPU or CPU; the first host for ``hosts``).
-Each prints the verdict of its checks, or JSON with ``--json``; exit 1 when a check fails.
+Each prints the verdict of its checks, or JSON with ``--json``; exit 1 when a check fails. The work is
+done by :mod:`dpflow_core.runs.scale`, which the Dagster assets call too.
 """
 
 from __future__ import annotations
@@ -20,16 +21,13 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import List, Optional
 
 import typer
 
 from dpflow_core import server as _server  # its names load on first use (dpflow_core._lazy)
 from dpflow_core.cli import app
 from dpflow_core.server.lab import LabServers, lab_servers
-
-if TYPE_CHECKING:
-    from dpflow_core.server import GpuServer
 
 scale_app = typer.Typer(help="Smoke and training runs on a Slurm cluster or several servers (from a lab.yaml).",
                         no_args_is_help=True)
@@ -60,25 +58,6 @@ def load_lab(path: Path) -> LabServers:
     return lab_servers(settings.get("server"), path)
 
 
-def _upload(servers, dataset: Path) -> tuple[list[str], str, float]:
-    """Upload to every server, verified there; (remote path on each, SHA-256, frequency)."""
-    from dpflow_core.dataset import recorded_sha256
-    from dpflow_core.errors import RemoteError
-    from dpflow_core.runs import dataset_frequency
-    from dpflow_core.server.upload import upload_dataset
-
-    paths, sha = [], None
-    for server in servers:
-        result = upload_dataset(server, dataset, expected_sha256=recorded_sha256(dataset))
-        if not result.verified:
-            raise RemoteError(f"SHA-256 mismatch after upload to {server.config.describe()}: "
-                              f"{result.verification.describe()}", code="sha256_mismatch")
-        _verdict(f"dataset on {server.config.describe()}", True, f"{result.remote_path} sha256 {result.sha256}")
-        paths.append(result.remote_path)
-        sha = result.sha256
-    return paths, sha, dataset_frequency(servers[0], paths[0])
-
-
 def _spec(kind, name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override, logging_mode):
     from dpflow_core.runs import RunSpec, default_run_name, smoke_spec
 
@@ -91,89 +70,34 @@ def _spec(kind, name, path, sha, freq, config_name, epochs, max_train_steps, bat
                    logging_mode=logging_mode, extra_overrides=tuple(override))
 
 
-def _slurm(server: GpuServer, spec, timeout: float) -> dict:
-    from dpflow_core.runs.slurm import submit_run, wait_job
-    from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, run_slurm_smoke, slurm_preflight
-
-    pre = slurm_preflight(server, spec.dataset_path, spec.dataset_sha256)
-    for name, ok, detail in pre.checks:
-        _verdict(f"preflight {name}", ok, detail)
-    if not pre.passed:
-        return {"passed": False, "preflight": [list(c) for c in pre.checks]}
-    if spec.kind == "smoke":
-        smoke = run_slurm_smoke(server, spec, timeout_s=timeout)
-        _verdict(f"smoke run (job {smoke.job.job_id})", smoke.passed, "; ".join(smoke.problems) or
-                 f"{smoke.state.describe()}, {smoke.finite_losses} finite train_loss, no checkpoint")
-        _verdict("released", smoke.release.passed, smoke.release.message)
-        return {"passed": smoke.passed and smoke.release.passed, "job_id": smoke.job.job_id, "run_dir": smoke.job.run_dir,
-                "state": smoke.state.state if smoke.state else None, "problems": list(smoke.problems),
-                "release": smoke.release.message}
-    job = submit_run(server, spec)
-    typer.echo(f"submitted {spec.name} as job {job.job_id} ({job.nodes} node(s)); output {job.output_path}")
-    wait_job(server, job, timeout_s=timeout)
-    report = check_slurm_exit(server, job)
-    if report.state is not None and not report.state.finished:
-        from dpflow_core.runs.slurm import cancel_job
-
-        cancel_job(server, job)
-    release = check_slurm_released(server, job)
-    _verdict("natural exit", report.passed, "; ".join(report.problems) or
-             f"{report.state.describe()}, epoch {report.trainer.last_epoch}, global_step {report.trainer.last_global_step}")
-    _verdict("released", release.passed, release.message)
-    for step in report.oom_advice:
-        typer.echo(f"  {step}")
-    return {"passed": report.passed and release.passed, "job_id": job.job_id, "run_dir": job.run_dir,
-            "state": report.state.state if report.state else None, "exit_code": report.state.exit_code if report.state else None,
-            "problems": list(report.problems), "release": release.message}
-
-
-def _hosts(servers, lab: LabServers, spec, paths: list[str], timeout: float) -> dict:
-    from dpflow_core.runs import run_smoke
-    from dpflow_core.runs.multihost import follow_multihost, launch_multihost
-
-    if spec.kind == "smoke":
-        smoke = run_smoke(servers[0], spec, timeout_s=timeout)
-        _verdict(f"smoke run on {servers[0].config.describe()}", smoke.passed, "; ".join(smoke.problems))
-        return {"passed": smoke.passed and smoke.release.passed, "run_dir": smoke.handle.run_dir, "problems": list(smoke.problems)}
-    run = launch_multihost(servers, spec, main_address=lab.main_address, network_interface=lab.network_interface,
-                           dataset_paths=paths)
-    typer.echo(f"launched {spec.name} on {len(servers)} machines ({', '.join(run.hosts)}); "
-               f"rendezvous {run.main_address}:{run.port}")
-    for server, handle in zip(servers, run.handles):
-        typer.echo(f"  {server.config.describe()}: {handle.run_dir} (tmux {handle.detached.tmux_session}, pid {handle.detached.pid})")
-    result = follow_multihost(servers, run, timeout_s=timeout)
-    _verdict("multi-machine run", result.passed, "; ".join(result.problems) or f"every rank exited 0 ({list(result.exit_codes)})")
-    for rank, report in enumerate(result.releases):
-        _verdict(f"released rank {rank}", report.passed, report.message)
-    return {"passed": result.passed, "run_dirs": [h.run_dir for h in run.handles], "exit_codes": list(result.exit_codes),
-            "failed_ranks": list(result.failed_ranks), "stopped_ranks": sorted(result.stopped),
-            "tokens": [h.token for h in run.handles], "problems": list(result.problems),
-            "released": [r.passed for r in result.releases]}
-
-
 def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json,
          logging_mode="offline"):
+    from dpflow_core.dataset import recorded_sha256
+    from dpflow_core.runs import dataset_frequency
+    from dpflow_core.runs.scale import run_on_lab, upload_to_lab
+
     if not dataset.is_file():
         raise typer.BadParameter(f"{dataset} does not exist", param_hint="DATASET")
     lab = load_lab(lab_path)
+    if lab.mode == "single":
+        raise typer.BadParameter(f"{lab_path}: one server without a scheduler: use `dpflow smoke` / `dpflow train`",
+                                 param_hint="--lab")
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(_server.GpuServer(c)) for c in lab.servers]
-        paths, sha, freq = _upload(servers, dataset)
-        path = paths[0]
-        spec = _spec(kind, run_name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override,
-                     logging_mode)
+        upload = upload_to_lab(servers, dataset, expected_sha256=recorded_sha256(dataset),
+                               on_event=lambda line: _verdict(line, True))
+        spec = _spec(kind, run_name, upload.paths[0], upload.sha256, dataset_frequency(servers[0], upload.paths[0]), config_name, epochs, max_train_steps,
+                     batch_size, resume, override, logging_mode)
         typer.echo(f"{kind} run {spec.name} ({lab.mode}, {len(servers)} server(s))")
-        if lab.mode == "slurm":
-            out = _slurm(servers[0], spec, timeout)
-        elif lab.mode == "hosts":
-            out = _hosts(servers, lab, spec, paths, timeout)
-        else:
-            raise typer.BadParameter(f"{lab_path}: one server without a scheduler: use `dpflow smoke` / `dpflow train`",
-                                     param_hint="--lab")
-    out = {"mode": lab.mode, "run_name": spec.name, "dataset": path, "sha256": sha, **out}
+        result = run_on_lab(servers, lab, spec, upload.paths, timeout_s=timeout, on_event=typer.echo)
+    for name, passed, detail in result.checks:
+        _verdict(name, passed, detail)
+    for step in result.oom_advice:
+        typer.echo(f"  {step}")
+    out = {**result.to_dict(), "dataset": upload.paths[0], "sha256": upload.sha256}
     if as_json:
         typer.echo("DPFLOW_JSON " + json.dumps(out))
-    if not out["passed"]:
+    if not result.passed:
         raise typer.Exit(1)
 
 

@@ -37,7 +37,7 @@ from dpflow_core.runs.natural_exit import NaturalExitReport, check_natural_exit
 from dpflow_core.runs.processes import CleanupReport, cleanup_run
 from dpflow_core.runs.release import ReleaseReport, check_released, save_release_report
 from dpflow_core.runs.spec import RunSpec
-from dpflow_core.runs.state import RunHandle
+from dpflow_core.runs.state import RunHandle, load_handle
 
 
 @dataclass(frozen=True)
@@ -206,3 +206,58 @@ def follow_multihost(
         problems += [f"rank 0 on {run.hosts[0]}: {p}" for p in natural.problems]
     return MultiHostResult(passed=not problems, exit_codes=codes, failed_ranks=tuple(failed), stopped=stopped,
                            releases=tuple(releases), natural_exit=natural, problems=tuple(problems))
+
+
+@dataclass(frozen=True)
+class MultiHostExit:
+    """A multi-machine run judged afterwards from each machine's launch record.
+
+    Attributes:
+        passed: every rank has ended with status 0, the main machine's natural-exit check passed,
+            and no process of the run is left on any machine.
+        exit_codes: each rank's recorded exit status (None: none recorded), rank order.
+        natural_exit: the main machine's natural-exit check.
+        releases: each machine's release check (now).
+        problems: every failed condition, naming the rank and its host.
+    """
+
+    passed: bool
+    exit_codes: tuple[int | None, ...]
+    natural_exit: NaturalExitReport
+    releases: tuple[ReleaseReport, ...]
+    problems: tuple[str, ...]
+
+    def metadata(self) -> dict:
+        return {**self.natural_exit.metadata(), "exit_codes": ", ".join(map(str, self.exit_codes)),
+                "released": ", ".join("yes" if r.passed else "no" for r in self.releases), "problems": "; ".join(self.problems)}
+
+
+def check_multihost_exit(servers: Sequence[GpuServer], name: str, *, release_wait_s: float = 5.0) -> MultiHostExit:
+    """Judge the finished multi-machine run ``name`` (rank i on ``servers[i]``): the same verdict as
+    :func:`follow_multihost` gives at the end, from the records alone (rules 7 and 10).
+
+    Raises:
+        RunError: ``run_not_found`` when a machine has no launch of the run.
+    """
+    handles = [load_handle(server, name) for server in servers]
+    problems: list[str] = []
+    codes = []
+    releases = []
+    for rank, (server, handle) in enumerate(zip(servers, handles)):
+        host = server.config.describe()
+        status = server.detached_status(handle.detached)
+        codes.append(status.exit_code)
+        if status.vanished:
+            problems.append(f"rank {rank} on {host} vanished without an exit status")
+        elif not status.finished or status.leader_alive:
+            problems.append(f"rank {rank} on {host} is still running")
+        elif status.exit_code != 0:
+            problems.append(f"rank {rank} on {host} {describe_exit(status.exit_code)}")
+        release = check_released(server, handle, wait_s=release_wait_s)
+        releases.append(release)
+        if not release.passed:
+            problems.append(f"rank {rank} on {host} not released: {release.message}")
+    natural = check_natural_exit(servers[0], handles[0])
+    problems += [f"rank 0 on {servers[0].config.describe()}: {p}" for p in natural.problems]
+    return MultiHostExit(passed=not problems, exit_codes=tuple(codes), natural_exit=natural, releases=tuple(releases),
+                         problems=tuple(problems))

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
+import re
 import shlex
 import time
 import uuid
@@ -65,6 +66,9 @@ FINAL_STATES = {
     "REVOKED": "revoked (federation)",
 }
 _DATASET_MISMATCH = 3
+#: slurmstepd's line when the cgroup OOM killer hit a step (task/cgroup, Slurm 22.05: "Detected 1 oom-kill
+#: event(s) in StepId=4.1. Some of your processes may have been killed by the cgroup out-of-memory handler.").
+_OOM_EVENT = re.compile(r"Detected \d+ oom-kill event\(s\) in StepId=(\d+\.(?:\d+|batch|extern))")
 
 
 @dataclass(frozen=True)
@@ -329,6 +333,27 @@ def job_state(server: GpuServer, job_id: str) -> JobState | None:
         if len(parts) == 4 and parts[0] == job_id:
             return JobState(job_id, parts[1], parts[2])
     return None
+
+
+def oom_killed_steps(server: GpuServer, job_id: str, output: str = "") -> tuple[str, ...]:
+    """The steps of job ``job_id`` that Slurm saw killed for exceeding their memory.
+
+    A job whose training step (``srun``) was OOM-killed ends ``FAILED`` when its batch script goes
+    on to exit non-zero: only the step is ``OUT_OF_MEMORY``. The step is found in ``sacct``'s step
+    rows (an accounting database) or, without one (``jobcomp/filetxt`` keeps no steps), in
+    slurmstepd's "Detected N oom-kill event(s) in StepId=J.S" line of the job's output.
+
+    Returns:
+        step ids such as ``"4.1"``, in the order found (empty: none).
+    """
+    job_id = str(int(job_id))
+    steps = [m.group(1) for m in _OOM_EVENT.finditer(output or "") if m.group(1).split(".")[0] == job_id]
+    result = server.run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State"], timeout_s=60)
+    for line in result.stdout.splitlines() if result.ok else ():
+        parts = line.strip().split("|")
+        if len(parts) == 2 and "." in parts[0] and parts[1].split()[0] == "OUT_OF_MEMORY":
+            steps.append(parts[0])
+    return tuple(dict.fromkeys(steps))
 
 
 def wait_job(

@@ -19,7 +19,9 @@ from dpflow_core.runs.monitor import _last_error_line, _read_records, _tail
 from dpflow_core.runs.natural_exit import NaturalExitReport, _select, judge_completion, read_run_config
 from dpflow_core.runs.oom import oom_advice
 from dpflow_core.runs.processes import token_pids
-from dpflow_core.runs.slurm import _DATASET_MISMATCH, JobState, SlurmJob, _settings, cancel_job, job_state, submit_run, wait_job
+from dpflow_core.runs.slurm import (
+    _DATASET_MISMATCH, JobState, SlurmJob, _settings, cancel_job, job_state, oom_killed_steps, submit_run, wait_job,
+)
 from dpflow_core.runs.smoke import list_checkpoints
 from dpflow_core.runs.spec import RunSpec
 
@@ -33,8 +35,10 @@ class SlurmExitReport:
         state: the job's final (or current) state.
         trainer: the trainer-side report (epochs, global_step, latest.ckpt).
         problems: every failed condition; a pre-empted, timed-out, cancelled or out-of-memory job
-            is named as such.
-        oom_advice: steps to try when the job ran out of memory (Slurm's OUT_OF_MEMORY or CUDA's).
+            is named as such, and so is a job that failed because a step of it was OOM-killed.
+        oom_advice: steps to try when the job ran out of memory (Slurm's OUT_OF_MEMORY, of the job or
+            of a step, or CUDA's).
+        oom_steps: the steps Slurm saw killed for memory (:func:`~dpflow_core.runs.slurm.oom_killed_steps`).
     """
 
     passed: bool
@@ -42,10 +46,12 @@ class SlurmExitReport:
     trainer: NaturalExitReport
     problems: tuple[str, ...]
     oom_advice: tuple[str, ...] = ()
+    oom_steps: tuple[str, ...] = ()
 
     def metadata(self) -> dict[str, Any]:
         return {"job": self.state.describe() if self.state else "unknown to squeue and sacct",
-                **self.trainer.metadata(), "problems": "; ".join(self.problems)}
+                **self.trainer.metadata(), "problems": "; ".join(self.problems),
+                **({"oom_killed_steps": ", ".join(self.oom_steps)} if self.oom_steps else {})}
 
 
 def check_slurm_exit(server: GpuServer, job: SlurmJob) -> SlurmExitReport:
@@ -55,6 +61,7 @@ def check_slurm_exit(server: GpuServer, job: SlurmJob) -> SlurmExitReport:
     running = state is not None and not state.finished
     exit_problems: list[str] = []
     status: int | None = None
+    oom_steps: tuple[str, ...] = ()
     if state is None:
         exit_problems.append(f"job {job.job_id} is known to neither squeue nor sacct")
     elif running:
@@ -65,16 +72,21 @@ def check_slurm_exit(server: GpuServer, job: SlurmJob) -> SlurmExitReport:
             exit_problems.append(f"{state.describe()}: {_last_error_line(output)}")
             if status == _DATASET_MISMATCH and "dataset SHA-256" in output:
                 exit_problems.append("the dataset's SHA-256 did not match on a node: nothing was trained")
+            oom_steps = oom_killed_steps(server, job.job_id, output)
+            if oom_steps and state.state != "OUT_OF_MEMORY":
+                exit_problems.append(f"step {', '.join(oom_steps)} was killed for exceeding its memory "
+                                     "(Slurm's OUT_OF_MEMORY: the cgroup OOM killer)")
     trainer = judge_completion(server, job, exit_code=status, running=running, output=output, problems=[])
     problems = tuple(exit_problems) + trainer.problems
     advice = trainer.oom_advice
-    if state is not None and state.state == "OUT_OF_MEMORY" and not advice:
+    if state is not None and (state.state == "OUT_OF_MEMORY" or oom_steps) and not advice:
         cfg = read_run_config(server, job.run_dir)
         advice = ("Slurm ended the job for exceeding its memory: ask for more (extra_sbatch --mem=...), or",
                   *oom_advice(job, batch_size=_select(cfg, "dataloader.batch_size"),
                               val_batch_size=_select(cfg, "val_dataloader.batch_size"),
                               gradient_accumulate_every=_select(cfg, "training.gradient_accumulate_every")))
-    return SlurmExitReport(passed=not problems, state=state, trainer=trainer, problems=problems, oom_advice=tuple(advice))
+    return SlurmExitReport(passed=not problems, state=state, trainer=trainer, problems=problems, oom_advice=tuple(advice),
+                           oom_steps=oom_steps)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """Assets and checks of the remote stage: ``remote_dataset`` and its SHA-256 check.
 
-``remote_dataset`` wraps :func:`dpflow_core.server.upload.upload_dataset` (preflight,
-resumable transfer, SHA-256 on the server). A mismatch at upload fails the
+``remote_dataset`` wraps :func:`dpflow_core.runs.scale.upload_to_lab` (``dpflow scale`` calls it
+too): :func:`~dpflow_core.server.upload.upload_dataset` (preflight, resumable transfer, SHA-256 on
+the server) on the one server, on a Slurm cluster's login node (its shared file system; the
+compute nodes' view is checked by the Slurm preflight of the runs), or on every host of
+``gpu_server.hosts``, verified on each. A mismatch at upload fails the
 materialization with both hashes and sizes; the file stays on the server only
 under a quarantine name. The blocking check ``remote_dataset_sha256_match``
 hashes the remote file again (it also catches later corruption) and keeps
@@ -11,7 +14,8 @@ downstream assets (the smoke run, training) from running on a bad file.
 import dagster as dg
 
 from dpflow_core.errors import DpflowError
-from dpflow_core.server.upload import upload_dataset, verify_remote_file
+from dpflow_core.runs.scale import UploadMismatch, upload_to_lab
+from dpflow_core.server.upload import verify_remote_file
 from dpflow_dagster.partitions import OWNERS, check_partition_metadata, task_asset_check, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 
@@ -36,30 +40,30 @@ def _verification_metadata(v) -> dict:
     description="dataset.npz on the GPU server at <data_root>/<task>/<sha256[:16]>/dataset.npz, SHA-256 verified there.",
 )
 def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_server: GpuServerResource) -> dg.MaterializeResult[dict]:
-    """Upload ``dataset_npz["path"]`` (resumable), verify its SHA-256 on the server, record preflight."""
+    """Upload ``dataset_npz["path"]`` (resumable) to every machine of ``gpu_server``, verify its SHA-256 on
+    each, record preflight."""
     try:
-        with gpu_server.connect() as server:
-            result = upload_dataset(
-                server,
+        with gpu_server.connect_all() as servers:
+            lab = upload_to_lab(
+                servers,
                 dataset_npz["path"],
                 expected_sha256=dataset_npz.get("sha256"),
                 sidecar_path=dataset_npz.get("sidecar_path") or None,
                 method=gpu_server.upload_method,
                 with_preflight=True,
+                on_event=context.log.info,
             )
+            hosts = [s.config.describe() for s in servers]
+    except UploadMismatch as exc:
+        raise dg.Failure(description=str(exc), metadata=_verification_metadata(exc.verification)) from exc
     except DpflowError as exc:
         raise dg.Failure(
             description=str(exc), metadata={"path": exc.path or "", "code": exc.code, "reason": exc.reason}
         ) from exc
+    result = lab.results[0]
     report = result.preflight
-    if not result.verified:
-        raise dg.Failure(
-            description=f"SHA-256 mismatch after upload: {result.verification.describe()}",
-            metadata=_verification_metadata(result.verification),
-        )
-    context.log.info(
-        f"{result.remote_path}: {result.method}, {result.bytes_sent} bytes sent, sha256 {result.sha256}"
-    )
+    for where, each in zip(hosts, lab.results):
+        context.log.info(f"{where}: {each.remote_path}: {each.method}, {each.bytes_sent} bytes sent, sha256 {each.sha256}")
     metadata = {
         "path": dg.MetadataValue.path(result.remote_path),
         "remote_path": dg.MetadataValue.path(result.remote_path),
@@ -74,13 +78,18 @@ def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_ser
         "upload_seconds": round(result.duration_s, 3),
         **({"quarantined": ", ".join(result.quarantined)} if result.quarantined else {}),
     }
+    if len(lab.results) > 1:
+        metadata["machines"] = len(lab.results)
+        for rank, (where, each) in enumerate(zip(hosts, lab.results)):
+            metadata[f"host{rank}/remote_path"] = dg.MetadataValue.path(f"{where}:{each.remote_path}")
+            metadata[f"host{rank}/bytes_sent"] = each.bytes_sent
     if report is not None:
         metadata.update(report.to_metadata())
         metadata["preflight/gpus"] = dg.MetadataValue.md(report.gpu_markdown())
-    return dg.MaterializeResult(
-        value=result.to_remote_dataset(dataset_npz.get("frequency_hz", 0.0)), metadata=metadata,
-        data_version=dg.DataVersion(result.sha256),
-    )
+    value = result.to_remote_dataset(dataset_npz.get("frequency_hz", 0.0))
+    # each machine's copy, rank order (the same path on one server or a cluster's shared file system)
+    value["remote_paths"] = list(lab.paths)
+    return dg.MaterializeResult(value=value, metadata=metadata, data_version=dg.DataVersion(result.sha256))
 
 
 @task_asset_check(
@@ -92,17 +101,23 @@ def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_ser
 def remote_dataset_sha256_match(
     context: dg.AssetCheckExecutionContext, remote_dataset: dict, gpu_server: GpuServerResource
 ) -> dg.AssetCheckResult:
-    """Hash ``remote_dataset["remote_path"]`` on the server; quarantine it on a mismatch."""
-    with gpu_server.connect() as server:
-        verification = verify_remote_file(
-            server, remote_dataset["remote_path"], remote_dataset["sha256"], remote_dataset["size_bytes"],
-            quarantine=True,
-        )
+    """Hash the dataset on each machine (``remote_paths``, rank order); quarantine a copy that does not match."""
+    with gpu_server.connect_all() as servers:
+        paths = remote_dataset.get("remote_paths") or [remote_dataset["remote_path"]]
+        verifications = [
+            verify_remote_file(server, path, remote_dataset["sha256"], remote_dataset["size_bytes"], quarantine=True)
+            for server, path in zip(servers, paths, strict=True)
+        ]
+        hosts = [s.config.describe() for s in servers]
+    bad = [(where, v) for where, v in zip(hosts, verifications) if not v.match]
+    metadata = {**check_partition_metadata(context), **_verification_metadata((bad[0][1] if bad else verifications[0]))}
+    if len(verifications) > 1:
+        metadata.update({f"host{rank}/remote_sha256": v.remote_sha256 or "(missing)" for rank, v in enumerate(verifications)})
     return dg.AssetCheckResult(
-        passed=verification.match,
+        passed=not bad,
         severity=dg.AssetCheckSeverity.ERROR,
-        description=None if verification.match else verification.describe(),
-        metadata={**check_partition_metadata(context), **_verification_metadata(verification)},
+        description="; ".join((f"{where}: " if len(hosts) > 1 else "") + v.describe() for where, v in bad) or None,
+        metadata=metadata,
     )
 
 

@@ -15,6 +15,15 @@ Each asset wraps one :mod:`dpflow_core` function (the ``dpflow smoke``, ``train`
 - ``evaluation`` -> :func:`dpflow_core.evaluation.evaluate_checkpoint`; check
   ``beats_baseline``.
 
+With ``gpu_server.scheduler: slurm`` the smoke and training runs are Slurm jobs, and with
+``gpu_server.hosts`` training is one run over every host; both through
+:func:`dpflow_core.runs.scale.run_on_lab` (what ``dpflow scale smoke|train`` calls). The job id goes
+into the materialization's metadata (``slurm_job_id``); ``released`` is
+:func:`~dpflow_core.runs.slurm_checks.check_slurm_released` and ``natural_exit``
+:func:`~dpflow_core.runs.slurm_checks.check_slurm_exit` (Slurm) or
+:func:`~dpflow_core.runs.multihost.check_multihost_exit` (hosts). The smoke run of ``hosts`` runs on
+the first host as on one server.
+
 ``smoke_run`` and ``train_run`` run in the concurrency pool ``gpu_server``: give
 the pool a limit of 1 (``dagster instance concurrency set gpu_server 1``, or
 ``concurrency: pools: default_limit`` in ``dagster.yaml``) for one run per server.
@@ -56,6 +65,10 @@ from dpflow_core.runs import (
     run_smoke,
     smoke_spec,
 )
+from dpflow_core.runs.multihost import check_multihost_exit
+from dpflow_core.runs.scale import ScaleResult, run_on_lab, slurm_config_name
+from dpflow_core.runs.slurm import load_job
+from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released
 from dpflow_dagster.lineage import dataset_lineage
 from dpflow_dagster.pipes import LogTailReporter, PipesSshMessageReader, messages_path, reported_results
 from dpflow_dagster.partitions import OWNERS, check_partition_metadata, task_asset_check, task_partitions
@@ -90,6 +103,39 @@ def _numbers(**values: Any) -> dict[str, Any]:
 
 def _lines(items) -> str:
     return "\n".join(f"- {i}" for i in items) or "none"
+
+
+def _scale_metadata(result: ScaleResult) -> dict[str, Any]:
+    """Metadata of a run on a Slurm cluster or several hosts: the job id and state, each check, the problems."""
+    table = "| check | passed | detail |\n|---|---|---|\n" + "\n".join(
+        f"| {name} | {'yes' if ok else 'no'} | {detail.replace('|', '/')} |" for name, ok, detail in result.checks)
+    metadata: dict[str, Any] = {
+        "scheduler": result.mode, "run_name": result.run_name, "checks": dg.MetadataValue.md(table),
+        "problems": "; ".join(result.problems) or "none", "passed": result.passed,
+    }
+    if result.run_dir:
+        metadata["path"] = dg.MetadataValue.path(result.run_dir)
+    if result.mode == "slurm" and result.job is not None:
+        metadata.update({
+            "slurm_job_id": result.job_id, "slurm_state": result.state or "unknown", "slurm_exit_code": result.exit_code or "",
+            "slurm_nodes": result.job.nodes, "slurm_output": dg.MetadataValue.path(result.job.output_path),
+            "slurm_script": dg.MetadataValue.path(result.job.script_path), "release": result.release or "",
+        })
+    for key, value in result.hosts.items():
+        metadata[f"hosts/{key}"] = ", ".join(map(str, value))
+    metadata.update(_numbers(epoch=result.epoch, global_step=result.global_step))
+    if result.oom_advice:
+        metadata["oom_advice"] = dg.MetadataValue.md(_lines(result.oom_advice))
+    return metadata
+
+
+def _scale_value(result: ScaleResult, remote_dataset: dict, launch_index: int) -> dict:
+    return {
+        "run_name": result.run_name, "run_dir": result.run_dir, "launch_index": launch_index,
+        "host": remote_dataset.get("host"), "scheduler": result.mode, "slurm_job_id": result.job_id,
+        "dataset_remote_path": remote_dataset["remote_path"], "dataset_sha256": remote_dataset["sha256"],
+        "frequency_hz": remote_dataset["frequency_hz"], "dataset_local_path": remote_dataset.get("local_path"),
+    }
 
 
 # ------------------------------------------------------------------------ smoke_run
@@ -127,8 +173,12 @@ class SmokeRunConfig(dg.Config):
 def smoke_run(
     context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: dict, gpu_server: GpuServerResource
 ) -> dg.Output[dict]:
-    """Run :func:`dpflow_core.runs.run_smoke` on ``remote_dataset``; fail unless it exited 0 on its own with
-    a finite loss and wrote no checkpoint."""
+    """Run :func:`dpflow_core.runs.run_smoke` on ``remote_dataset`` (a one-node Slurm job with ``scheduler:
+    slurm``); fail unless it exited 0 on its own with a finite loss and wrote no checkpoint."""
+    with _failure_on_error():
+        lab = gpu_server.lab()
+    if lab.mode == "slurm":
+        return _slurm_smoke_run(context, config, remote_dataset, gpu_server, lab)
     with _failure_on_error(), gpu_server.connect() as server:
         inventory = server.gpu_inventory()
         require_gpus(server, inventory)
@@ -182,6 +232,32 @@ def smoke_run(
     return dg.Output(value, metadata=metadata)
 
 
+def _slurm_smoke_run(context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: dict,
+                     gpu_server: GpuServerResource, lab) -> dg.Output[dict]:
+    with _failure_on_error(), gpu_server.connect() as server:
+        spec = smoke_spec(
+            config.run_name or default_run_name(remote_dataset["sha256"], "smoke"),
+            remote_dataset["remote_path"],
+            float(remote_dataset["frequency_hz"]),
+            dataset_sha256=remote_dataset["sha256"],
+            config_name=slurm_config_name(config.config_name, server.config.slurm),
+            epochs=config.epochs, max_train_steps=config.max_train_steps, batch_size=config.batch_size,
+            num_workers=config.num_workers, train_command=config.train_command, extra_overrides=config.extra_overrides,
+        )
+        context.log.info(f"smoke run {spec.name}: a Slurm job submitted through {server.config.describe()}")
+        result = run_on_lab([server], lab, spec, [spec.dataset_path], timeout_s=config.timeout_s,
+                            on_event=context.log.info)
+    metadata = _scale_metadata(result)
+    # the release is the blocking check's to judge, as on one server
+    if result.job is None or result.problems:
+        raise _failure(f"smoke run {spec.name} failed: {'; '.join(result.problems)}", metadata)
+    value = _scale_value(result, remote_dataset, result.job.launch_index) | {
+        "config_name": spec.config_name, "train_command": spec.train_command, "spec": spec.to_dict(),
+        "resume_check": {"epochs": config.resume_check_epochs, "steps": config.resume_check_steps},
+    }
+    return dg.Output(value, metadata=metadata)
+
+
 @task_asset_check(
     asset=smoke_run,
     name="released",
@@ -192,7 +268,17 @@ def smoke_run(
 def smoke_run_released(
     context: dg.AssetCheckExecutionContext, smoke_run: dict, gpu_server: GpuServerResource
 ) -> dg.AssetCheckResult:
-    """Pass only when the check at the run's end and a second look now both find nothing left."""
+    """Pass only when the check at the run's end and a second look now both find nothing left (on a Slurm
+    cluster: the job gone from the queue with no step left, :func:`check_slurm_released`)."""
+    if smoke_run.get("scheduler") == "slurm":
+        with gpu_server.connect() as server:
+            job = load_job(server, smoke_run["run_name"], smoke_run["launch_index"])
+            now = check_slurm_released(server, job, wait_s=5.0)
+        return dg.AssetCheckResult(
+            passed=now.passed, severity=dg.AssetCheckSeverity.ERROR, description=now.message,
+            metadata={**check_partition_metadata(context), "slurm_job_id": job.job_id, "steps_left": len(now.steps),
+                      "leftover_pids": ", ".join(map(str, now.leftover_pids)) or "none"},
+        )
     with gpu_server.connect() as server:
         handle = load_handle(server, smoke_run["run_name"])
         at_end = load_release_report(server, handle)
@@ -222,6 +308,14 @@ def smoke_run_resume_continuity(
     context: dg.AssetCheckExecutionContext, smoke_run: dict, gpu_server: GpuServerResource
 ) -> dg.AssetCheckResult:
     """Run :func:`dpflow_core.runs.check_resume_continuity` with the smoke run's dataset and trainer."""
+    if smoke_run.get("scheduler") == "slurm":
+        # its runs start on the server itself: on a cluster that is the login node, where nothing may train
+        return dg.AssetCheckResult(
+            passed=False, severity=dg.AssetCheckSeverity.WARN,
+            description="not checked on a Slurm cluster: its runs would train on the login node "
+            "(resume on the cluster: dpflow scale train --resume)",
+            metadata=check_partition_metadata(context),
+        )
     base = RunSpec.from_dict(smoke_run["spec"])
     with gpu_server.connect() as server:
         report = check_resume_continuity(
@@ -282,7 +376,12 @@ def train_run(
     context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: dict, gpu_server: GpuServerResource
 ) -> dg.MaterializeResult[dict]:
     """Launch (or re-attach to) the training run and follow it until it ends: its Dagster Pipes messages
-    (built-in trainer, :mod:`dpflow_dagster.pipes`) or its ``logs.json.txt`` (a foreign trainer, a re-attach)."""
+    (built-in trainer, :mod:`dpflow_dagster.pipes`) or its ``logs.json.txt`` (a foreign trainer, a re-attach).
+    On a Slurm cluster or several hosts: :func:`dpflow_core.runs.scale.run_on_lab`, followed until it ends."""
+    with _failure_on_error():
+        lab = gpu_server.lab()
+    if lab.mode != "single":
+        return _scaled_train_run(context, config, remote_dataset, gpu_server, lab)
     with _failure_on_error(), gpu_server.connect() as server:
         name, active = config.run_name, False
         if not name and not config.resume:
@@ -381,6 +480,66 @@ def train_run(
     )
 
 
+def _scaled_train_run(context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: dict,
+                      gpu_server: GpuServerResource, lab) -> dg.MaterializeResult[dict]:
+    last_observation = [0.0]
+
+    def on_state(state) -> None:
+        if state is not None and time.monotonic() - last_observation[0] >= config.observation_every_s:
+            last_observation[0] = time.monotonic()
+            context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata={
+                "slurm_job_id": state.job_id, "slurm_state": state.state, "slurm_reason": state.reason or ""}))
+
+    with _failure_on_error(), gpu_server.connect_all() as servers:
+        first = servers[0]
+        config_name = (slurm_config_name(config.config_name, first.config.slurm) if lab.mode == "slurm"
+                       else resolve_config_name(config.config_name, first.gpu_inventory(), first))
+        spec = RunSpec(
+            name=config.run_name or default_run_name(remote_dataset["sha256"], "train"), kind="train",
+            dataset_path=remote_dataset["remote_path"], frequency_hz=float(remote_dataset["frequency_hz"]),
+            dataset_sha256=remote_dataset["sha256"], config_name=config_name,
+            epochs=config.epochs or None, max_train_steps=config.max_train_steps or None,
+            batch_size=config.batch_size or None, num_workers=None if config.num_workers < 0 else config.num_workers,
+            num_processes=config.num_processes, train_command=config.train_command, resume=config.resume,
+            logging_mode=config.logging_mode, extra_overrides=tuple(config.extra_overrides),
+        )
+        paths = remote_dataset.get("remote_paths") or [spec.dataset_path] * len(servers)
+        result = run_on_lab(servers, lab, spec, paths, timeout_s=config.monitor_timeout_s or 86400.0,
+                            on_event=context.log.info, on_state=on_state)
+        launch_index = result.job.launch_index if result.job is not None else load_handle(first, spec.name).launch_index
+    metadata = _scale_metadata(result)
+    if lab.mode == "slurm" and result.job is None:  # the Slurm preflight refused: nothing was submitted
+        raise _failure(f"training {spec.name}: {'; '.join(result.problems)}", metadata)
+    # natural exit and release are the blocking check's to judge, as on one server
+    value = _scale_value(result, remote_dataset, launch_index) | {
+        "exit_code": result.exit_code, "global_step": result.global_step, "epoch": result.epoch, "train_loss": None,
+        "in_run_check": None,
+    }
+    return dg.MaterializeResult(value=value, metadata=metadata)
+
+
+def _scaled_natural_exit(context: dg.AssetCheckExecutionContext, train_run: dict,
+                         gpu_server: GpuServerResource) -> dg.AssetCheckResult:
+    metadata: dict[str, Any] = dict(check_partition_metadata(context))
+    if train_run["scheduler"] == "slurm":
+        with gpu_server.connect() as server:
+            job = load_job(server, train_run["run_name"], train_run.get("launch_index"))
+            report: Any = check_slurm_exit(server, job)
+        metadata.update({"slurm_job_id": job.job_id, **report.metadata()})
+        if not report.passed:
+            metadata["output_tail"] = dg.MetadataValue.text(report.trainer.output_tail[-3000:])
+        if report.oom_advice:
+            metadata["oom_advice"] = dg.MetadataValue.md(_lines(report.oom_advice))
+        done = f"{report.state.describe() if report.state else ''}, after the configured epochs with a loadable latest.ckpt"
+    else:
+        with gpu_server.connect_all() as servers:
+            report = check_multihost_exit(servers, train_run["run_name"])
+        metadata.update(report.metadata())
+        done = f"every rank exited 0 ({len(report.exit_codes)} machines), after the configured epochs with a loadable latest.ckpt"
+    return dg.AssetCheckResult(passed=report.passed, severity=dg.AssetCheckSeverity.ERROR,
+                               description="; ".join(report.problems) or done, metadata=metadata)
+
+
 @task_asset_check(
     asset=train_run,
     name="natural_exit",
@@ -391,7 +550,10 @@ def train_run(
 def train_run_natural_exit(
     context: dg.AssetCheckExecutionContext, train_run: dict, gpu_server: GpuServerResource
 ) -> dg.AssetCheckResult:
-    """Judge the run's completion with :func:`dpflow_core.runs.check_natural_exit`."""
+    """Judge the run's completion with :func:`dpflow_core.runs.check_natural_exit` (a Slurm job:
+    :func:`check_slurm_exit`; several hosts: :func:`check_multihost_exit`)."""
+    if train_run.get("scheduler", "single") != "single":
+        return _scaled_natural_exit(context, train_run, gpu_server)
     with gpu_server.connect() as server:
         handle = load_handle(server, train_run["run_name"], train_run.get("launch_index"))
         report = check_natural_exit(server, handle)

@@ -1,0 +1,296 @@
+"""Smoke and training runs on the machines a lab.yaml names: a Slurm cluster or several servers.
+
+Shared by ``dpflow scale smoke|train`` (:mod:`dpflow_core.cli.scale`) and the ``remote_dataset``,
+``smoke_run`` and ``train_run`` assets (:mod:`dpflow_dagster.defs`), so both drive a cluster the
+same way. Takes the connected servers of a :class:`~dpflow_core.server.lab.LabServers` (one for
+``single`` and ``slurm``, one per host in rank order for ``hosts``) and a
+:class:`~dpflow_core.runs.spec.RunSpec`; gives a :class:`ScaleResult`.
+
+* :func:`upload_to_lab`: the dataset uploaded and verified by SHA-256 where the runs read it: on
+  the one server, through the login node to the cluster's shared file system (``slurm``), or to
+  every host (``hosts``).
+* :func:`slurm_smoke` / :func:`slurm_train`: the Slurm preflight (partition, GPUs, the dataset
+  from a compute node), then :func:`~dpflow_core.runs.slurm_checks.run_slurm_smoke`, or
+  ``sbatch`` + :func:`~dpflow_core.runs.slurm.wait_job` + the natural-exit and release checks
+  (:mod:`dpflow_core.runs.slurm_checks`); a job still running at the timeout is cancelled by its id.
+* :func:`hosts_smoke` / :func:`hosts_train`: the smoke run on the first host
+  (:func:`~dpflow_core.runs.run_smoke`); the multi-machine run
+  (:func:`~dpflow_core.runs.multihost.launch_multihost` + :func:`~dpflow_core.runs.multihost.follow_multihost`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from dpflow_core.errors import RemoteError, RunError
+from dpflow_core.server import GpuServer, SlurmSettings
+from dpflow_core.server.lab import LabServers
+from dpflow_core.server.upload import UploadResult, upload_dataset
+from dpflow_core.runs.slurm import JobState, SlurmJob, cancel_job, submit_run, wait_job
+from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, run_slurm_smoke, slurm_preflight
+from dpflow_core.runs.spec import CPU_CONFIG_NAME, GPU_CONFIG_NAME, RunSpec
+
+#: (name, passed, detail) of one check, in the order it ran.
+Check = tuple[str, bool, str]
+EventCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LabUpload:
+    """The dataset on every machine of a lab.
+
+    Attributes:
+        results: each server's :class:`UploadResult` (rank order), each verified by SHA-256 there.
+        sha256: the dataset's SHA-256 (the same on every machine).
+    """
+
+    results: tuple[UploadResult, ...]
+    sha256: str
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The dataset's path on each machine, rank order."""
+        return tuple(r.remote_path for r in self.results)
+
+
+class UploadMismatch(RemoteError):
+    """The dataset's SHA-256 on a server differs from the local one after upload; the file is quarantined there.
+
+    Attributes:
+        verification: both hashes and sizes (:class:`~dpflow_core.server.upload.Sha256Verification`).
+    """
+
+    code = "sha256_mismatch"
+
+    def __init__(self, where: str, verification):
+        self.verification = verification
+        super().__init__(f"SHA-256 mismatch after upload to {where}: {verification.describe()}",
+                         path=verification.remote_path)
+
+
+def upload_to_lab(
+    servers: Sequence[GpuServer],
+    dataset: str | Path,
+    *,
+    expected_sha256: str | None = None,
+    sidecar_path: str | Path | None = None,
+    method: str = "auto",
+    with_preflight: bool = False,
+    on_event: EventCallback | None = None,
+) -> LabUpload:
+    """Upload ``dataset`` to every server (resumable) and verify its SHA-256 on each.
+
+    For ``slurm`` the one server is the login node (or this machine) and the path lies on the
+    cluster's shared file system; the compute nodes' view is checked by :func:`slurm_preflight`.
+
+    Raises:
+        UploadMismatch: the SHA-256 differs on a server (named; the file is quarantined there);
+        everything :func:`~dpflow_core.server.upload.upload_dataset` raises.
+    """
+    if not servers:
+        raise RemoteError("no server to upload to", code="bad_config")
+    results = []
+    for server in servers:
+        result = upload_dataset(server, dataset, expected_sha256=expected_sha256, sidecar_path=sidecar_path,
+                                method=method, with_preflight=with_preflight)
+        if not result.verified:
+            raise UploadMismatch(server.config.describe(), result.verification)
+        if on_event is not None:
+            on_event(f"dataset on {server.config.describe()}: {result.remote_path} sha256 {result.sha256}")
+        results.append(result)
+    return LabUpload(results=tuple(results), sha256=results[0].sha256)
+
+
+@dataclass(frozen=True)
+class ScaleResult:
+    """How a smoke or training run on a cluster or on several servers went.
+
+    Attributes:
+        mode: ``slurm`` or ``hosts``.
+        kind: ``smoke`` or ``train``.
+        run_name: the run's name (the Slurm job name, each host's tmux session).
+        passed: every check passed.
+        checks: (name, passed, detail) of each check in order: preflight, the run, natural exit, release.
+        run_dir: the run directory (the first host's for ``hosts``).
+        job_id: the Slurm job id (None for ``hosts``).
+        state, exit_code: Slurm's final state and ``status:signal`` (None for ``hosts`` or when unknown).
+        problems: every failed condition.
+        release: the release check's message (Slurm; each rank's in ``checks`` for ``hosts``).
+        oom_advice: what to change after an out-of-memory end.
+        job: the Slurm job record (None for ``hosts`` and for a refused preflight).
+        epoch, global_step: the last ones the trainer logged (training runs; None when unknown).
+        hosts: ``hosts`` only: ``run_dirs``, ``exit_codes``, ``failed_ranks``, ``stopped_ranks``,
+            ``tokens`` and ``released`` (one per rank).
+    """
+
+    mode: str
+    kind: str
+    run_name: str
+    passed: bool
+    checks: tuple[Check, ...]
+    run_dir: str | None = None
+    job_id: str | None = None
+    state: str | None = None
+    exit_code: str | None = None
+    problems: tuple[str, ...] = ()
+    release: str | None = None
+    oom_advice: tuple[str, ...] = ()
+    job: SlurmJob | None = field(default=None, repr=False)
+    hosts: dict[str, Any] = field(default_factory=dict)
+    epoch: int | None = None
+    global_step: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready summary (``dpflow scale --json``)."""
+        out: dict[str, Any] = {"mode": self.mode, "kind": self.kind, "run_name": self.run_name, "passed": self.passed,
+                               "run_dir": self.run_dir, "problems": list(self.problems),
+                               "checks": [list(c) for c in self.checks]}
+        if self.mode == "slurm":
+            out.update(job_id=self.job_id, state=self.state, exit_code=self.exit_code, release=self.release,
+                       oom_advice=list(self.oom_advice))
+        out.update(self.hosts)
+        return out
+
+
+def slurm_config_name(config_name: str, settings: SlurmSettings) -> str:
+    """The trainer config of a run on the cluster: ``config_name`` unless ``auto``, which picks the GPU config
+    when the jobs ask for GPUs (``slurm.gpus_per_node``) and the CPU config otherwise (the login node's own
+    nvidia-smi says nothing about the compute nodes)."""
+    if config_name and config_name != "auto":
+        return config_name
+    return GPU_CONFIG_NAME if settings.gpus_per_node else CPU_CONFIG_NAME
+
+
+def _preflight(server: GpuServer, spec: RunSpec) -> list[Check]:
+    pre = slurm_preflight(server, spec.dataset_path, spec.dataset_sha256 or "")
+    return [(f"preflight {name}", ok, detail) for name, ok, detail in pre.checks]
+
+
+def slurm_smoke(server: GpuServer, spec: RunSpec, *, timeout_s: float = 900.0) -> ScaleResult:
+    """Preflight on the cluster, then the smoke run as a one-node job, judged and checked released."""
+    checks = _preflight(server, spec)
+    if not all(c[1] for c in checks):
+        return ScaleResult("slurm", "smoke", spec.name, False, tuple(checks), problems=tuple(c[2] for c in checks if not c[1]))
+    smoke = run_slurm_smoke(server, spec, timeout_s=timeout_s)
+    state = smoke.state
+    checks.append((f"smoke run (job {smoke.job.job_id})", smoke.passed, "; ".join(smoke.problems) or
+                   f"{state.describe() if state else 'unknown'}, {smoke.finite_losses} finite train_loss, no checkpoint"))
+    checks.append(("released", smoke.release.passed, smoke.release.message))
+    return ScaleResult("slurm", "smoke", spec.name, smoke.passed and smoke.release.passed, tuple(checks),
+                       run_dir=smoke.job.run_dir, job_id=smoke.job.job_id, state=state.state if state else None,
+                       exit_code=state.exit_code if state else None, problems=smoke.problems, release=smoke.release.message,
+                       job=smoke.job)
+
+
+def slurm_train(
+    server: GpuServer,
+    spec: RunSpec,
+    *,
+    timeout_s: float = 86400.0,
+    on_event: EventCallback | None = None,
+    on_state: Callable[[JobState | None], None] | None = None,
+    poll_s: float = 0.5,
+) -> ScaleResult:
+    """Preflight, ``sbatch``, follow the job until it ends (cancelled by its id after ``timeout_s``), then
+    judge natural exit (``sacct`` COMPLETED 0:0 plus the trainer's evidence) and release.
+
+    Raises:
+        RunError: from :func:`~dpflow_core.runs.slurm.submit_run` (``run_exists``, ``submit_failed``, ...).
+    """
+    checks = _preflight(server, spec)
+    if not all(c[1] for c in checks):
+        return ScaleResult("slurm", "train", spec.name, False, tuple(checks), problems=tuple(c[2] for c in checks if not c[1]))
+    job = submit_run(server, spec)
+    if on_event is not None:
+        on_event(f"submitted {spec.name} as job {job.job_id} ({job.nodes} node(s)); output {job.output_path}")
+    wait_job(server, job, timeout_s=timeout_s, poll_s=poll_s, on_state=on_state)
+    report = check_slurm_exit(server, job)
+    if report.state is not None and not report.state.finished:
+        cancel_job(server, job)
+    release = check_slurm_released(server, job)
+    trainer = report.trainer
+    checks.append(("natural exit", report.passed, "; ".join(report.problems) or
+                   f"{report.state.describe()}, epoch {trainer.last_epoch}, global_step {trainer.last_global_step}"))
+    checks.append(("released", release.passed, release.message))
+    state = report.state
+    return ScaleResult("slurm", "train", spec.name, report.passed and release.passed, tuple(checks), run_dir=job.run_dir,
+                       job_id=job.job_id, state=state.state if state else None, exit_code=state.exit_code if state else None,
+                       problems=report.problems, release=release.message, oom_advice=report.oom_advice, job=job,
+                       epoch=trainer.last_epoch, global_step=trainer.last_global_step)
+
+
+def hosts_smoke(servers: Sequence[GpuServer], spec: RunSpec, *, timeout_s: float = 900.0) -> ScaleResult:
+    """The smoke run on the first host (one machine, rule 6), then its release check."""
+    from dpflow_core.runs.smoke import run_smoke
+
+    smoke = run_smoke(servers[0], spec, timeout_s=timeout_s)
+    checks = ((f"smoke run on {servers[0].config.describe()}", smoke.passed, "; ".join(smoke.problems)),
+              ("released", smoke.release.passed, smoke.release.message))
+    return ScaleResult("hosts", "smoke", spec.name, smoke.passed and smoke.release.passed, checks,
+                       run_dir=smoke.handle.run_dir, problems=smoke.problems, release=smoke.release.message)
+
+
+def hosts_train(
+    servers: Sequence[GpuServer],
+    lab: LabServers,
+    spec: RunSpec,
+    paths: Sequence[str],
+    *,
+    timeout_s: float = 86400.0,
+    on_event: EventCallback | None = None,
+) -> ScaleResult:
+    """One run over every host (rank i on ``servers[i]``, the dataset at ``paths[i]``), followed until it
+    ends; one failed rank stops the others; every host checked released."""
+    from dpflow_core.runs.multihost import follow_multihost, launch_multihost
+
+    run = launch_multihost(servers, spec, main_address=lab.main_address, network_interface=lab.network_interface,
+                           dataset_paths=list(paths))
+    if on_event is not None:
+        on_event(f"launched {spec.name} on {len(servers)} machines ({', '.join(run.hosts)}); "
+                 f"rendezvous {run.main_address}:{run.port}")
+        for server, handle in zip(servers, run.handles):
+            on_event(f"  {server.config.describe()}: {handle.run_dir} (tmux {handle.detached.tmux_session}, "
+                     f"pid {handle.detached.pid})")
+    result = follow_multihost(servers, run, timeout_s=timeout_s)
+    checks = [("multi-machine run", result.passed,
+               "; ".join(result.problems) or f"every rank exited 0 ({list(result.exit_codes)})")]
+    checks += [(f"released rank {rank}", r.passed, r.message) for rank, r in enumerate(result.releases)]
+    hosts = {"run_dirs": [h.run_dir for h in run.handles], "exit_codes": list(result.exit_codes),
+             "failed_ranks": list(result.failed_ranks), "stopped_ranks": sorted(result.stopped),
+             "tokens": [h.token for h in run.handles], "released": [r.passed for r in result.releases]}
+    natural = result.natural_exit
+    return ScaleResult("hosts", "train", spec.name, result.passed, tuple(checks), run_dir=run.handles[0].run_dir,
+                       problems=result.problems, hosts=hosts, epoch=natural.last_epoch if natural else None,
+                       global_step=natural.last_global_step if natural else None)
+
+
+def run_on_lab(
+    servers: Sequence[GpuServer],
+    lab: LabServers,
+    spec: RunSpec,
+    paths: Sequence[str],
+    *,
+    timeout_s: float,
+    on_event: EventCallback | None = None,
+    on_state: Callable[[JobState | None], None] | None = None,
+) -> ScaleResult:
+    """The smoke or training run ``spec`` (by its kind) on the lab's cluster or hosts.
+
+    ``on_event`` gets progress lines (submitted, launched); ``on_state`` each state a Slurm training job
+    is polled in (for progress reports).
+
+    Raises:
+        RunError: ``bad_config`` for a lab of one server without a scheduler (``dpflow smoke|train``
+            and the single-server path of the assets run those).
+    """
+    if lab.mode == "slurm":
+        if spec.kind == "smoke":
+            return slurm_smoke(servers[0], spec, timeout_s=timeout_s)
+        return slurm_train(servers[0], spec, timeout_s=timeout_s, on_event=on_event, on_state=on_state)
+    if lab.mode == "hosts":
+        if spec.kind == "smoke":
+            return hosts_smoke(servers, spec, timeout_s=timeout_s)
+        return hosts_train(servers, lab, spec, paths, timeout_s=timeout_s, on_event=on_event)
+    raise RunError("one server without a scheduler: run it with `dpflow smoke` / `dpflow train`", code="bad_config")
