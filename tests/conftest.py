@@ -105,10 +105,16 @@ def pytest_configure(config):
     os.environ["TMUX_TMPDIR"] = folder
 
 
-#: The modules that take minutes, collected first and in this order: under pytest-xdist (``--dist
-#: loadfile``, scripts/test.sh) each then starts at once on a worker of its own, rather than last
-#: while the other worker has nothing left to do. The rest keep their order.
-SLOW_MODULES_FIRST = ("test_demo_e2e.py", "test_assets_training.py", "test_browser.py")
+#: The modules that take longest, collected first and in this order (longest first, from the suite's
+#: own per-module times, docs/benchmarks.md): under pytest-xdist (``--dist loadfile
+#: --no-loadscope-reorder``, scripts/test.sh) each then starts early on a worker of its own, rather than
+#: last while the other worker has nothing left to do. The rest keep their order. (Without
+#: ``--no-loadscope-reorder`` xdist would sort the modules by their number of tests instead.)
+SLOW_MODULES_FIRST = (
+    "test_demo_e2e.py", "test_pipes_ssh.py", "test_slurm.py", "test_upstream_trainer.py", "test_browser.py",
+    "test_assets_training.py", "test_runs_trainer.py", "test_multihost.py", "test_train_run.py", "test_runs_cli.py",
+    "test_runs_ssh.py", "test_multi_task.py", "test_run_monitoring.py", "test_preflight.py", "test_slurm_endings.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -315,3 +315,13 @@ def test_command_line_start_up_loads_no_heavy_module(argv):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_slow_modules_listed_first_exist_and_the_suite_keeps_their_order():
+    """tests/conftest.py's SLOW_MODULES_FIRST names real modules (a renamed one would silently lose its
+    place), and scripts/test.sh keeps that order (xdist reorders modules by test count otherwise)."""
+    from conftest import SLOW_MODULES_FIRST
+
+    assert len(set(SLOW_MODULES_FIRST)) == len(SLOW_MODULES_FIRST)
+    assert [m for m in SLOW_MODULES_FIRST if not (REPO / "tests" / m).is_file()] == []
+    assert "--no-loadscope-reorder" in (REPO / "scripts" / "test.sh").read_text()
