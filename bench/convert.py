@@ -106,6 +106,7 @@ def prepare(out: Path) -> None:
 def floor(manifest: Path, size: tuple[int, int]) -> None:
     """Child process: PyAV decode + swscale area resize to RGB in one pass, every episode in order."""
     import av
+    from av.video.reformatter import VideoReformatter
 
     from dpflow_core.conversion.decode import _SWS_FLAGS
 
@@ -115,15 +116,17 @@ def floor(manifest: Path, size: tuple[int, int]) -> None:
         data = (vio.parent / (vio.name.removesuffix("_vio.mcap") + ".units")).read_bytes()
         ctx = av.CodecContext.create("h264", "r")
         ctx.thread_count = 1
+        # One swscale context per stream (``VideoFrame.reformat`` makes one per frame): the faster way.
+        scaler = VideoReformatter()
         at = 0
         while at < len(data):
             n = int.from_bytes(data[at:at + 4], "little")
             for f in ctx.decode(av.Packet(data[at + 4:at + 4 + n])):
-                f.reformat(width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+                scaler.reformat(f, width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
                 frames += 1
             at += 4 + n
         for f in ctx.decode(None):
-            f.reformat(width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+            scaler.reformat(f, width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
             frames += 1
     print(json.dumps({"frames": frames}))
 

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import av
 import numpy as np
-from av.video.reformatter import Interpolation
+from av.video.reformatter import Interpolation, VideoReformatter
 
 from dpflow_core.errors import ConversionError
 
@@ -83,6 +83,9 @@ def decode_camera(
     may reference it); a frame whose capture time equals the previous kept frame's is
     then dropped, so the kept frames are bit-identical to a full decode.
 
+    Frames are converted to RGB and resized by one ``VideoReformatter`` (one swscale context,
+    :data:`_SWS_FLAGS`) for the whole stream: bit-identical to ``VideoFrame.reformat`` per frame.
+
     With ``rgb_path`` the frames stream to that ``.npy`` file as they are decoded
     (:class:`~dpflow_core.conversion.frames.FrameFile`) and are returned as a read-only memory map of it: nothing the
     size of the episode is held in this process.
@@ -95,6 +98,10 @@ def decode_camera(
     ctx = av.CodecContext.create(codec, "r")
     # Parallelism comes from worker processes; decoder threads did not help.
     ctx.thread_count = 1
+    # One scaler for the whole stream: ``VideoFrame.reformat`` gives every frame a new swscale
+    # context, whose set-up (the area filter's coefficients) costs about a third of the scaling
+    # itself at 640x480 -> 224x224; the pixels are the same either way (docs/benchmarks.md).
+    scaler = VideoReformatter()
     buf: np.ndarray | None = None
     out: FrameFile | None = None
     index: list[int] = []
@@ -109,10 +116,10 @@ def decode_camera(
             if ts_ns is not None and index and ts_ns[frame.pts] == ts_ns[index[-1]]:
                 continue
             if image_size is None:
-                rgb = frame.reformat(format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+                rgb = scaler.reformat(frame, format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
             else:
-                rgb = frame.reformat(
-                    width=image_size[0], height=image_size[1], format="rgb24", interpolation=_SWS_FLAGS
+                rgb = scaler.reformat(
+                    frame, width=image_size[0], height=image_size[1], format="rgb24", interpolation=_SWS_FLAGS
                 ).to_ndarray()
             if rgb_path is not None:
                 if out is None:
