@@ -176,6 +176,27 @@ def test_converting_twice_gives_a_byte_identical_dataset(converted, task, tmp_pa
     assert first["dataset_key"] == second["dataset_key"] and first["sha256"] == second["sha256"]
 
 
+def test_the_parent_of_workers_does_not_load_what_only_alignment_needs(task, tmp_path):
+    """With -j 2 the converting process only writes the dataset: SciPy (Slerp) is loaded by the
+    worker pool's forkserver, never by it, and the dataset is the same bytes as in-process (-j 1)."""
+    root, eps = task
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(manifest_for(eps, root)))
+    code = (
+        "import json, sys\n"
+        "from dpflow_core.conversion import convert\n"
+        f"r = convert({str(manifest)!r}, {str(tmp_path / 'dataset.npz')!r}, image_size={SIZE!r}, workers=2, cache=False)\n"
+        "print(json.dumps({'sha256': r.sha256, 'workers': r.metadata['workers'],\n"
+        "                  'scipy': sorted(m for m in sys.modules if m.split('.')[0] == 'scipy')}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["workers"] == 2 and out["scipy"] == []
+    one = convert(manifest, tmp_path / "one" / "dataset.npz", image_size=SIZE, workers=1, cache=False)
+    assert out["sha256"] == one.sha256 == _sha(tmp_path / "dataset.npz")
+
+
 def test_bad_episodes_are_rejected_with_reasons(task, tmp_path):
     root, eps = task
     bad_root = tmp_path / "bad"

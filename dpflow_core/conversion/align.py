@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from scipy.spatial.transform import Rotation, Slerp
 
 from dpflow_core.conversion.decode import _SWS_FLAGS, decode_camera
 from dpflow_core.conversion.gaps import _gaps, plan_segments
 from dpflow_core.errors import ConversionError
-from dpflow_core.recordings import read_streams
-from dpflow_core.recordings.inspection import clock_domain_note
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
+
+#: What aligning an episode imports beyond this module (SciPy's rotations, the MCAP reader and
+#: protobuf): loaded on first use, so a process that only writes the dataset (the converting
+#: parent of ``-j N`` workers) never pays for them; the worker pool preloads them once.
+ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dpflow_core.recordings.inspection")
 
 
 #: Version of the conversion procedure; part of every dataset's metadata and of
@@ -231,6 +233,11 @@ def align_episode(
             under ``"split"`` (``too_short``), a position or gripper width is
             NaN/inf (``not_finite``), or an argument is invalid.
     """
+    from scipy.spatial.transform import Rotation, Slerp
+
+    from dpflow_core.recordings.inspection import clock_domain_note
+    from dpflow_core.recordings.reader import read_streams
+
     path = Path(vio_mcap_path)
     if invalid_pose_policy not in INVALID_POSE_POLICIES:
         raise ConversionError(

@@ -23,7 +23,8 @@ from typing import Any, Callable
 import numpy as np
 
 from dpflow_core.conversion.align import (
-    CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, AlignedEpisode, align_episode, split_segments,
+    ALIGN_IMPORTS, CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, AlignedEpisode, align_episode,
+    split_segments,
 )
 from dpflow_core.episode_cache import EpisodeCache, episode_key
 from dpflow_core.errors import ConversionError, DpflowError
@@ -266,8 +267,9 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
         return results  # type: ignore[return-value]
 
     ctx = multiprocessing.get_context("forkserver")
-    # The module whose imports (NumPy, SciPy, PyAV, mcap) every worker needs: loaded once, in the forkserver.
-    ctx.set_forkserver_preload(["dpflow_core.conversion.jobs"])
+    # What every worker imports (NumPy, PyAV, SciPy, mcap, protobuf): loaded once, in the forkserver,
+    # and never in this process, which only writes the dataset.
+    ctx.set_forkserver_preload(["dpflow_core.conversion.jobs", *ALIGN_IMPORTS])
     with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_episode_job, job): i for i, job in enumerate(jobs)}
