@@ -118,3 +118,43 @@ def test_pickles_without_array_data(tmp_path, arrays):
     assert len(blob) < 20_000
     rb2 = pickle.loads(blob)
     np.testing.assert_array_equal(rb2["camera0_rgb"][3], arrays["data__camera0_rgb"][3])
+
+
+def test_streamed_npz_writer_hashes_what_it_writes_and_numpy_reads_it(tmp_path, monkeypatch):
+    """dpflow's npz writer (pieces of .npy files copied in chunks, SHA-256 on a helper thread):
+    the returned SHA-256 and size are those of the file, numpy loads every member, our reader
+    maps them, and a copied scratch file marked for deletion is gone."""
+    import hashlib
+
+    from dpflow_core.replay_buffer import writer
+
+    monkeypatch.setattr(writer, "_COPY_CHUNK", 4096)  # many chunks through the hash queue
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, size=(37, 12, 16, 3), dtype=np.uint8)
+    ts = np.arange(37, dtype=np.float64) / 10
+    np.save(tmp_path / "a.npy", frames[:20])
+    np.save(tmp_path / "b.npy", frames[20:])
+    row = 12 * 16 * 3
+    pieces = [(str(tmp_path / "a.npy"), writer.npy_data_offset(str(tmp_path / "a.npy")), 20 * row, False),
+              (str(tmp_path / "b.npy"), writer.npy_data_offset(str(tmp_path / "b.npy")), 17 * row, True)]
+    ends = np.array([20, 37], dtype=np.int64)
+    info = json.dumps({"image_size": [16, 12]}).encode()
+    members = [
+        writer.NpzMember("meta__episode_ends", ends.shape, np.dtype(np.int64), data=ends.tobytes()),
+        writer.NpzMember("data__timestamp", ts.shape, np.dtype(np.float64), data=ts.tobytes()),
+        writer.NpzMember("data__camera0_rgb", frames.shape, np.dtype(np.uint8), pieces),
+        writer.NpzMember("meta__info_json", (len(info),), np.dtype(np.uint8), data=info),
+    ]
+    seen = []
+    sha, size = writer.write_npz(tmp_path / "out.npz", members, lambda stage, done, total: seen.append(done))
+    body = (tmp_path / "out.npz").read_bytes()
+    assert sha == hashlib.sha256(body).hexdigest() and size == len(body)
+    # progress counts payload bytes, reported while pieces are copied
+    assert seen == sorted(seen) and seen[-1] == ends.nbytes + ts.nbytes + frames.nbytes
+    assert (tmp_path / "a.npy").exists() and not (tmp_path / "b.npy").exists()
+    with np.load(tmp_path / "out.npz") as z:
+        np.testing.assert_array_equal(z["data__camera0_rgb"], frames)
+        np.testing.assert_array_equal(z["data__timestamp"], ts)
+        assert z["meta__episode_ends"].tolist() == [20, 37]
+    with pytest.raises(FileExistsError):
+        writer.write_npz(tmp_path / "out.npz", members[:2], None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import queue
 import threading
 import zipfile
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 _COPY_CHUNK = 8 << 20
+#: Chunks (of up to ``_COPY_CHUNK`` bytes) that may wait for the SHA-256 thread: bounds the memory it holds.
+_HASH_QUEUE = 2
 
 
 class _HashingWriter:
@@ -36,33 +39,55 @@ class _HashingWriter:
 
     It cannot seek, so :mod:`zipfile` writes each member's sizes and CRC in a
     data descriptor after the data instead of seeking back into bytes that were
-    already hashed. Every ``sync_every`` bytes a background thread runs
-    ``fdatasync`` so that the disk writes overlap hashing instead of all waiting
-    for the final ``fsync``.
+    already hashed. SHA-256 runs on a helper thread, in write order, while the
+    calling thread computes the zip's CRC-32 and copies the next bytes (hashlib,
+    zlib and file writes release the GIL on large buffers, so the two overlap on
+    two cores); at most ``_HASH_QUEUE`` chunks wait for it. Every ``sync_every``
+    bytes another thread runs ``fdatasync`` so that the disk writes overlap
+    hashing instead of all waiting for the final ``fsync``.
     """
 
     def __init__(self, raw, sync_every: int = 64 << 20):
         self.raw = raw
-        self.sha256 = hashlib.sha256()
+        self._sha256 = hashlib.sha256()
         self.pos = 0
         self._sync_every = sync_every
         self._synced_at = 0
         self._sync_thread: threading.Thread | None = None
+        self._hash_queue: queue.Queue = queue.Queue(maxsize=_HASH_QUEUE)
+        self._hash_thread = threading.Thread(target=self._hash_worker, name="dpflow-npz-sha256", daemon=True)
+        self._hash_thread.start()
+
+    def _hash_worker(self) -> None:
+        while (chunk := self._hash_queue.get()) is not None:
+            self._sha256.update(chunk)
 
     def write(self, data) -> int:
-        view = memoryview(data)
-        self.sha256.update(view)
-        self.raw.write(view)
-        self.pos += view.nbytes
+        # Held until hashed: an immutable copy unless the caller's buffer already is one.
+        chunk = data if isinstance(data, bytes) else bytes(data)
+        self._hash_queue.put(chunk)
+        self.raw.write(chunk)
+        self.pos += len(chunk)
         if self.pos - self._synced_at >= self._sync_every and not (self._sync_thread and self._sync_thread.is_alive()):
             self._synced_at = self.pos
             self.raw.flush()
             self._sync_thread = threading.Thread(target=os.fdatasync, args=(self.raw.fileno(),), daemon=True)
             self._sync_thread.start()
-        return view.nbytes
+        return len(chunk)
+
+    def hexdigest(self) -> str:
+        """SHA-256 (hex) of everything written; no write may follow."""
+        self._finish_hashing()
+        return self._sha256.hexdigest()
+
+    def _finish_hashing(self) -> None:
+        if self._hash_thread.is_alive():
+            self._hash_queue.put(None)
+            self._hash_thread.join()
 
     def join(self) -> None:
-        """Wait for a background ``fdatasync`` still running."""
+        """Wait for the hashing and a background ``fdatasync`` still running."""
+        self._finish_hashing()
         if self._sync_thread is not None:
             self._sync_thread.join()
 
@@ -107,42 +132,48 @@ def write_npz(path: Path, members: list[NpzMember], progress: Callable | None) -
         FileExistsError: ``path`` exists.
     """
     total = sum(m.nbytes for m in members)
-    written = 0
     with open(path, "xb") as f:
         out = _HashingWriter(f)
-        with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for m in members:
-                info = zipfile.ZipInfo(m.name + ".npy", date_time=ZIP_DATE_TIME)
-                info.compress_type = zipfile.ZIP_STORED
-                info.external_attr = 0o644 << 16
-                with zf.open(info, mode="w", force_zip64=True) as dst:
-                    dst.write(npy_header(m.shape, m.dtype))
-                    if m.data is not None:
-                        dst.write(m.data)
-                        written += len(m.data)
-                    for src_path, offset, count, drop in m.pieces:
-                        with open(src_path, "rb") as src:
-                            src.seek(offset)
-                            left = count
-                            while left:
-                                chunk = src.read(min(_COPY_CHUNK, left))
-                                if not chunk:
-                                    raise ConversionError(f"temporary file ended {left} bytes early", src_path)
-                                dst.write(chunk)
-                                left -= len(chunk)
-                                written += len(chunk)
-                                if progress:
-                                    progress("write", written, total)
-                        if drop:
-                            # Deleting a copied scratch file drops its dirty pages before they reach the disk.
-                            os.unlink(src_path)
+        try:
+            _write_members(out, members, progress, total)
+        finally:
+            out.join()
         f.flush()
-        out.join()
         os.fsync(f.fileno())
         size = f.tell()
     if size != out.pos:
         raise ConversionError(f"wrote {out.pos} bytes but the file holds {size}", path)
-    return out.sha256.hexdigest(), size
+    return out.hexdigest(), size
+
+
+def _write_members(out: _HashingWriter, members: list[NpzMember], progress: Callable | None, total: int) -> None:
+    written = 0
+    with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for m in members:
+            info = zipfile.ZipInfo(m.name + ".npy", date_time=ZIP_DATE_TIME)
+            info.compress_type = zipfile.ZIP_STORED
+            info.external_attr = 0o644 << 16
+            with zf.open(info, mode="w", force_zip64=True) as dst:
+                dst.write(npy_header(m.shape, m.dtype))
+                if m.data is not None:
+                    dst.write(m.data)
+                    written += len(m.data)
+                for src_path, offset, count, drop in m.pieces:
+                    with open(src_path, "rb") as src:
+                        src.seek(offset)
+                        left = count
+                        while left:
+                            chunk = src.read(min(_COPY_CHUNK, left))
+                            if not chunk:
+                                raise ConversionError(f"temporary file ended {left} bytes early", src_path)
+                            dst.write(chunk)
+                            left -= len(chunk)
+                            written += len(chunk)
+                            if progress:
+                                progress("write", written, total)
+                    if drop:
+                        # Deleting a copied scratch file drops its dirty pages before they reach the disk.
+                        os.unlink(src_path)
 
 
 def npy_data_offset(path: str) -> int:
