@@ -18,7 +18,11 @@ bytes are identical, so writing them costs no extra minutes), ``native`` 2 episo
 
 The floor (``floor`` sub-command) is PyAV decoding plus swscale's area scaler to RGB in one pass,
 one process, over the access units extracted beforehand (no MCAP parsing, no alignment, no
-writing): the least any converter of these recordings has to do.
+writing): the least any converter of these recordings has to do. It keeps one swscale context per
+stream, as the converter does; ``--per-frame-scaler`` is the floor of the first measurements
+(``VideoFrame.reformat``, a context per frame). The scaling table also runs N floors side by side
+on the episodes dealt N ways: what N processes of pure decoding gain on this machine, the ceiling
+for ``-j N``.
 """
 
 from __future__ import annotations
@@ -103,30 +107,36 @@ def prepare(out: Path) -> None:
             (out / "e32.json").write_text(json.dumps(_manifest(copies, root)))
 
 
-def floor(manifest: Path, size: tuple[int, int]) -> None:
-    """Child process: PyAV decode + swscale area resize to RGB in one pass, every episode in order."""
+def floor(manifest: Path, size: tuple[int, int], per_frame_scaler: bool = False, part: tuple[int, int] = (0, 1)) -> None:
+    """Child process: PyAV decode + swscale area resize to RGB in one pass, every episode in order.
+
+    One swscale context per stream (``VideoReformatter``), the faster way; ``per_frame_scaler``
+    uses ``VideoFrame.reformat`` instead (a new context per frame: the floor of the first
+    measurements). ``part`` (k, n) takes every n-th episode from the k-th, for floors run side
+    by side."""
     import av
     from av.video.reformatter import VideoReformatter
 
     from dpflow_core.conversion.decode import _SWS_FLAGS
 
     frames = 0
-    for e in json.loads(manifest.read_text())["accepted"]:
+    kw = dict(width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS)
+    for e in json.loads(manifest.read_text())["accepted"][part[0]::part[1]]:
         vio = Path(e["files"]["vio_mcap"]["path"])
         data = (vio.parent / (vio.name.removesuffix("_vio.mcap") + ".units")).read_bytes()
         ctx = av.CodecContext.create("h264", "r")
         ctx.thread_count = 1
-        # One swscale context per stream (``VideoFrame.reformat`` makes one per frame): the faster way.
         scaler = VideoReformatter()
+        scale = (lambda f: f.reformat(**kw)) if per_frame_scaler else (lambda f: scaler.reformat(f, **kw))
         at = 0
         while at < len(data):
             n = int.from_bytes(data[at:at + 4], "little")
             for f in ctx.decode(av.Packet(data[at + 4:at + 4 + n])):
-                scaler.reformat(f, width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+                scale(f).to_ndarray()
                 frames += 1
             at += 4 + n
         for f in ctx.decode(None):
-            scaler.reformat(f, width=size[0], height=size[1], format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+            scale(f).to_ndarray()
             frames += 1
     print(json.dumps({"frames": frames}))
 
@@ -189,11 +199,30 @@ def _conversion(out: Path, manifest: Path, size: str, workers: int, tag: str, ca
     return run
 
 
-def _floor(manifest: Path, size: str) -> callable:
+def _floor(manifest: Path, size: str, per_frame_scaler: bool = False) -> callable:
     def run() -> dict:
-        r = _timed([sys.executable, __file__, "floor", str(manifest), "--image-size", size])
+        r = _timed([sys.executable, __file__, "floor", str(manifest), "--image-size", size,
+                    *(["--per-frame-scaler"] if per_frame_scaler else [])])
         r["frames"] = json.loads(r["stdout"].strip().splitlines()[-1])["frames"]
         return r
+    return run
+
+
+def _floors_side_by_side(manifest: Path, size: str, n: int) -> callable:
+    """``n`` floor processes started at once, each on every n-th episode: the machine's own
+    scaling ceiling for ``-j n`` (wall time until the last one ends)."""
+    def run() -> dict:
+        started = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, __file__, "floor", str(manifest), "--image-size", size,
+                                   "--part", f"{k}/{n}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for k in range(n)]
+        frames = 0
+        for p in procs:
+            out, err = p.communicate()
+            if p.returncode != 0:
+                raise RuntimeError(f"floor part exited {p.returncode}: {err.decode()[-2000:]}")
+            frames += json.loads(out.decode().strip().splitlines()[-1])["frames"]
+        return {"wall_s": time.perf_counter() - started, "frames": frames}
     return run
 
 
@@ -204,18 +233,23 @@ def _fmt(lo_med_hi: tuple[float, float, float]) -> str:
 
 def bench_floor(out: Path, rounds: int, size: str, sets: list[str]) -> None:
     print(f"\n### dpflow convert -j 1 against the decode + resize floor ({size})\n")
-    print("| set | frames | convert wall s | floor wall s | floor / convert (speed, x floor) | convert peak RSS MB "
-          "| align / write / norm stats s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| set | frames | convert wall s | floor wall s | floor / convert (speed, x floor) "
+          "| convert CPU s | floor CPU s | floor / convert, CPU | floor with a scaler per frame: wall s, CPU s "
+          "| convert peak RSS MB | align / write / norm stats s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in sets:
         manifest = out / f"{name}.json"
         s = size
-        runs = interleaved({"convert": _conversion(out, manifest, s, 1, name), "floor": _floor(manifest, s)}, rounds)
-        conv, fl = runs["convert"], runs["floor"]
-        assert conv[0]["frames"] == fl[0]["frames"], (conv[0]["frames"], fl[0]["frames"])
+        runs = interleaved({"convert": _conversion(out, manifest, s, 1, name), "floor": _floor(manifest, s),
+                            "floor_per_frame": _floor(manifest, s, per_frame_scaler=True)}, rounds)
+        conv, fl, old = runs["convert"], runs["floor"], runs["floor_per_frame"]
+        assert conv[0]["frames"] == fl[0]["frames"] == old[0]["frames"], (conv[0]["frames"], fl[0]["frames"])
         t = conv[len(conv) // 2]["timings"]
         print(f"| {name} | {conv[0]['frames']} | {_median(r['wall_s'] for r in conv):.2f} | "
               f"{_median(r['wall_s'] for r in fl):.2f} | {_fmt(_ratio(runs, 'floor', 'convert'))} | "
+              f"{_median(r['cpu_s'] for r in conv):.2f} | {_median(r['cpu_s'] for r in fl):.2f} | "
+              f"{_fmt(_ratio(runs, 'floor', 'convert', 'cpu_s'))} | "
+              f"{_median(r['wall_s'] for r in old):.2f}, {_median(r['cpu_s'] for r in old):.2f} | "
               f"{_median(r['rss_mb'] for r in conv):.0f} | {t['episodes']:.2f} / {t['write']:.2f} / {t['norm_stats']:.2f} |",
               flush=True)
 
@@ -225,15 +259,21 @@ def bench_scaling(out: Path, rounds: int) -> None:
     cores = len(os.sched_getaffinity(0))
     ns = [1, 2] + ([4] if cores >= 4 else [])
     manifest = out / "e32.json"
-    runs = interleaved({f"j{n}": _conversion(out, manifest, "224,224", n, f"j{n}") for n in ns}, rounds)
+    commands = {f"j{n}": _conversion(out, manifest, "224,224", n, f"j{n}") for n in ns}
+    commands.update({f"floor{n}": _floors_side_by_side(manifest, "224,224", n) for n in ns})
+    runs = interleaved(commands, rounds)
     print(f"cores: {cores}; load average before the run: {os.getloadavg()[0]:.1f}\n")
-    print("| workers | wall s (median) | time / time of -j 1 | speed-up | parent peak RSS MB | worker peak RSS MB |")
-    print("|---|---|---|---|---|---|")
+    print("| workers | wall s (median) | time / time of -j 1 | speed-up | parent peak RSS MB | worker peak RSS MB "
+          "| write phase s | n floors side by side: wall s | their time / one floor's |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in ns:
         rr = _ratio(runs, f"j{n}", "j1")
+        fr = _ratio(runs, f"floor{n}", "floor1")
         print(f"| {n} | {_median(r['wall_s'] for r in runs[f'j{n}']):.2f} | {_fmt(rr)} | {1 / rr[1]:.2f} | "
               f"{_median(r['rss_mb'] for r in runs[f'j{n}']):.0f} | "
-              f"{_median(r['worker_rss_mb'] for r in runs[f'j{n}']):.0f} |", flush=True)
+              f"{_median(r['worker_rss_mb'] for r in runs[f'j{n}']):.0f} | "
+              f"{_median(r['timings']['write'] for r in runs[f'j{n}']):.2f} | "
+              f"{_median(r['wall_s'] for r in runs[f'floor{n}']):.2f} | {_fmt(fr)} |", flush=True)
 
 
 def bench_memory(out: Path, rounds: int, baseline: str | None, sets: list[str], baseline_sets: list[str]) -> None:
@@ -324,11 +364,14 @@ def main() -> None:
     pf = sub.add_parser("floor")
     pf.add_argument("manifest", type=Path)
     pf.add_argument("--image-size", default="224,224")
+    pf.add_argument("--per-frame-scaler", action="store_true", help="VideoFrame.reformat: a new swscale context per frame.")
+    pf.add_argument("--part", default="0/1", help="k/n: every n-th episode from the k-th.")
     args = p.parse_args()
     if args.cmd == "prepare":
         prepare(args.out)
     elif args.cmd == "floor":
-        floor(args.manifest, tuple(int(v) for v in args.image_size.split(",")))
+        floor(args.manifest, tuple(int(v) for v in args.image_size.split(",")), args.per_frame_scaler,
+              tuple(int(v) for v in args.part.split("/")))
     else:
         print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; rounds {args.rounds}")
         for what in args.only:
