@@ -156,8 +156,9 @@ def _timed(cmd: list[str], env: dict | None = None) -> dict:
             "stdout": out.decode(), "stderr": err.decode()}
 
 
-def _convert_cmd(manifest: Path, target: Path, size: str, workers: int, cache: bool = False) -> list[str]:
-    cmd = [DPFLOW, "convert", str(manifest), "-o", str(target), "--image-size", size, "-j", str(workers), "--json"]
+def _convert_cmd(manifest: Path, target: Path, size: str, workers: int, cache: bool = False,
+                 exe: str = DPFLOW) -> list[str]:
+    cmd = [exe, "convert", str(manifest), "-o", str(target), "--image-size", size, "-j", str(workers), "--json"]
     return cmd if cache else [*cmd, "--no-cache"]
 
 
@@ -186,11 +187,11 @@ def _ratio(runs: dict, a: str, b: str, key: str = "wall_s") -> tuple[float, floa
 
 
 def _conversion(out: Path, manifest: Path, size: str, workers: int, tag: str, cache: bool = False,
-                env: dict | None = None) -> callable:
+                env: dict | None = None, exe: str = DPFLOW) -> callable:
     def run() -> dict:
         target = out / f"bench-{tag}-{os.getpid()}.npz"
         _cleanup(target)
-        r = _timed(_convert_cmd(manifest, target, size, workers, cache), env=env)
+        r = _timed(_convert_cmd(manifest, target, size, workers, cache, exe), env=env)
         meta = json.loads(target.with_suffix(".json").read_text())
         r.update(frames=meta["total_steps"], timings=meta["timings_s"], workers=meta["workers"],
                  worker_rss_mb=max(e["worker_peak_rss_mb"] for e in meta["episodes"]), sha256=meta["sha256"])
@@ -231,17 +232,21 @@ def _fmt(lo_med_hi: tuple[float, float, float]) -> str:
     return f"{med:.2f} ({lo:.2f}-{hi:.2f})"
 
 
-def bench_floor(out: Path, rounds: int, size: str, sets: list[str]) -> None:
+def bench_floor(out: Path, rounds: int, size: str, sets: list[str], baseline: str | None = None) -> None:
     print(f"\n### dpflow convert -j 1 against the decode + resize floor ({size})\n")
     print("| set | frames | convert wall s | floor wall s | floor / convert (speed, x floor) "
           "| convert CPU s | floor CPU s | floor / convert, CPU | floor with a scaler per frame: wall s, CPU s "
-          "| convert peak RSS MB | align / write / norm stats s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| convert peak RSS MB | align / write / norm stats s |"
+          + (" before: convert wall s, CPU s | convert / before: wall, CPU | same SHA-256 |" if baseline else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if baseline else ""))
     for name in sets:
         manifest = out / f"{name}.json"
         s = size
-        runs = interleaved({"convert": _conversion(out, manifest, s, 1, name), "floor": _floor(manifest, s),
-                            "floor_per_frame": _floor(manifest, s, per_frame_scaler=True)}, rounds)
+        commands = {"convert": _conversion(out, manifest, s, 1, name), "floor": _floor(manifest, s),
+                    "floor_per_frame": _floor(manifest, s, per_frame_scaler=True)}
+        if baseline:
+            commands["before"] = _conversion(out, manifest, s, 1, f"{name}-before", exe=baseline)
+        runs = interleaved(commands, rounds)
         conv, fl, old = runs["convert"], runs["floor"], runs["floor_per_frame"]
         assert conv[0]["frames"] == fl[0]["frames"] == old[0]["frames"], (conv[0]["frames"], fl[0]["frames"])
         t = conv[len(conv) // 2]["timings"]
@@ -250,17 +255,23 @@ def bench_floor(out: Path, rounds: int, size: str, sets: list[str]) -> None:
               f"{_median(r['cpu_s'] for r in conv):.2f} | {_median(r['cpu_s'] for r in fl):.2f} | "
               f"{_fmt(_ratio(runs, 'floor', 'convert', 'cpu_s'))} | "
               f"{_median(r['wall_s'] for r in old):.2f}, {_median(r['cpu_s'] for r in old):.2f} | "
-              f"{_median(r['rss_mb'] for r in conv):.0f} | {t['episodes']:.2f} / {t['write']:.2f} / {t['norm_stats']:.2f} |",
+              f"{_median(r['rss_mb'] for r in conv):.0f} | {t['episodes']:.2f} / {t['write']:.2f} / {t['norm_stats']:.2f} |"
+              + (f" {_median(r['wall_s'] for r in runs['before']):.2f}, {_median(r['cpu_s'] for r in runs['before']):.2f} | "
+                 f"{_fmt(_ratio(runs, 'convert', 'before'))}, {_fmt(_ratio(runs, 'convert', 'before', 'cpu_s'))} | "
+                 f"{'yes' if {r['sha256'] for r in conv} == {r['sha256'] for r in runs['before']} else 'NO'} |"
+                 if baseline else ""),
               flush=True)
 
 
-def bench_scaling(out: Path, rounds: int) -> None:
+def bench_scaling(out: Path, rounds: int, baseline: str | None = None) -> None:
     print("\n### Scaling: -j N against -j 1 (32 episodes, 640x480 -> 224x224)\n")
     cores = len(os.sched_getaffinity(0))
     ns = [1, 2] + ([4] if cores >= 4 else [])
     manifest = out / "e32.json"
     commands = {f"j{n}": _conversion(out, manifest, "224,224", n, f"j{n}") for n in ns}
     commands.update({f"floor{n}": _floors_side_by_side(manifest, "224,224", n) for n in ns})
+    if baseline:
+        commands.update({f"before{n}": _conversion(out, manifest, "224,224", n, f"before{n}", exe=baseline) for n in ns})
     runs = interleaved(commands, rounds)
     print(f"cores: {cores}; load average before the run: {os.getloadavg()[0]:.1f}\n")
     print("| workers | wall s (median) | time / time of -j 1 | speed-up | parent peak RSS MB | worker peak RSS MB "
@@ -274,6 +285,15 @@ def bench_scaling(out: Path, rounds: int) -> None:
               f"{_median(r['worker_rss_mb'] for r in runs[f'j{n}']):.0f} | "
               f"{_median(r['timings']['write'] for r in runs[f'j{n}']):.2f} | "
               f"{_median(r['wall_s'] for r in runs[f'floor{n}']):.2f} | {_fmt(fr)} |", flush=True)
+    if baseline:
+        print("\nbefore (the --baseline executable), same runs interleaved:\n")
+        print("| workers | wall s (median) | time / time of -j 1 | write phase s | this code's time / before's |")
+        print("|---|---|---|---|---|")
+        for n in ns:
+            print(f"| {n} | {_median(r['wall_s'] for r in runs[f'before{n}']):.2f} | "
+                  f"{_fmt(_ratio(runs, f'before{n}', 'before1'))} | "
+                  f"{_median(r['timings']['write'] for r in runs[f'before{n}']):.2f} | "
+                  f"{_fmt(_ratio(runs, f'j{n}', f'before{n}'))} |", flush=True)
 
 
 def bench_memory(out: Path, rounds: int, baseline: str | None, sets: list[str], baseline_sets: list[str]) -> None:
@@ -355,7 +375,7 @@ def main() -> None:
     pr.add_argument("--out", type=Path, default=Path("/tmp/dpflow-bench"))
     pr.add_argument("--rounds", type=int, default=3)
     pr.add_argument("--only", nargs="*", default=["startup", "floor", "scaling", "memory", "incremental"])
-    pr.add_argument("--baseline", help="Another dpflow executable (e.g. an older checkout's) for memory and start-up.")
+    pr.add_argument("--baseline", help="Another dpflow executable (e.g. an older checkout's), run beside this one.")
     pr.add_argument("--incremental-rounds", type=int, default=1)
     pr.add_argument("--scaling-rounds", type=int, default=2)
     pr.add_argument("--floor-sets", nargs="*", default=["e8", "e32", "native"])
@@ -378,9 +398,9 @@ def main() -> None:
             if what == "startup":
                 bench_startup(max(args.rounds, 5), args.baseline)
             elif what == "floor":
-                bench_floor(args.out, args.rounds, "224,224", args.floor_sets)
+                bench_floor(args.out, args.rounds, "224,224", args.floor_sets, args.baseline)
             elif what == "scaling":
-                bench_scaling(args.out, args.scaling_rounds)
+                bench_scaling(args.out, args.scaling_rounds, args.baseline)
             elif what == "memory":
                 bench_memory(args.out, 1, args.baseline, args.memory_sets, args.baseline_sets)
             elif what == "incremental":
