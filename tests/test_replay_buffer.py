@@ -122,8 +122,8 @@ def test_pickles_without_array_data(tmp_path, arrays):
 
 def test_streamed_npz_writer_hashes_what_it_writes_and_numpy_reads_it(tmp_path, monkeypatch):
     """dpflow's npz writer (pieces of .npy files copied in chunks, SHA-256 on a helper thread):
-    the returned SHA-256 and size are those of the file, numpy loads every member, our reader
-    maps them, and a copied scratch file marked for deletion is gone."""
+    the returned SHA-256 and size are those of the file, numpy loads every member, a copied
+    scratch file marked for deletion is gone, and an existing output is never overwritten."""
     import hashlib
 
     from dpflow_core.replay_buffer import writer

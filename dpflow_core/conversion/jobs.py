@@ -242,7 +242,8 @@ def default_workers() -> int:
 
 
 def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list[dict]:
-    """Run episode jobs (in worker processes when ``workers`` > 1); one summary per job, in job order.
+    """Run episode jobs (in worker processes when ``workers`` > 1, handed out largest input first);
+    one summary per job, in job order.
 
     An exception inside a job (or a worker process that dies) becomes a rejection
     of that episode with the exception's type and message; none is lost. Workers
@@ -272,7 +273,10 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
     ctx.set_forkserver_preload(["dpflow_core.conversion.jobs", *ALIGN_IMPORTS])
     with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-        futures = {pool.submit(_episode_job, job): i for i, job in enumerate(jobs)}
+        # Longest first (input size stands for length): the last episode to finish is then a short one,
+        # so the workers run out of work together and the serial write phase starts sooner.
+        order = sorted(range(len(jobs)), key=lambda i: -(jobs[i].get("size_bytes") or 0))
+        futures = {pool.submit(_episode_job, jobs[i]): i for i in order}
         for fut in cf.as_completed(futures):
             i = futures[fut]
             try:
