@@ -24,6 +24,7 @@ from dpflow_core import __version__
 from dpflow_core.conversion import (
     CONVERTER_VERSION, INVALID_POSE_POLICIES, align_job_episode, alignment_job, load_inputs,
 )
+from dpflow_core.conversion.align import ALIGN_IMPORTS
 from dpflow_core.conversion.jobs import _die_with_parent
 from dpflow_core.errors import ConversionError, DatasetError, DpflowError
 from dpflow_core.export.features import (
@@ -69,7 +70,7 @@ def _aligned_in_order(jobs: list[dict], workers: int) -> Iterator[dict]:
         yield from map(_align_job, jobs)
         return
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["dpflow_core.export.export"])
+    ctx.set_forkserver_preload(["dpflow_core.export.export", *ALIGN_IMPORTS])  # imported once, not per worker
     with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         pending: deque = deque()
