@@ -236,7 +236,9 @@ def preflight(
     problems: list[str] = []
     warnings: list[str] = []
     hostname = server.run("uname -n", check=True).stdout.strip()
-    nproc_result = server.run("nproc")
+    # GNU nproc honours OMP_NUM_THREADS / OMP_THREAD_LIMIT (a thread setting, not the machine's CPUs):
+    # without them it counts the processing units this process may run on (its CPU affinity)
+    nproc_result = server.run("env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc")
     nproc = int(nproc_result.stdout.strip()) if nproc_result.ok and nproc_result.stdout.strip().isdigit() else None
 
     repo = repo_state(server, server.config.repo_path)
