@@ -31,6 +31,7 @@ This module is over 500 lines because the measurements, the outlier rule and the
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
@@ -705,3 +706,20 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, float) and math.isnan(obj):
         return None
     return str(obj)
+
+
+def thumbnail_data_uri(png: str | Path, width: int, *, quality: int = 80) -> str:
+    """A ``data:image/jpeg;base64,...`` URI of ``png`` scaled to ``width`` pixels (aspect kept), JPEG ``quality``.
+
+    For a table shown where local files cannot be read (a web UI). Returns ``""`` when the file
+    cannot be read as an image or encoded (OpenCV ``imread``/``imencode``).
+    """
+    import cv2
+
+    image = cv2.imread(str(png), cv2.IMREAD_COLOR)
+    if image is None:
+        return ""
+    height = max(1, round(image.shape[0] * width / image.shape[1]))
+    ok, data = cv2.imencode(".jpg", cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA),
+                            [cv2.IMWRITE_JPEG_QUALITY, quality])
+    return f"data:image/jpeg;base64,{base64.b64encode(data.tobytes()).decode('ascii')}" if ok else ""
