@@ -149,7 +149,7 @@ class DownloadedCheckpoint(StageResult):
     Attributes:
         run_name: the run.
         choice: ``latest`` or ``best``.
-        remote_path: the file on the server; remote_sha256, size_bytes: hashed there.
+        remote_path: the file on the server; remote_sha256, size_bytes: its SHA-256 (hex) and size in bytes, measured there.
         local_path: the file here; local_sha256: hashed here after the download.
         local_dir: the folder with the checkpoint, config, log, normaliser and record.
         hydra_dir, log_path, normalizer_path, record_path: the companions (None when absent).

@@ -78,21 +78,15 @@ def _results(tmp_path: Path) -> list:
                       export_key="01" * 32, reused=True, codebase_version="v2.1"),
         OpenpiNormStatsFile("/w/lerobot/pick/x/norm_stats.json", "/w/lerobot/pick/x", 7, 7),
         RemoteDataset("/srv/pick/abcd/dataset.npz", SHA, 123_456, None, 29.97, "/w/dataset.npz"),
-        SmokeRun.of(SPEC, _SmokeStandIn(), "gpu01", ResumeCheckSize(2, 3)),
+        SmokeRun(run_name=SPEC.name, run_dir="/srv/runs/smoke-a", host="gpu01", config_name="demo",
+                 train_command=SPEC.train_command, gpu_ids=(0,), dataset_remote_path=SPEC.dataset_path,
+                 dataset_sha256=SHA, frequency_hz=29.97, spec=SPEC, resume_check=ResumeCheckSize(2, 3)),
         TrainResult(run_name="train-a", run_dir="/srv/runs/train-a", launch_index=1, host=None, exit_code=0,
                     global_step=23, epoch=2, train_loss=0.125, dataset_sha256=SHA, dataset_local_path=None,
                     in_run_check=ReportedCheck(True, {"epochs": 3, "problems": ""})),
         _checkpoint(tmp_path),
         _evaluation(),
     ]
-
-
-class _SmokeStandIn:
-    """The two things :meth:`SmokeRun.of` reads from a :class:`SmokeResult`: its handle's run_dir and gpu_ids."""
-
-    class handle:  # noqa: N801
-        run_dir = "/srv/runs/smoke-a"
-        gpu_ids = (0,)
 
 
 def test_to_dict_is_json_and_from_dict_restores_every_field(tmp_path):
@@ -107,7 +101,7 @@ def test_to_dict_is_json_and_from_dict_restores_every_field(tmp_path):
 
 
 def test_nested_and_typed_fields_come_back_typed(tmp_path):
-    smoke = SmokeRun.from_dict(json.loads(json.dumps(SmokeRun.of(SPEC, _SmokeStandIn(), None, ResumeCheckSize(2, 3)).to_dict())))
+    smoke = SmokeRun.from_dict(json.loads(json.dumps(_results(tmp_path)[6].to_dict())))
     assert smoke.spec == SPEC and smoke.spec.kind == "smoke" and smoke.gpu_ids == (0,)
     assert smoke.resume_check == ResumeCheckSize(epochs=2, steps=3)
     conversion = ConversionResult.from_dict(_results(tmp_path)[1].to_dict())
@@ -148,8 +142,13 @@ def test_a_bad_value_is_refused_naming_the_field(tmp_path, cls, field, value, sa
     data = {**result.to_dict(), field: value}
     with pytest.raises(ResultError, match="^" + says.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         cls.from_dict(data)
+
+
+def test_a_value_that_is_not_a_mapping_is_refused(tmp_path):
     with pytest.raises(ResultError, match="PairedEpisodes: expected a mapping, got 'x'"):
-        PairedEpisodes.from_dict("x")
+        PairedEpisodes.coerce("x")
+    with pytest.raises(ResultError, match=r"SmokeRun.resume_check must be a mapping, got 2"):
+        SmokeRun.from_dict({**_results(tmp_path)[6].to_dict(), "resume_check": 2})
 
 
 def test_values_stored_by_the_previous_version_read_as_results(tmp_path):

@@ -60,7 +60,7 @@ class UmiExport(StageResult):
 
     Attributes:
         path: the ``dataset.zarr.zip``; sidecar_path: its JSON sidecar.
-        sha256: SHA-256 of the zip; size_bytes: its size.
+        sha256: SHA-256 (hex) of the zip; size_bytes: its size in bytes.
         n_steps, n_episodes: T and E.
         image_shape: (H, W, 3) of ``camera0_rgb``.
         jpegxl_level, jpegxl_effort: the codec settings of the frames.

@@ -1,5 +1,9 @@
 """Assets and checks of the training stage: ``smoke_run``, ``train_run``, ``checkpoint``, ``evaluation``.
 
+The values of ``checkpoint`` and ``evaluation`` are the typed results of the core
+(:class:`~dpflow_core.checkpoints.DownloadedCheckpoint`, :class:`~dpflow_core.evaluation.EvaluationResult`);
+``smoke_run`` and ``train_run`` still pass dicts (one layout per scheduler: single server, Slurm, several hosts).
+
 Each asset wraps one :mod:`dpflow_core` function (the ``dpflow smoke``, ``train``,
 ``checkpoint`` and ``evaluate`` commands call the same ones):
 
