@@ -573,6 +573,23 @@ _COLUMNS = (
 )
 
 
+def quality_figures(episodes: Sequence[EpisodeQuality]) -> dict[str, int | float]:
+    """The task's headline figures: ``outliers`` (episodes flagged), ``total_duration_s`` (s, summed) and
+    ``median_vio_score`` (the upper median of the episodes' median VIO scores; 0.0 without episodes)."""
+    scores = sorted(e.score_median for e in episodes)
+    return {
+        "outliers": sum(e.is_outlier for e in episodes),
+        "total_duration_s": float(sum(e.duration_s for e in episodes)),
+        "median_vio_score": float(scores[len(scores) // 2]) if scores else 0.0,
+    }
+
+
+def report_dir_for(workdir: str | Path, manifest_path: str | Path) -> Path:
+    """Where the quality report of a saved manifest goes: ``<workdir>/reports/<manifest file stem>``
+    (named like the content-addressed manifest, ``<task>-<hash12>``)."""
+    return Path(workdir) / "reports" / Path(manifest_path).stem
+
+
 def _row(e: EpisodeQuality) -> list[str]:
     undec = "-" if e.frames_undecodable is None else str(e.frames_undecodable)
     return [

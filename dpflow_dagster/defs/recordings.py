@@ -18,7 +18,9 @@ from pydantic import Field
 
 from dpflow_core.errors import DpflowError
 from dpflow_core.pairing import MANIFEST_VERSION, Manifest, PairedEpisodes, pair_recordings, save_manifest
-from dpflow_core.report import EpisodeQuality, episode_quality, markdown_table, thumbnail_data_uri, write_report
+from dpflow_core.report import (
+    EpisodeQuality, episode_quality, markdown_table, quality_figures, report_dir_for, thumbnail_data_uri, write_report,
+)
 from dpflow_dagster.partitions import OWNERS, recordings_root, task_folder, task_partitions
 from dpflow_core.files import default_workdir
 from dpflow_dagster.sensors import paired_episodes_job, recordings_sensor
@@ -81,7 +83,7 @@ def _quality_metadata(
     context: dg.AssetExecutionContext, config: PairedEpisodesConfig, manifest_path: Path, output_dir: Path
 ) -> dict:
     """Episode quality table (with thumbnails) and figures; a measurement failure is reported, not fatal."""
-    report_dir = output_dir / "reports" / manifest_path.stem
+    report_dir = report_dir_for(output_dir, manifest_path)
     try:
         if config.previews:
             report = write_report(manifest_path, report_dir, overwrite=True)  # derived from the same hashed files
@@ -97,12 +99,7 @@ def _quality_metadata(
             e.stem: thumbnail_data_uri(e.preview_png, config.thumbnail_width) if i < config.inline_previews else ""
             for i, e in enumerate(episodes) if e.preview_png
         }
-    meta: dict = {
-        "quality": dg.MetadataValue.md(markdown_table(episodes, links)),
-        "outliers": sum(e.is_outlier for e in episodes),
-        "total_duration_s": float(sum(e.duration_s for e in episodes)),
-        "median_vio_score": float(sorted(e.score_median for e in episodes)[len(episodes) // 2]) if episodes else 0.0,
-    }
+    meta: dict = {"quality": dg.MetadataValue.md(markdown_table(episodes, links)), **quality_figures(episodes)}
     if report is not None:
         meta["report"] = dg.MetadataValue.path(str(report.html_path))
         meta["previews"] = dg.MetadataValue.path(str(report.preview_dir))
