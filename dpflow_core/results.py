@@ -11,6 +11,10 @@ Supported field annotations: ``str``, ``int``, ``float``, ``bool``, ``Path``, ``
 ``tuple[X, ...]``, ``list[X]``, ``dict[str, X]``, and classes with a ``from_dict`` of their own
 (nested results, :class:`~dpflow_core.runs.spec.RunSpec`). An int is a float where a float is
 expected; a bool is never a number.
+
+Why not pydantic's ``TypeAdapter``: in its lax mode it takes ``True`` for a count and ``"3"`` for
+a number, and its strict mode refuses the lists and strings that JSON gives for tuples and paths;
+this converter is the one rule in between, and it needs no package the core does not already use.
 """
 
 from __future__ import annotations
