@@ -219,7 +219,7 @@ def test_an_instance_with_an_old_materialization_runs_the_next_asset(tmp_path):
     assert result.success
     value = result.output_for_node("remote_dataset")
     expected = tmp_path / "server" / "pick_place" / sha[:16] / "dataset.npz"
-    assert value == RemoteDataset(str(expected), sha, 50_000, None, 29.97, str(path.resolve()))
+    assert value == RemoteDataset(str(expected), sha, 50_000, None, 29.97, str(path.resolve()), (str(expected),))
     assert expected.read_bytes() == path.read_bytes()
     with (io / "remote_dataset" / "pick_place").open("rb") as f:
         assert pickle.load(f) == value  # today's value: the typed result
