@@ -30,13 +30,14 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from dpflow_core.errors import RemoteError, RunError
 from dpflow_core.names import validate_name
 from dpflow_core.files import default_workdir, sha256_file
+from dpflow_core.results import StageResult
 from dpflow_core.server import GpuServer
 from dpflow_core.runs import (
     CHECKPOINT_DIR,
@@ -142,19 +143,24 @@ def wait_until_stable(
 
 
 @dataclass(frozen=True)
-class DownloadedCheckpoint:
-    """A checkpoint downloaded from the GPU server.
+class DownloadedCheckpoint(StageResult):
+    """A checkpoint downloaded from the GPU server; the value of the ``checkpoint`` asset.
 
     Attributes:
         run_name: the run.
         choice: ``latest`` or ``best``.
-        remote_path: the file on the server; remote_sha256, size_bytes: hashed there.
+        remote_path: the file on the server; remote_sha256, size_bytes: its SHA-256 (hex) and size in bytes, measured there.
         local_path: the file here; local_sha256: hashed here after the download.
         local_dir: the folder with the checkpoint, config, log, normaliser and record.
         hydra_dir, log_path, normalizer_path, record_path: the companions (None when absent).
         run_finished: the run had ended (exit status recorded) when it was downloaded.
         exit_code: the run's exit status, when recorded.
         already_present: the same checkpoint (same remote SHA-256) was downloaded before.
+        dataset_local_path: the dataset it was trained on, here (None when not known).
+
+    ``to_dict`` adds ``match`` (hashes the local file's size now); ``from_dict`` also reads what the
+    ``checkpoint`` asset stored before its value was typed (``path`` and ``sha256`` for the local
+    file, no ``hydra_dir``, ``run_finished``, ``exit_code``, ``already_present``: None, None, None, False).
     """
 
     run_name: str
@@ -169,9 +175,10 @@ class DownloadedCheckpoint:
     log_path: str | None
     normalizer_path: str | None
     record_path: str
-    run_finished: bool
+    run_finished: bool | None
     exit_code: int | None
     already_present: bool = False
+    dataset_local_path: str | None = None
 
     @property
     def match(self) -> bool:
@@ -179,18 +186,22 @@ class DownloadedCheckpoint:
         return self.local_sha256 == self.remote_sha256 and Path(self.local_path).stat().st_size == self.size_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["match"] = self.match
-        return data
+        """Every field (JSON-safe) and ``match``."""
+        return {**super().to_dict(), "match": self.match}
 
-    def asset_value(self) -> dict[str, Any]:
-        """The ``checkpoint`` asset's value."""
-        return {
-            "run_name": self.run_name, "path": self.local_path, "sha256": self.local_sha256,
-            "remote_path": self.remote_path, "remote_sha256": self.remote_sha256, "size_bytes": self.size_bytes,
-            "local_dir": self.local_dir, "log_path": self.log_path, "record_path": self.record_path,
-            "normalizer_path": self.normalizer_path, "choice": self.choice,
-        }
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DownloadedCheckpoint":
+        """The checkpoint ``data`` describes: :meth:`to_dict`'s form or the earlier asset value (see above).
+
+        Raises:
+            ResultError: a field is missing or of the wrong kind (the message names it).
+        """
+        if isinstance(data, Mapping) and "local_path" not in data and "path" in data:
+            data = {
+                "hydra_dir": None, "run_finished": None, "exit_code": None, **data,
+                "local_path": data["path"], "local_sha256": data.get("sha256"),
+            }
+        return super().from_dict(data)
 
 
 def _get(server: GpuServer, remote: str, local: Path) -> Path | None:

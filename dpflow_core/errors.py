@@ -71,3 +71,9 @@ class WeightsError(DpflowError):
     """Pretrained weights are missing, unreadable, or do not fit the model (names or shapes)."""
 
     code = "bad_weights"
+
+
+class ResultError(DpflowError):
+    """A stage result (an asset's value) is not what its type says: a field is missing or of the wrong kind."""
+
+    code = "bad_result"

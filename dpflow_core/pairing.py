@@ -77,6 +77,7 @@ from dpflow_core.files import path_kind, write_text_atomic
 from dpflow_core.names import validate_name
 from dpflow_core.recordings import inspect_recording
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
+from dpflow_core.results import StageResult
 
 MANIFEST_VERSION = 1
 ROLES = ("raw_mcap", "vio_mcap", "vio_json")
@@ -1027,3 +1028,26 @@ def save_manifest(manifest: Manifest, output_dir: str | Path) -> tuple[Path, boo
             raise PairingError("a different manifest already has this name", path, code="output_exists")
         return path, False
     return write_manifest(manifest, path), True
+
+
+@dataclass(frozen=True)
+class PairedEpisodes(StageResult):
+    """A saved pairing manifest: what the ``paired_episodes`` asset passes on (``to_dict``/``from_dict``).
+
+    Attributes:
+        manifest_path: the manifest JSON (content-addressed when made by :func:`save_manifest`).
+        root: the task folder that was paired.
+        task: the task name.
+        accepted: episodes accepted (count); rejected: files or stems rejected (count).
+    """
+
+    manifest_path: str
+    root: str
+    task: str
+    accepted: int
+    rejected: int
+
+    @classmethod
+    def of(cls, manifest: Manifest, path: str | Path) -> "PairedEpisodes":
+        """The summary of ``manifest`` saved at ``path``."""
+        return cls(str(path), str(manifest.root), manifest.task, len(manifest.accepted), len(manifest.rejected))

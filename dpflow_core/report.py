@@ -31,6 +31,7 @@ This module is over 500 lines because the measurements, the outlier rule and the
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
@@ -572,6 +573,23 @@ _COLUMNS = (
 )
 
 
+def quality_figures(episodes: Sequence[EpisodeQuality]) -> dict[str, int | float]:
+    """The task's headline figures: ``outliers`` (episodes flagged), ``total_duration_s`` (s, summed) and
+    ``median_vio_score`` (the upper median of the episodes' median VIO scores; 0.0 without episodes)."""
+    scores = sorted(e.score_median for e in episodes)
+    return {
+        "outliers": sum(e.is_outlier for e in episodes),
+        "total_duration_s": float(sum(e.duration_s for e in episodes)),
+        "median_vio_score": float(scores[len(scores) // 2]) if scores else 0.0,
+    }
+
+
+def report_dir_for(workdir: str | Path, manifest_path: str | Path) -> Path:
+    """Where the quality report of a saved manifest goes: ``<workdir>/reports/<manifest file stem>``
+    (named like the content-addressed manifest, ``<task>-<hash12>``)."""
+    return Path(workdir) / "reports" / Path(manifest_path).stem
+
+
 def _row(e: EpisodeQuality) -> list[str]:
     undec = "-" if e.frames_undecodable is None else str(e.frames_undecodable)
     return [
@@ -705,3 +723,20 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, float) and math.isnan(obj):
         return None
     return str(obj)
+
+
+def thumbnail_data_uri(png: str | Path, width: int, *, quality: int = 80) -> str:
+    """A ``data:image/jpeg;base64,...`` URI of ``png`` scaled to ``width`` pixels (aspect kept), JPEG ``quality``.
+
+    For a table shown where local files cannot be read (a web UI). Returns ``""`` when the file
+    cannot be read as an image or encoded (OpenCV ``imread``/``imencode``).
+    """
+    import cv2
+
+    image = cv2.imread(str(png), cv2.IMREAD_COLOR)
+    if image is None:
+        return ""
+    height = max(1, round(image.shape[0] * width / image.shape[1]))
+    ok, data = cv2.imencode(".jpg", cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA),
+                            [cv2.IMWRITE_JPEG_QUALITY, quality])
+    return f"data:image/jpeg;base64,{base64.b64encode(data.tobytes()).decode('ascii')}" if ok else ""

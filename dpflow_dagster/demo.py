@@ -253,14 +253,14 @@ def failure_summary(result, steps_in_job: set[str]) -> tuple[list[str], list[str
     return lines, warnings
 
 
-#: What the summary shows for each asset: (label, key of the asset's output dict).
+#: What the summary shows for each asset: (label, key of the ``to_dict()`` of the asset's value).
 _SUMMARY = {
     "paired_episodes": [("manifest", "manifest_path"), ("accepted episodes", "accepted"), ("rejected", "rejected")],
     "dataset_npz": [("dataset", "path"), ("SHA-256", "sha256"), ("frequency (Hz)", "frequency_hz"), ("norm stats", "norm_stats_path")],
     "remote_dataset": [("on the server", "remote_path")],
     "smoke_run": [("smoke run directory", "run_dir")],
     "train_run": [("run directory", "run_dir"), ("global_step", "global_step")],
-    "checkpoint": [("checkpoint", "path"), ("reproducibility record", "record_path")],
+    "checkpoint": [("checkpoint", "local_path"), ("reproducibility record", "record_path")],
     "evaluation": [("policy MSE", "policy_mse"), ("mean baseline MSE", "mean_mse"), ("hold baseline MSE", "hold_mse"),
                    ("constant velocity MSE", "constant_velocity_mse"), ("required MSE", "required_mse"),
                    ("plots", "trajectory_plot"), ("errors per step", "error_plot"), ("loss curve", "loss_plot")],
@@ -278,9 +278,10 @@ def _print_outputs(result, ops: set[str]) -> None:
             value = result.output_for_node(name)
         except Exception:  # the step failed or did not run: its failure was printed above
             continue
+        values = value.to_dict()
         for label, key in fields:
-            if isinstance(value, dict) and value.get(key) is not None:
-                console.print(f"  {name:16s} {label}: {value[key]}")
+            if values.get(key) is not None:
+                console.print(f"  {name:16s} {label}: {values[key]}")
 
 
 def run_demo(

@@ -26,6 +26,10 @@ A blocking check that fails fails its step with dpflow's reason
 (:func:`fail_blocking_checks`): the check, the task and the check's description,
 which is what the failed run's page shows first, in place of Dagster's
 "1 blocking asset check failed with ERROR severity".
+
+Values passed between assets are the typed results of :mod:`dpflow_core` (frozen dataclasses);
+an input is declared with :func:`stage_value`, which also admits the plain dict an earlier
+version stored, so an instance with old materializations keeps working.
 """
 
 from __future__ import annotations
@@ -190,3 +194,16 @@ def fail_blocking_checks(context: dg.AssetCheckExecutionContext, results: Sequen
 def check_partition_metadata(context: dg.AssetCheckExecutionContext) -> dict[str, str]:
     """``{"task": <partition key>}`` for a check result's metadata (empty when the run has no partition)."""
     return {"task": context.partition_key} if context.has_partition_key else {}
+
+
+@functools.cache
+def stage_value(cls: type) -> dg.DagsterType:
+    """The Dagster type ``<cls>OrDict`` of an asset input holding a :class:`dpflow_core.results.StageResult` ``cls``.
+
+    It also admits a plain ``dict``: what earlier dpflow versions stored for the same asset (and
+    what a test's stand-in upstream returns); the asset reads either with ``cls.coerce``. One type
+    per class (Dagster refuses two types of one name in a repository); the producing asset's output
+    is annotated with ``cls`` itself, whose Dagster type Dagster names ``<cls>``.
+    """
+    return dg.PythonObjectDagsterType(python_type=(cls, dict), name=f"{cls.__name__}OrDict",
+                                      description=f"{cls.__module__}.{cls.__name__} or its to_dict form")

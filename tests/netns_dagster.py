@@ -38,7 +38,7 @@ def main(lab: str, run_name: str, dataset: str | None = None) -> dict:
                                 instance=instance, resources={"gpu_server": resource}, raise_on_error=False)
         [mat] = [m for m in result.get_asset_materialization_events() if m.asset_key == dg.AssetKey("remote_dataset")]
         out["remote"] = {
-            "success": result.success, "value": result.output_for_node("remote_dataset"),
+            "success": result.success, "value": result.output_for_node("remote_dataset").to_dict(),
             "metadata": {k: v.value for k, v in mat.materialization.metadata.items() if isinstance(v.value, (str, int, float, bool))},
             "checks": {e.check_name: e.passed for e in result.get_asset_check_evaluations()},
         }

@@ -18,6 +18,7 @@ from partitioned import materialize as materialize_task
 from synthetic_dataset import synthetic_arrays, write_npz
 
 from dpflow_core.recordings import samples
+from dpflow_core.conversion import ConversionResult
 from dpflow_core.dataset import CHECKS
 from dpflow_core.recordings.topics import DAS_DEFAULT
 from dpflow_dagster.defs.dataset import dataset_npz, dataset_npz_checks
@@ -71,18 +72,18 @@ def test_dataset_npz_materializes_with_passing_checks_and_is_reused(episodes, tm
     res = materialize_task(assets, "pick", run_config=_run_config(tmp_path))
     assert res.success
     value = res.output_for_node("dataset_npz")
-    path = Path(value["path"])
+    path = value.path
     assert path.parent.parent == tmp_path / "work" / "datasets" / "pick" and len(path.parent.name) == 12
-    assert value["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert value["image_size"] == [48, 32] and value["n_episodes"] == 2
-    assert value["frequency_hz"] == pytest.approx(30.0, rel=0.01)
-    assert set(value) == {"path", "sha256", "size_bytes", "sidecar_path", "norm_stats_path", "frequency_hz",
+    assert value.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert value.image_size == (48, 32) and value.n_episodes == 2
+    assert value.frequency_hz == pytest.approx(30.0, rel=0.01)
+    assert set(value.to_dict()) - {"rejected", "wall_time_s", "metadata", "reused"} == {"path", "sha256", "size_bytes", "sidecar_path", "norm_stats_path", "frequency_hz",
                           "n_episodes", "total_steps", "image_size"}
     evals = {e.check_name: e for e in res.get_asset_check_evaluations()}
     assert set(evals) == set(CHECKS) and all(e.passed for e in evals.values())
     mat = res.asset_materializations_for_node("dataset_npz")[0]
     md = mat.metadata
-    assert md["sha256"].value == value["sha256"] and md["reused"].value is False
+    assert md["sha256"].value == value.sha256 and md["reused"].value is False
     table = md["inputs"].value
     for e in eps:
         assert e.stem in table and _entry(e.vio_mcap)["sha256"] in table
@@ -103,7 +104,7 @@ def test_dataset_npz_materializes_with_passing_checks_and_is_reused(episodes, tm
     assert cli.returncode == 0, cli.stderr
     sidecar = json.loads((tmp_path / "cli.json").read_text())
     assert sidecar["cache"]["episodes_reused"] == 2 and sidecar["cache"]["episodes_aligned"] == 0
-    assert sidecar["sha256"] == value["sha256"]
+    assert sidecar["sha256"] == value.sha256
 
 
 def test_all_rejected_manifest_fails_with_reasons(tmp_path):
@@ -118,14 +119,23 @@ def test_all_rejected_manifest_fails_with_reasons(tmp_path):
     assert "no valid episodes: 1 found, 1 rejected: a: VIO status is 'failed'" in text
 
 
+def _dataset_value(path: Path, n_episodes: int, total_steps: int) -> ConversionResult:
+    """The ``dataset_npz`` value of a 32x32 npz written by a test (frequency: the synthetic 30 Hz)."""
+    return ConversionResult(
+        path=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(), size_bytes=path.stat().st_size,
+        sidecar_path=path.with_suffix(".json"), norm_stats_path=path.with_name("norm_stats.json"),
+        frequency_hz=30.0, n_episodes=n_episodes, total_steps=total_steps, image_size=(32, 32),
+    )
+
+
 def test_blocking_check_stops_downstream(tmp_path):
     arrays = synthetic_arrays(n_episodes=1, episode_length=30, image_size=(32, 32))
     arrays["data__robot0_eef_rot_axis_angle"][4] = [3.5, 0.0, 0.0]
     path = write_npz(tmp_path / "dataset.npz", arrays)
 
     @dg.asset(name="dataset_npz")
-    def stub() -> dict:
-        return {"path": str(path), "image_size": [32, 32]}
+    def stub() -> ConversionResult:
+        return _dataset_value(path, n_episodes=1, total_steps=30)
 
     ran = []
 
@@ -156,8 +166,8 @@ def test_full_graph_with_pairing(tmp_path):
                            run_config=run_config)
     assert res.success
     value = res.output_for_node("dataset_npz")
-    assert value["n_episodes"] == 2 and Path(value["path"]).parent.parent.name == "wipe"
-    z = np.load(value["path"])
+    assert value.n_episodes == 2 and value.path.parent.parent.name == "wipe"
+    z = np.load(value.path)
     assert z["data__camera0_rgb"].shape[1:] == (30, 40, 3)
 
 
@@ -179,15 +189,15 @@ def test_umi_dataset_is_the_npz_in_umis_zarr_layout_and_is_reused_only_when_inta
     io = {"io_manager": ProductPathIOManager(base_dir=str(tmp_path / "io"))}
     res = materialize_task(assets, "pick", run_config=_run_config(tmp_path), resources=io)
     assert res.success
-    npz = Path(res.output_for_node("dataset_npz")["path"])
+    npz = res.output_for_node("dataset_npz").path
     value = res.output_for_node("umi_dataset")
-    out = Path(value["path"])
+    out = Path(value.path)
     assert out == npz.with_name("dataset.zarr.zip")
-    assert value["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
-    assert json.loads(out.with_name(out.name + ".json").read_text())["sha256"] == value["sha256"]
+    assert value.sha256 == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert json.loads(out.with_name(out.name + ".json").read_text())["sha256"] == value.sha256
     md = res.asset_materializations_for_node("umi_dataset")[0].metadata
     assert md["path"].value == str(out) and md["reused"].value is False
-    assert md["dataset_sha256"].value == res.output_for_node("dataset_npz")["sha256"]
+    assert md["dataset_sha256"].value == res.output_for_node("dataset_npz").sha256
 
     register_codecs()
     group = zarr.open_group(zarr.storage.ZipStore(out, mode="r"), mode="r")
@@ -206,7 +216,7 @@ def test_umi_dataset_is_the_npz_in_umis_zarr_layout_and_is_reused_only_when_inta
     out.write_bytes(bytes(data))
     third = materialize_task(assets, "pick", run_config=_run_config(tmp_path), resources=io)
     assert third.asset_materializations_for_node("umi_dataset")[0].metadata["reused"].value is False
-    assert hashlib.sha256(out.read_bytes()).hexdigest() == value["sha256"]  # written anew, deterministically
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == value.sha256  # written anew, deterministically
 
 
 def test_a_failed_blocking_check_fails_the_run_with_dpflows_reason(tmp_path):
@@ -216,8 +226,8 @@ def test_a_failed_blocking_check_fails_the_run_with_dpflows_reason(tmp_path):
     path = write_npz(tmp_path / "dataset.npz", arrays)
 
     @dg.asset(name="dataset_npz", partitions_def=task_partitions)
-    def stub() -> dict:
-        return {"path": str(path), "image_size": [32, 32]}
+    def stub() -> ConversionResult:
+        return _dataset_value(path, n_episodes=2, total_steps=120)
 
     (tmp_path / "dagster_home").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as instance:  # SQLite storage on disk

@@ -42,7 +42,7 @@ def test_materialize_writes_a_content_addressed_manifest(task_dir, tmp_path):
     value = result.output_for_node("paired_episodes")
     expected = pair_recordings(task_dir)
     path = tmp_path / "manifests" / f"pick_place-{expected.content_hash()[:12]}.json"
-    assert value == {"manifest_path": str(path), "root": str(task_dir), "task": "pick_place", "accepted": 2, "rejected": 1}
+    assert value.to_dict() == {"manifest_path": str(path), "root": str(task_dir), "task": "pick_place", "accepted": 2, "rejected": 1}
     manifest = load_manifest(path)
     assert manifest.content_hash() == expected.content_hash()
 
@@ -75,7 +75,7 @@ def test_materialize_writes_a_content_addressed_manifest(task_dir, tmp_path):
 
     before = path.stat().st_mtime_ns
     again = _materialize({"root": str(task_dir), "output_dir": str(tmp_path)})
-    assert again.output_for_node("paired_episodes")["manifest_path"] == str(path)
+    assert again.output_for_node("paired_episodes").manifest_path == str(path)
     assert path.stat().st_mtime_ns == before
     assert [p.name for p in (tmp_path / "manifests").iterdir()] == [path.name]
 
@@ -86,8 +86,8 @@ def test_defaults_come_from_the_environment(task_dir, tmp_path, monkeypatch):
     result = _materialize({})
     assert result.success
     value = result.output_for_node("paired_episodes")
-    assert value["root"] == str(task_dir)
-    assert re.fullmatch(re.escape(str(tmp_path / "work" / "manifests")) + r"/pick_place-[0-9a-f]{12}\.json", value["manifest_path"])
+    assert value.root == str(task_dir)
+    assert re.fullmatch(re.escape(str(tmp_path / "work" / "manifests")) + r"/pick_place-[0-9a-f]{12}\.json", value.manifest_path)
     # the usual setting: the output root holding the task folders; the partition picks one
     monkeypatch.setenv("DPFLOW_RECORDINGS_ROOT", str(task_dir.parent))
     again = _materialize({})
@@ -153,7 +153,7 @@ def test_recordings_definitions_load_and_the_string_selection_job_resolves(task_
         instance=instance, partition_key="pick_place",
     )
     assert result.success
-    manifest = json.loads(open(result.output_for_node("paired_episodes")["manifest_path"]).read())
+    manifest = json.loads(open(result.output_for_node("paired_episodes").manifest_path).read())
     assert [a["stem"] for a in manifest["accepted"]] == ["pick_place_0000", "pick_place_0001"]
 
 

@@ -17,6 +17,7 @@ import dagster as dg
 import pytest
 
 from dpflow_dagster.defs.remote import remote_dataset, remote_dataset_sha256_match
+from dpflow_core.server.upload import RemoteDataset
 from dpflow_dagster.partitions import task_partitions
 from partitioned import materialize as materialize_task
 from dpflow_dagster.resources import GpuServerResource, default_resources
@@ -46,8 +47,8 @@ def _assets(dataset: dict):
         return dataset
 
     @dg.asset(name="smoke_probe", partitions_def=task_partitions)
-    def smoke_probe(remote_dataset: dict) -> str:
-        return remote_dataset["remote_path"]
+    def smoke_probe(remote_dataset: RemoteDataset) -> str:
+        return remote_dataset.remote_path
 
     return [dataset_npz_stub, remote_dataset, remote_dataset_sha256_match, smoke_probe]
 
@@ -83,7 +84,7 @@ def test_materialize_upload_and_check_then_catch_corruption(tmp_path, dataset):
     result = materialize_task(_assets(dataset), "pick_place", resources=resources, instance=instance)
     assert result.success
     expected_path = str(data_root / "pick_place" / dataset["sha256"][:16] / "dataset.npz")
-    assert result.output_for_node("remote_dataset") == {
+    assert result.output_for_node("remote_dataset").to_dict() == {
         "remote_path": expected_path, "sha256": dataset["sha256"], "size_bytes": SIZE, "host": None,
         "frequency_hz": 29.97, "local_path": dataset["path"], "remote_paths": [expected_path],
     }
@@ -169,9 +170,9 @@ def test_ssh_resource_from_environment_keeps_the_key_out_of_records(sshd_server,
     result = materialize_task(_assets(dataset), "pick_place", resources=_resources(tmp_path, gpu_server), instance=instance)
     assert result.success
     value = result.output_for_node("remote_dataset")
-    assert value["host"] == sshd_server.host
-    assert Path(value["remote_path"]).read_bytes() == Path(dataset["path"]).read_bytes()
-    assert str(value["remote_path"]).startswith(str(data_root))
+    assert value.host == sshd_server.host
+    assert Path(value.remote_path).read_bytes() == Path(dataset["path"]).read_bytes()
+    assert str(value.remote_path).startswith(str(data_root))
     assert _check_evaluation(result)[0].passed
 
     records = [str(entry) for entry in instance.all_logs(result.run_id)]

@@ -190,7 +190,7 @@ def test_dataset_npz_asset_takes_the_gap_options(gap_task, tmp_path):
             "image_width": SIZE[0], "image_height": SIZE[1], "workers": 1, "output_dir": str(tmp_path / "work"), **gap}}})
 
     split = materialize([paired_episodes, dataset_npz], "pick_place", run_config=config(min_segment_frames=20))
-    assert split.success and split.output_for_node("dataset_npz")["n_episodes"] == 2
+    assert split.success and split.output_for_node("dataset_npz").n_episodes == 2
     rejected = materialize([paired_episodes, dataset_npz], "pick_place", run_config=config(gap_policy="reject"),
                            raise_on_error=False)
     assert not rejected.success

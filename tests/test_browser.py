@@ -179,7 +179,7 @@ def two_tasks_home(tmp_path, monkeypatch):
         for task in TWO_TASKS:
             result = job.execute_in_process(run_config=run_config, instance=instance, partition_key=task)
             assert result.success
-            steps[task] = result.output_for_node("dataset_npz")["total_steps"]
+            steps[task] = result.output_for_node("dataset_npz").total_steps
     env = {"DPFLOW_RECORDINGS_ROOT": str(recordings), "DPFLOW_WORKDIR": str(work), "WANDB_MODE": "offline"}
     return env, steps
 

@@ -145,7 +145,8 @@ def test_hash_size_and_metadata(converted):
     assert side["wall_time_s"] > 0 and result.wall_time_s == side["wall_time_s"]
     norm = json.loads(result.norm_stats_path.read_text())
     assert norm["dataset"]["sha256"] == result.sha256
-    assert set(result.contract()) == CONTRACT_KEYS
+    assert set(result.to_dict()) == CONTRACT_KEYS | {"rejected", "wall_time_s", "metadata", "reused"}
+    assert type(result).from_dict(json.loads(json.dumps(result.to_dict()))) == result
     # nothing left beside the outputs
     assert sorted(p.name for p in result.path.parent.iterdir()) == ["dataset.json", "dataset.npz", "norm_stats.json"]
 

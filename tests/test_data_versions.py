@@ -72,15 +72,15 @@ def test_identical_inputs_leave_downstream_fresh_and_a_changed_recording_makes_i
     tmp_path, assets, materialize, status, data_version = setup
     first = materialize(assets)
     dataset = first.output_for_node("dataset_npz")
-    assert data_version("dataset_npz") == _sha256(dataset["path"]) == dataset["sha256"]
-    assert data_version("remote_dataset") == dataset["sha256"]
+    assert data_version("dataset_npz") == _sha256(dataset.path) == dataset.sha256
+    assert data_version("remote_dataset") == dataset.sha256
     manifest_hash = first.asset_materializations_for_node("paired_episodes")[0].metadata["content_hash"].value
     assert data_version("paired_episodes") == manifest_hash
     assert {name: status(name) for name in KEYS} == dict.fromkeys(KEYS, StaleStatus.FRESH)
 
     # re-pair and re-convert the same recordings: same content, so the upload stays fresh
     materialize(assets[:2])
-    assert data_version("dataset_npz") == dataset["sha256"] and data_version("paired_episodes") == manifest_hash
+    assert data_version("dataset_npz") == dataset.sha256 and data_version("paired_episodes") == manifest_hash
     assert status("remote_dataset") == StaleStatus.FRESH
 
     # a recording changes (the same stem recorded again): pairing sees new content, conversion is stale
@@ -89,5 +89,5 @@ def test_identical_inputs_leave_downstream_fresh_and_a_changed_recording_makes_i
     assert data_version("paired_episodes") != manifest_hash
     assert status("dataset_npz") == StaleStatus.STALE
     materialize(assets[1:2])
-    assert data_version("dataset_npz") != dataset["sha256"]
+    assert data_version("dataset_npz") != dataset.sha256
     assert status("dataset_npz") == StaleStatus.FRESH and status("remote_dataset") == StaleStatus.STALE

@@ -49,19 +49,19 @@ def test_assets_export_then_reuse(paired, tmp_path):
     result = _run(paired, tmp_path, action_rule="delta", task_text="wipe the table")
     assert result.success
     value = result.output_for_node("lerobot_dataset")
-    path = Path(value["path"])
+    path = value.path
     key = lr.export_key(paired["manifest_path"], "wipe the table", action_rule="delta")
     assert path == tmp_path / "lerobot" / "wipe_table" / key[:16]
-    assert value["export_key"] == key and value["codebase_version"] == "v3.0"
-    assert value["n_episodes"] == 2 and value["image_size"] == [96, 64] and value["action_rule"] == "delta"
+    assert value.export_key == key and value.codebase_version == "v3.0"
+    assert value.n_episodes == 2 and value.image_size == [96, 64] and value.action_rule == "delta"
     info = json.loads((path / "meta/info.json").read_text())
-    assert info["total_frames"] == value["total_frames"] and info["fps"] == value["fps"]
+    assert info["total_frames"] == value.total_frames and info["fps"] == value.fps
     stats_value = result.output_for_node("norm_stats")
-    assert stats_value == {"path": str(path / "norm_stats.json"), "dataset_path": str(path), "state_dim": 7, "action_dim": 7}
+    assert stats_value.to_dict() == {"path": str(path / "norm_stats.json"), "dataset_path": str(path), "state_dim": 7, "action_dim": 7}
     on_disk = json.loads((path / "norm_stats.json").read_text())["norm_stats"]
     assert on_disk["actions"]["mean"] == lr.compute_openpi_norm_stats(path)["actions"].mean.tolist()
     mat = result.asset_materializations_for_node("lerobot_dataset")[0]
-    assert mat.metadata["reused"].value is False and mat.metadata["fps"].value == pytest.approx(value["fps"])
+    assert mat.metadata["reused"].value is False and mat.metadata["fps"].value == pytest.approx(value.fps)
 
     again = _run(paired, tmp_path, action_rule="delta", task_text="wipe the table")
     assert again.success and again.output_for_node("lerobot_dataset") == value
@@ -69,8 +69,8 @@ def test_assets_export_then_reuse(paired, tmp_path):
 
     other = _run(paired, tmp_path, format="v2.1")  # next_state actions, v2.1: another folder, the first untouched
     assert other.success
-    other_path = Path(other.output_for_node("lerobot_dataset")["path"])
-    assert other.output_for_node("lerobot_dataset")["codebase_version"] == "v2.1"
+    other_path = other.output_for_node("lerobot_dataset").path
+    assert other.output_for_node("lerobot_dataset").codebase_version == "v2.1"
     assert json.loads((other_path / "meta/info.json").read_text())["codebase_version"] == "v2.1"
     assert other_path != path and sorted(p.name for p in (tmp_path / "lerobot" / "wipe_table").iterdir()) == sorted(
         [path.name, other_path.name])
@@ -79,8 +79,10 @@ def test_assets_export_then_reuse(paired, tmp_path):
 
 def test_norm_stats_asset_fails_fast_on_an_unconverted_folder(tmp_path):
     @dg.asset(name="lerobot_dataset", group_name="dataset")
-    def not_converted() -> dict:
-        return {"path": str(tmp_path)}
+    def not_converted() -> lr.LeRobotExport:  # a value that names a folder holding no export
+        return lr.LeRobotExport(path=tmp_path, fps=30.0, n_episodes=2, total_frames=120,
+                                video_keys=["observation.images.camera0"], image_size=[96, 64],
+                                action_rule="next_state", task="wipe_table")
 
     result = materialize_task([not_converted, assets_lerobot.norm_stats], "wipe_table", raise_on_error=False)
     assert not result.success

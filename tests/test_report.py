@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from dpflow_core.errors import DpflowError, PairingError, RecordingError
-from dpflow_core.report import OUTLIER_Z, episode_quality, flag_outliers, markdown_table, write_report
+from dpflow_core.report import OUTLIER_Z, episode_quality, flag_outliers, markdown_table, quality_figures, report_dir_for, write_report
 from dpflow_core.recordings.samples import SampleSpec, write_episode, write_task
 
 FPS = 30.0
@@ -111,6 +112,16 @@ def test_outliers_flagged_against_task_median(qualities):
     assert qualities["pick_place_0003"].robust_z["pose_gap_total_s"] > OUTLIER_Z
     assert any(r.startswith("pose_valid gaps") for r in qualities["pick_place_0003"].outlier_reasons)
     assert abs(qualities["pick_place_0000"].robust_z["duration_s"]) < OUTLIER_Z
+
+
+def test_task_figures_of_the_quality_table(qualities):
+    """Five episodes, two of them outliers (above): their durations summed, the median of five scores."""
+    figures = quality_figures(list(qualities.values()))
+    assert figures["outliers"] == 2
+    assert figures["total_duration_s"] == pytest.approx(math.fsum(q.duration_s for q in qualities.values()))
+    assert figures["median_vio_score"] == float(np.median([q.score_median for q in qualities.values()]))
+    assert quality_figures([]) == {"outliers": 0, "total_duration_s": 0.0, "median_vio_score": 0.0}
+    assert report_dir_for("/w", "/w/manifests/pick_place-0123456789ab.json") == Path("/w/reports/pick_place-0123456789ab")
 
 
 def test_identical_episodes_flag_nothing_and_a_low_score_is_flagged(qualities):

@@ -227,7 +227,7 @@ def test_output_root_adds_partitions_and_requests_runs_in_the_same_tick(source, 
                 run_config=request.run_config, instance=instance, partition_key=request.partition_key, tags=request.tags
             )
             assert result.success
-            assert result.output_for_node("paired_episodes")["root"] == str(out / request.partition_key)
+            assert result.output_for_node("paired_episodes").root == str(out / request.partition_key)
         assert instance.get_materialized_partitions(dg.AssetKey("paired_episodes")) == {"pick_place", "wipe_table"}
 
         # conversion is eager behind blocking checks; the GPU assets are never requested

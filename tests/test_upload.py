@@ -74,9 +74,9 @@ def test_upload_is_content_addressed_verified_and_idempotent(server_config, data
         assert Path(expected_path).read_bytes() == dataset.read_bytes()
         assert os.listdir(os.path.dirname(expected_path)) == ["dataset.npz"]  # no .partial left
         assert seen and seen[-1] == (SIZE, SIZE)
-        assert result.to_remote_dataset(29.97) == {
+        assert result.to_remote_dataset(29.97).to_dict() == {
             "remote_path": expected_path, "sha256": digest, "size_bytes": SIZE,
-            "host": server_config.host, "frequency_hz": 29.97, "local_path": str(dataset.resolve()),
+            "host": server_config.host, "frequency_hz": 29.97, "local_path": str(dataset.resolve()), "remote_paths": [],
         }
         mtime = os.stat(expected_path).st_mtime_ns
 

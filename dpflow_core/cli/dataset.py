@@ -73,7 +73,8 @@ def convert_cmd(
             min_segment_frames=min_segment_frames, min_pose_score=min_pose_score, cache=not no_cache,
         )
     if as_json:
-        typer.echo(json.dumps({**result.contract(), "rejected": result.rejected, "wall_time_s": result.wall_time_s}, indent=2))
+        # the dataset's fields, the rejects and the time; the metadata document is in the sidecar
+        typer.echo(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("metadata", "reused")}, indent=2))
         return
     out = Console()
     meta = result.metadata

@@ -145,7 +145,7 @@ def pair(
     ROOT may also be a folder holding exactly one task folder (a Matrix Studio output root): that one is paired.
     """
     from rich.console import Console
-    from dpflow_core.pairing import pair_recordings, reject_summary, write_manifest
+    from dpflow_core.pairing import PairedEpisodes, pair_recordings, reject_summary, write_manifest
 
     if output.exists() and not overwrite:
         raise PairingError("manifest already exists (pass --overwrite to replace it)", output, code="output_exists")
@@ -156,12 +156,12 @@ def pair(
             root, DAS_DEFAULT, explicit_manifest=manifest, task=task,
             progress=lambda stem, done, total: bar.update(job, completed=done, total=total, description=f"pairing {stem}"),
         )
-    write_manifest(result, output, overwrite=overwrite)
+    summary = PairedEpisodes.of(result, write_manifest(result, output, overwrite=overwrite))
     console = Console()
     if result.rejected:
         console.print(stem_table("rejected", [(r.stem, r.code, r.reason) for r in result.rejected], ("code", "reason")))
     console.print(
-        f"task {result.task}: {len(result.accepted)} accepted, {len(result.rejected)} rejected -> {output}"
+        f"task {summary.task}: {summary.accepted} accepted, {summary.rejected} rejected -> {summary.manifest_path}"
     )
     if not result.accepted:
         typer.secho(f"error: no episode accepted in {root}; reasons:\n{reject_summary(result.rejected)}",

@@ -41,7 +41,7 @@ from dpflow_core.conversion.align import (
     _SWS_FLAGS, AlignedEpisode, align_episode, split_segments,
 )
 from dpflow_core.conversion.inputs import (
-    ConversionInputs, EpisodeInput, dataset_key, load_inputs, norm_stats_path_for, sidecar_path_for,
+    ConversionInputs, EpisodeInput, dataset_key, dataset_path_in, load_inputs, norm_stats_path_for, sidecar_path_for,
 )
 from dpflow_core.conversion.jobs import align_job_episode, alignment_job
 from dpflow_core.conversion.convert import METADATA_VERSION, ConversionResult, convert
@@ -49,5 +49,5 @@ from dpflow_core.conversion.convert import METADATA_VERSION, ConversionResult, c
 __all__ = [
     "CONVERTER_VERSION", "DEFAULT_MAX_GAP_S", "DEFAULT_MIN_SEGMENT_FRAMES", "GAP_POLICIES", "INVALID_POSE_POLICIES", "LOWDIM_KEYS", "METADATA_VERSION", "_SWS_FLAGS", "AlignedEpisode",
     "ConversionInputs", "ConversionResult", "EpisodeInput", "align_episode", "align_job_episode", "alignment_job",
-    "convert", "split_segments", "dataset_key", "load_inputs", "norm_stats_path_for", "sidecar_path_for",
+    "convert", "split_segments", "dataset_key", "dataset_path_in", "load_inputs", "norm_stats_path_for", "sidecar_path_for",
 ]

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +34,7 @@ from dpflow_core.errors import ConversionError, DatasetError
 from dpflow_core.files import fsync_dir
 from dpflow_core.replay_buffer.writer import NpzMember, npy_data_offset, write_npz
 from dpflow_core.recordings.topics import TopicMap
+from dpflow_core.results import StageResult
 
 
 #: Schema version of the metadata JSON (``meta__info_json`` member and sidecar).
@@ -57,23 +58,28 @@ def _hashed_metadata(meta: dict) -> dict:
     return doc
 
 
-@dataclass
-class ConversionResult:
-    """What :func:`convert` produced.
+@dataclass(frozen=True)
+class ConversionResult(StageResult):
+    """What :func:`convert` produced; the value of the ``dataset_npz`` asset.
 
     Attributes:
         path: the ``dataset.npz``.
         sha256: SHA-256 (hex) of ``path``, computed while writing.
-        size_bytes: size of ``path``.
+        size_bytes: size of ``path`` in bytes.
         sidecar_path: the metadata JSON beside it (``dataset.json``).
         norm_stats_path: the ``norm_stats.json`` beside it.
-        frequency_hz: measured dataset frequency (1 / median frame interval).
-        n_episodes: episodes in the dataset; total_steps: T.
+        frequency_hz: measured dataset frequency (1 / median frame interval), Hz.
+        n_episodes: episodes in the dataset; total_steps: T, frames of all episodes.
         image_size: (W, H) pixels.
         rejected: episodes left out, with stage, code and reason.
         wall_time_s: seconds the conversion took.
         metadata: the metadata document (as in the sidecar).
         reused: True when an identical existing dataset was returned instead.
+
+    ``to_dict``/``from_dict`` (:class:`~dpflow_core.results.StageResult`): ``from_dict`` needs the
+    nine fields from ``path`` to ``image_size`` (what ``dataset_npz`` stored before its value was
+    typed); the last four then take their defaults. Equality compares those nine, the dataset,
+    not the run that converted or reused it.
     """
 
     path: Path
@@ -85,29 +91,15 @@ class ConversionResult:
     n_episodes: int
     total_steps: int
     image_size: tuple[int, int]
-    rejected: list[dict]
-    wall_time_s: float
-    metadata: dict
-    reused: bool = False
+    rejected: list[dict] = field(default_factory=list, compare=False)
+    wall_time_s: float = field(default=0.0, compare=False)
+    metadata: dict = field(default_factory=dict, compare=False, repr=False)
+    reused: bool = field(default=False, compare=False)
 
     @property
     def frames_per_s(self) -> float:
         """Converted frames per second of wall time."""
         return self.total_steps / self.wall_time_s if self.wall_time_s > 0 else float("nan")
-
-    def contract(self) -> dict:
-        """The ``dataset_npz`` asset value (plain dict; see the data contract)."""
-        return {
-            "path": str(self.path),
-            "sha256": self.sha256,
-            "size_bytes": self.size_bytes,
-            "sidecar_path": str(self.sidecar_path),
-            "norm_stats_path": str(self.norm_stats_path),
-            "frequency_hz": self.frequency_hz,
-            "n_episodes": self.n_episodes,
-            "total_steps": self.total_steps,
-            "image_size": list(self.image_size),
-        }
 
 
 def _result_from_sidecar(out: Path, sidecar: Path, norm: Path, meta: dict, reused: bool) -> ConversionResult:

@@ -18,6 +18,7 @@ from typing import Any
 
 from dpflow_core.conversion.align import CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, _check_image_size
 from dpflow_core.errors import ConversionError, DpflowError
+from dpflow_core.names import validate_name
 from dpflow_core.pairing import load_manifest, pair_recordings
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
@@ -205,6 +206,23 @@ def _key(inputs: ConversionInputs, options: dict) -> str:
         ),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def dataset_path_in(
+    workdir: str | Path, inputs: ConversionInputs, image_size: tuple[int, int], task: str | None = None, **options: Any
+) -> Path:
+    """The content-addressed place of a dataset in a work folder: ``<workdir>/datasets/<task>/<key12>/dataset.npz``.
+
+    ``key12`` is the first 12 hex digits of :func:`dataset_key` of ``inputs``, ``image_size`` (W, H
+    pixels) and the conversion ``options`` (its keyword arguments), so equal inputs and options
+    find the same dataset and different ones never share a folder. ``task``: default the
+    inputs' task, else ``"task"``.
+
+    Raises:
+        InvalidNameError: the task is not a safe name.
+    """
+    name = validate_name(task or inputs.task or "task", "task")
+    return Path(workdir) / "datasets" / name / dataset_key(inputs, image_size, **options)[:12] / "dataset.npz"
 
 
 def sidecar_path_for(out_path: str | Path) -> Path:

@@ -63,13 +63,13 @@ from dpflow_core.evaluation.baselines import (
 from dpflow_core.evaluation.plots import plot_errors_per_step, plot_loss_curve, plot_trajectories, read_loss_curve
 from dpflow_core.evaluation.evaluate import (
     DEFAULT_MARGIN, GATE_BASELINES, MIN_HELD_OUT_EPISODES, PREDICTORS, RESULT_NAME, EvaluationResult,
-    evaluate_checkpoint, held_out_split, predict_absolute_actions, recorded_dataset_sha256,
+    evaluate_checkpoint, evaluation_dir_for, held_out_split, predict_absolute_actions, recorded_dataset_sha256,
 )
 
 __all__ = [
     "ABS_ACTION_KEYS", "ACTION_GROUPS", "DEFAULT_MARGIN", "DIMENSION_NAMES", "GATE_BASELINES", "MIN_HELD_OUT_EPISODES",
     "PREDICTORS", "RESULT_NAME", "EvaluationResult", "PredictorMetrics", "absolute_actions", "action_index_matrix",
-    "constant_velocity_baseline", "evaluate_checkpoint", "geodesic_error", "gripper_event_errors", "held_out_split",
+    "constant_velocity_baseline", "evaluate_checkpoint", "evaluation_dir_for", "geodesic_error", "gripper_event_errors", "held_out_split",
     "hold_baseline", "mean_baseline", "plot_errors_per_step", "plot_loss_curve", "plot_trajectories",
     "predict_absolute_actions", "read_loss_curve", "recorded_dataset_sha256", "score_predictions", "threshold_crossings",
 ]

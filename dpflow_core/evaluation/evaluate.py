@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dpflow_core.errors import DatasetError, RunError
+from dpflow_core.results import StageResult
 from dpflow_core.evaluation.baselines import (
     absolute_actions, action_index_matrix, constant_velocity_baseline, hold_baseline, mean_baseline,
 )
@@ -140,9 +141,18 @@ def recorded_dataset_sha256(payload: Mapping[str, Any], checkpoint_path: str | P
 # Result ---------------------------------------------------------------------------------------
 
 
+def evaluation_dir_for(checkpoint_dir: str | Path) -> Path:
+    """A new folder for one evaluation of the checkpoint in ``checkpoint_dir``:
+    ``<checkpoint_dir>/evaluation/<UTC time, YYYYmmddTHHMMSSZ>`` (not created here)."""
+    from datetime import datetime, timezone
+
+    return Path(checkpoint_dir) / "evaluation" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+
 @dataclass(frozen=True)
-class EvaluationResult:
-    """What :func:`evaluate_checkpoint` measured.
+class EvaluationResult(StageResult):
+    """What :func:`evaluate_checkpoint` measured; the value of the ``evaluation`` asset.
 
     Attributes:
         checkpoint_path, dataset_path: the inputs.
@@ -161,6 +171,11 @@ class EvaluationResult:
         trajectory_plot, error_plot, loss_plot: PNG files (loss_plot None without a log file).
         out_dir: where the PNGs and ``evaluation.json`` were written.
         seconds: wall-clock duration.
+        notes: how the evaluation went, where it matters (no dataset SHA-256 recorded, non-finite predictions, no log).
+        checkpoint_sha256: SHA-256 of the evaluated checkpoint, when the caller knew it.
+
+    ``to_dict`` adds the gate's figures; ``from_dict`` reads ``to_dict``'s form (and so what the
+    ``evaluation`` asset stored before its value was typed), ignoring those derived figures.
     """
 
     checkpoint_path: str
@@ -184,6 +199,7 @@ class EvaluationResult:
     out_dir: str
     seconds: float
     notes: tuple[str, ...] = field(default=())
+    checkpoint_sha256: str | None = None
 
     def mse(self, predictor: str) -> float:
         """Overall MSE of one predictor (``policy``, ``mean``, ``hold``, ``constant_velocity``)."""
@@ -220,7 +236,7 @@ class EvaluationResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable form, with the gate's figures (``beats_baseline``, ``*_mse``)."""
-        data = asdict(self)
+        data = super().to_dict()
         data.update(
             beats_baseline=self.beats_baseline,
             improvement=self.improvement,

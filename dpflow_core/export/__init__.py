@@ -114,6 +114,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     'norm_stats_of': 'openpi',
     'openpi_norm_stats': 'openpi',
     'write_openpi_norm_stats': 'openpi',
+    'OpenpiNormStatsFile': 'openpi',
+    'lerobot_path_in': 'export',
 })
 
 __all__ = [
@@ -125,5 +127,5 @@ __all__ = [
     "parse_image_size", "read_lowdim", "retime_video", "validate_lerobot_dataset", "video_info",
     "write_openpi_norm_stats", "FORMATS", "STATS_PATH", "V30_DATA_PATH", "V30_EPISODES_PATH", "V30_TASKS_PATH",
     "V30_VERSION", "V30_VIDEO_PATH", "aggregate_stats", "camera_stats", "vector_stats", "concat_videos",
-    "RunningStats", "action_chunks", "openpi_norm_stats",
+    "RunningStats", "action_chunks", "openpi_norm_stats", "OpenpiNormStatsFile", "lerobot_path_in",
 ]

@@ -114,6 +114,16 @@ def _export_key(inputs: Any, options: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+def lerobot_path_in(workdir: str | Path, manifest: Any, task: str, task_text: str | None = None, **options: Any) -> Path:
+    """The content-addressed place of an export in a work folder: ``<workdir>/lerobot/<task>/<key16>``.
+
+    ``key16`` is the first 16 hex digits of :func:`export_key` of ``manifest``, ``task_text`` and
+    the export ``options``: the same inputs and options find the same folder, other options never
+    overwrite it.
+    """
+    return Path(workdir) / "lerobot" / task / export_key(manifest, task_text, **options)[:16]
+
+
 def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> str:
     """Content address of the export :func:`export_lerobot` would make (64 hex digits).
 

@@ -19,6 +19,7 @@ from dpflow_core.errors import DatasetError
 from dpflow_core.export import OPENPI_ACTION_HORIZON, OPENPI_BATCH_SIZE  # noqa: F401  (defined there for the CLI)
 from dpflow_core.export.validation import LeRobotLayout, read_lowdim, validate_lerobot_dataset
 from dpflow_core.files import write_text_atomic
+from dpflow_core.results import StageResult
 
 
 #: Histogram bins of openpi's ``RunningStats`` quantiles.
@@ -287,3 +288,49 @@ def write_openpi_norm_stats(
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, text)
     return out
+
+
+@dataclass(frozen=True)
+class OpenpiNormStatsFile(StageResult):
+    """A written openpi ``norm_stats.json``: the value of the ``norm_stats`` asset (``to_dict``/``from_dict``).
+
+    Attributes:
+        path: the ``norm_stats.json``; dataset_path: the LeRobot dataset folder it was computed from.
+        state_dim, action_dim: dimensions of ``state`` and ``actions`` (7 for rotvec, 10 for rot6d).
+    """
+
+    path: str
+    dataset_path: str
+    state_dim: int
+    action_dim: int
+
+    @classmethod
+    def read(cls, path: str | Path, dataset_path: str | Path) -> "OpenpiNormStatsFile":
+        """The file at ``path`` (written by :func:`write_openpi_norm_stats` from ``dataset_path``).
+
+        Raises:
+            DatasetError: the file is not openpi's layout (``bad_metadata``).
+        """
+        stats = _read_norm_stats(path)
+        return cls(str(path), str(dataset_path), len(stats["state"]["mean"]), len(stats["actions"]["mean"]))
+
+    def markdown_table(self) -> str:
+        """A Markdown table of the file: one row per key and dimension, mean, std, q01, q99 (4 digits)."""
+        rows = ["| key | dim | mean | std | q01 | q99 |", "|---|---|---|---|---|---|"]
+        for key, s in _read_norm_stats(self.path).items():
+            for d in range(len(s["mean"])):
+                rows.append(
+                    f"| {key if d == 0 else ''} | {d} | {s['mean'][d]:.4g} | {s['std'][d]:.4g} "
+                    f"| {s['q01'][d]:.4g} | {s['q99'][d]:.4g} |"
+                )
+        return "\n".join(rows)
+
+
+def _read_norm_stats(path: str | Path) -> dict:
+    try:
+        stats = json.loads(Path(path).read_text())["norm_stats"]
+        for key in ("state", "actions"):
+            stats[key]["mean"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"not an openpi norm_stats.json: {exc!r}", path, code="bad_metadata") from exc
+    return stats

@@ -31,13 +31,14 @@ import os
 import shutil
 import tempfile
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dpflow_core.errors import DatasetError
 from dpflow_core.files import atomic_path, sha256_file
+from dpflow_core.results import StageResult
 
 #: The ``data/`` arrays UMI reads, in order.
 UMI_DATA_KEYS = (
@@ -54,12 +55,12 @@ DEFAULT_JPEGXL_EFFORT = 3
 
 
 @dataclass(frozen=True)
-class UmiExport:
-    """What :func:`export_umi` wrote.
+class UmiExport(StageResult):
+    """What :func:`export_umi` wrote; the value of the ``umi_dataset`` asset (``to_dict``/``from_dict``).
 
     Attributes:
         path: the ``dataset.zarr.zip``; sidecar_path: its JSON sidecar.
-        sha256: SHA-256 of the zip; size_bytes: its size.
+        sha256: SHA-256 (hex) of the zip; size_bytes: its size in bytes.
         n_steps, n_episodes: T and E.
         image_shape: (H, W, 3) of ``camera0_rgb``.
         jpegxl_level, jpegxl_effort: the codec settings of the frames.
@@ -77,9 +78,6 @@ class UmiExport:
     jpegxl_effort: int
     source: str
     source_sha256: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def umi_sidecar_path(out: Path) -> Path:

@@ -41,11 +41,16 @@ from dpflow_core.export.stats import camera_stats
 from dpflow_core.export.v30 import V30Layout, write_v30
 from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
 from dpflow_core.files import write_text_atomic
+from dpflow_core.results import StageResult
 
 
 @dataclass(frozen=True)
-class LeRobotExport:
-    """Result of writing a LeRobot dataset.
+class LeRobotExport(StageResult):
+    """Result of writing a LeRobot dataset; the value of the ``lerobot_dataset`` asset.
+
+    ``to_dict``/``from_dict`` (:class:`~dpflow_core.results.StageResult`): ``from_dict`` also reads
+    what the asset stored before its value was typed (no ``stems``, ``skipped``, ``reused``: their
+    defaults). Equality leaves ``reused`` out: a reused export is the same export.
 
     Attributes:
         path: the dataset folder.
@@ -70,26 +75,11 @@ class LeRobotExport:
     image_size: list[int]
     action_rule: str
     task: str
-    stems: list[str]
+    stems: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     export_key: str | None = None
-    reused: bool = False
+    reused: bool = field(default=False, compare=False)
     codebase_version: str = V30_VERSION
-
-    def contract(self) -> dict:
-        """The ``lerobot_dataset`` asset value (plain dict)."""
-        return {
-            "path": str(self.path),
-            "codebase_version": self.codebase_version,
-            "fps": self.fps,
-            "n_episodes": self.n_episodes,
-            "total_frames": self.total_frames,
-            "video_keys": list(self.video_keys),
-            "image_size": list(self.image_size),
-            "action_rule": self.action_rule,
-            "task": self.task,
-            "export_key": self.export_key,
-        }
 
 
 def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:

@@ -67,8 +67,8 @@ from dpflow_core.runs.release import (
     GPU_RELEASE_TOLERANCE_MIB, ReleaseReport, check_released, load_release_report, save_release_report,
 )
 from dpflow_core.runs.oom import is_out_of_memory, oom_advice
-from dpflow_core.runs.monitor import MonitorResult, ProgressCallback, describe_exit, monitor_run
-from dpflow_core.runs.smoke import SmokeResult, list_checkpoints, run_smoke
+from dpflow_core.runs.monitor import MonitorResult, ProgressCallback, ReportedCheck, TrainResult, describe_exit, monitor_run
+from dpflow_core.runs.smoke import ResumeCheckSize, SmokeResult, SmokeRun, list_checkpoints, run_smoke
 from dpflow_core.runs.natural_exit import NaturalExitReport, check_natural_exit, read_run_config
 from dpflow_core.runs.continuity import ContinuityReport, check_resume_continuity, compare_logs
 
@@ -77,7 +77,7 @@ __all__ = [
     "GPU_RELEASE_TOLERANCE_MIB", "active_or_new_run_name", "HANDLE_NAME", "LATEST_CKPT", "LOG_NAME", "OUTPUT_LOG", "RECORD_NAME",
     "RELEASE_NAME", "RUNS_DIR", "STATE_DIR", "TEMPLATE_FIELDS", "TOKEN_ENV", "TRAIN_COMMAND_PRESETS", "UPSTREAM_TRAIN_COMMAND", "CheckpointProbe", "CleanupReport",
     "ContinuityReport", "MonitorResult", "NaturalExitReport", "ProgressCallback", "ReleaseReport", "RunHandle",
-    "RunSpec", "SmokeResult", "build_command", "check_natural_exit", "check_released", "check_resume_continuity",
+    "RunSpec", "SmokeResult", "SmokeRun", "ResumeCheckSize", "TrainResult", "ReportedCheck", "build_command", "check_natural_exit", "check_released", "check_resume_continuity",
     "choose_gpus", "cleanup_run", "compare_logs", "dataset_frequency", "default_run_name", "describe_exit",
     "describe_process", "finalize_record", "find_active_runs", "free_gpus", "gpu_memory", "hydra_value",
     "JsonLinesFollower", "attachable_handle", "is_builtin_trainer", "is_full_command", "is_out_of_memory", "launch_indices", "launch_or_attach", "launch_run", "launcher_args",

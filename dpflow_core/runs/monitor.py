@@ -13,6 +13,7 @@ from typing import Any, Callable, Literal
 
 from dpflow_core.errors import RemoteError
 from dpflow_core.logs import LogProgress, LogTailer, parse_log_text
+from dpflow_core.results import StageResult
 from dpflow_core.server import GpuServer
 from dpflow_core.runs.processes import CleanupReport, cleanup_run
 from dpflow_core.runs.state import RunHandle
@@ -48,6 +49,53 @@ class MonitorResult:
     @property
     def ok(self) -> bool:
         return self.status == "finished" and self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class ReportedCheck(StageResult):
+    """A check the trainer ran itself and reported (e.g. over Dagster Pipes): its verdict and figures."""
+
+    passed: bool
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TrainResult(StageResult):
+    """A followed training run: the value of the ``train_run`` asset (``to_dict``/``from_dict``).
+
+    Attributes:
+        run_name, run_dir: the run and its directory on the server; launch_index: 0, or k for the k-th resume.
+        host: the server's host (None for the local machine).
+        exit_code: the recorded exit status (None when none was recorded).
+        global_step, epoch, train_loss: the last logged figures (None before the first).
+        dataset_sha256: SHA-256 of the dataset it trained on; dataset_local_path: that dataset here.
+        in_run_check: the trainer's own completion check, when it reported one.
+    """
+
+    run_name: str
+    run_dir: str
+    launch_index: int
+    host: str | None
+    exit_code: int | None
+    global_step: int | None
+    epoch: int | None
+    train_loss: float | None
+    dataset_sha256: str
+    dataset_local_path: str | None
+    in_run_check: ReportedCheck | None = None
+
+    @classmethod
+    def of(
+        cls, handle: RunHandle, monitored: MonitorResult, *, host: str | None, dataset_sha256: str,
+        dataset_local_path: str | None, in_run_check: ReportedCheck | None = None,
+    ) -> "TrainResult":
+        """The run ``handle`` as monitoring left it (``monitored``)."""
+        return cls(
+            run_name=handle.name, run_dir=handle.run_dir, launch_index=handle.launch_index, host=host,
+            exit_code=monitored.exit_code, global_step=monitored.progress.global_step, epoch=monitored.progress.epoch,
+            train_loss=monitored.progress.train_loss, dataset_sha256=dataset_sha256,
+            dataset_local_path=dataset_local_path, in_run_check=in_run_check,
+        )
 
 
 ProgressCallback = Callable[[LogProgress, list[dict[str, Any]]], None]

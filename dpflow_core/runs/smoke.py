@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from dpflow_core.errors import RunError
 from dpflow_core.logs import LogProgress, LogTailer, is_finite_number
+from dpflow_core.results import StageResult
 from dpflow_core.server import GpuServer
 from dpflow_core.runs.launch import launch_run
 from dpflow_core.runs.monitor import _last_error_line, _read_records, _tail, describe_exit
@@ -70,6 +71,54 @@ class SmokeResult:
         if self.problems:
             out["problems"] = "; ".join(self.problems)
         return out
+
+
+@dataclass(frozen=True)
+class ResumeCheckSize(StageResult):
+    """How long the resume-continuity check's runs are: ``epochs`` (>= 2) of ``steps`` batches each."""
+
+    epochs: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class SmokeRun(StageResult):
+    """A smoke run that passed: the value of the ``smoke_run`` asset (``to_dict``/``from_dict``).
+
+    :class:`SmokeResult` is the run's whole outcome (processes, release, output); this is what the
+    checks after it need to find the run again and to repeat it for the resume check.
+
+    Attributes:
+        run_name, run_dir: the run and its directory on the server.
+        host: the server's host (None for the local machine).
+        config_name, train_command: the trainer config and command template it ran.
+        gpu_ids: the GPU it used (empty: CPU).
+        dataset_remote_path, dataset_sha256: the dataset on the server and its SHA-256.
+        frequency_hz: the dataset frequency passed to the trainer, Hz.
+        spec: the full :class:`RunSpec`.
+        resume_check: the size of the resume-continuity check's runs.
+    """
+
+    run_name: str
+    run_dir: str
+    host: str | None
+    config_name: str
+    train_command: str
+    gpu_ids: tuple[int, ...]
+    dataset_remote_path: str
+    dataset_sha256: str | None
+    frequency_hz: float
+    spec: RunSpec
+    resume_check: ResumeCheckSize
+
+    @classmethod
+    def of(cls, spec: RunSpec, result: SmokeResult, host: str | None, resume_check: ResumeCheckSize) -> "SmokeRun":
+        """The smoke run ``spec`` that gave ``result``, on ``host``."""
+        return cls(
+            run_name=spec.name, run_dir=result.handle.run_dir, host=host, config_name=spec.config_name,
+            train_command=spec.train_command, gpu_ids=tuple(result.handle.gpu_ids), dataset_remote_path=spec.dataset_path,
+            dataset_sha256=spec.dataset_sha256, frequency_hz=spec.frequency_hz, spec=spec, resume_check=resume_check,
+        )
 
 
 def list_checkpoints(server: GpuServer, run_dir: str) -> list[str]:

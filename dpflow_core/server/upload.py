@@ -42,6 +42,7 @@ from dpflow_core.files import sha256_file
 from dpflow_core.server.gpu_server import GpuServer
 from dpflow_core.server.paths import disk_margin_bytes, remote_dataset_name, remote_dataset_path
 from dpflow_core.server.preflight import preflight
+from dpflow_core.results import StageResult
 
 #: ``progress(done_bytes, total_bytes)``, called during a transfer.
 ProgressCallback = Callable[[int, int], None]
@@ -147,6 +148,33 @@ def verify_remote_file(
 
 
 @dataclass(frozen=True)
+class RemoteDataset(StageResult):
+    """A dataset on the GPU server whose SHA-256 there equals the local one: the value of the
+    ``remote_dataset`` asset, what runs are launched on (``to_dict``/``from_dict``).
+
+    :class:`UploadResult` reports one transfer (method, bytes sent, preflight); this is the file
+    the later stages use, whatever transfer put it there.
+
+    Attributes:
+        remote_path: the content-addressed file on the server.
+        sha256: its SHA-256 (hex), equal on both machines; size_bytes: its size in bytes.
+        host: the server's host (None for the local machine).
+        frequency_hz: the dataset's measured frequency, Hz (``task.dataset_frequeny`` of its runs).
+        local_path: the same dataset here (evaluation reads it).
+        remote_paths: each machine's copy in rank order, when uploaded to several (``gpu_server.hosts``)
+            or through a cluster's login node; empty: ``remote_path`` alone (and values stored before).
+    """
+
+    remote_path: str
+    sha256: str
+    size_bytes: int
+    host: str | None
+    frequency_hz: float
+    local_path: str
+    remote_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class UploadResult:
     """What :func:`upload_dataset` did.
 
@@ -186,16 +214,12 @@ class UploadResult:
         """True when the remote file's SHA-256 and size equal the local ones."""
         return self.verification.match
 
-    def to_remote_dataset(self, frequency_hz: float) -> dict:
-        """The ``remote_dataset`` asset value of the data contract."""
-        return {
-            "remote_path": self.remote_path,
-            "sha256": self.sha256,
-            "size_bytes": self.size_bytes,
-            "host": self.host,
-            "frequency_hz": float(frequency_hz),
-            "local_path": self.local_path,
-        }
+    def to_remote_dataset(self, frequency_hz: float) -> "RemoteDataset":
+        """The dataset as it now sits, verified, on the server (``frequency_hz``: its measured frequency, Hz)."""
+        return RemoteDataset(
+            remote_path=self.remote_path, sha256=self.sha256, size_bytes=self.size_bytes, host=self.host,
+            frequency_hz=float(frequency_hz), local_path=self.local_path,
+        )
 
     def to_dict(self) -> dict:
         """Plain JSON-serialisable form (the preflight report as its own dict)."""

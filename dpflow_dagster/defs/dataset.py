@@ -1,9 +1,11 @@
 """Assets and checks of the dataset stage: ``dataset_npz`` and its blocking checks.
 
-``dataset_npz`` is a thin wrapper over :func:`dpflow_core.conversion.convert`;
+``dataset_npz`` is a thin wrapper over :func:`dpflow_core.conversion.convert`; its value is the
+:class:`~dpflow_core.conversion.ConversionResult`;
 the checks wrap :func:`dpflow_core.dataset.validate_dataset`. The output folder
-is content-addressed, ``<output_dir>/datasets/<task>/<key12>/dataset.npz`` with
-``key12`` the first 12 hex digits of :func:`dpflow_core.conversion.dataset_key`
+is content-addressed (:func:`dpflow_core.conversion.dataset_path_in`),
+``<output_dir>/datasets/<task>/<key12>/dataset.npz`` with ``key12`` the first 12 hex digits of
+:func:`dpflow_core.conversion.dataset_key`
 (input hashes, image size, options, converter version): re-materialising the same
 inputs finds the existing dataset and reuses it instead of failing.
 
@@ -21,14 +23,16 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from dpflow_core.conversion import CONVERTER_VERSION, convert, dataset_key, load_inputs
+from dpflow_core.conversion import CONVERTER_VERSION, ConversionResult, convert, dataset_path_in, load_inputs
 from dpflow_core.conversion.align import DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES
 from dpflow_core.dataset import CHECKS, MIN_TRAIN_LENGTH, validate_dataset
 from dpflow_core.errors import DpflowError
 from dpflow_core.files import default_workdir
-from dpflow_core.names import validate_name
+from dpflow_core.export.umi import UmiExport
+from dpflow_core.pairing import PairedEpisodes
 from dpflow_dagster.partitions import (
-    CONVERSION_AUTOMATION, OWNERS, check_partition_metadata, fail_blocking_checks, task_check_spec, task_partitions,
+    CONVERSION_AUTOMATION, OWNERS, check_partition_metadata, fail_blocking_checks, stage_value, task_check_spec,
+    task_partitions,
 )
 
 
@@ -98,10 +102,13 @@ def _rejected_table(rejected: list[dict]) -> str:
         "dataset.json sidecar and norm_stats.json."
     ),
 )
-def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired_episodes: dict) -> dg.MaterializeResult[dict]:
+def dataset_npz(
+    context: dg.AssetExecutionContext, config: DatasetConfig, paired_episodes: stage_value(PairedEpisodes)
+) -> dg.MaterializeResult[ConversionResult]:
     image_size = (config.image_width, config.image_height)
     output_dir = Path(config.output_dir) if config.output_dir else default_workdir()
-    manifest_path = paired_episodes["manifest_path"]
+    paired = PairedEpisodes.coerce(paired_episodes)
+    manifest_path = paired.manifest_path
     options = dict(
         invalid_pose_policy=config.invalid_pose_policy,
         min_overlap_fraction=config.min_overlap_fraction,
@@ -117,9 +124,7 @@ def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired
 
     try:
         inputs = load_inputs(manifest_path)
-        task = validate_name(paired_episodes.get("task") or inputs.task or "task", "task")
-        key = dataset_key(inputs, image_size, **options)
-        out = output_dir / "datasets" / task / key[:12] / "dataset.npz"
+        out = dataset_path_in(output_dir, inputs, image_size, paired.task, **options)
         result = convert(
             manifest_path, out, image_size=image_size, workers=config.workers, reuse_existing=True,
             progress=progress, **options,
@@ -134,7 +139,7 @@ def dataset_npz(context: dg.AssetExecutionContext, config: DatasetConfig, paired
     if result.reused:
         context.log.info(f"reusing the identical dataset already at {result.path} (sha256 {result.sha256})")
     return dg.MaterializeResult(
-        value=result.contract(),
+        value=result,
         data_version=dg.DataVersion(result.sha256),
         metadata={
             "path": dg.MetadataValue.path(str(result.path)),
@@ -194,11 +199,12 @@ _CHECK_DESCRIPTIONS = {
         "max_short_episodes": dg.Field(int, default_value=0, description="Warn above this many short episodes."),
     },
 )
-def dataset_npz_checks(context: dg.AssetCheckExecutionContext, dataset_npz: dict):
+def dataset_npz_checks(context: dg.AssetCheckExecutionContext, dataset_npz: stage_value(ConversionResult)):
     """Blocking checks of the converted dataset (:func:`dpflow_core.dataset.validate_dataset`), for the run's task."""
+    dataset = ConversionResult.coerce(dataset_npz)
     results = validate_dataset(
-        dataset_npz["path"],
-        image_size=tuple(dataset_npz["image_size"]),
+        dataset.path,
+        image_size=dataset.image_size,
         min_train_length=context.op_execution_context.op_config["min_train_length"],
         max_short_episodes=context.op_execution_context.op_config["max_short_episodes"],
     )
@@ -238,23 +244,26 @@ class UmiDatasetConfig(dg.Config):
         "meta/episode_ends) for a lab's own UMI train.py; SHA-256 in its .json sidecar. Not automated."
     ),
 )
-def umi_dataset(context: dg.AssetExecutionContext, config: UmiDatasetConfig, dataset_npz: dict) -> dg.MaterializeResult[dict]:
+def umi_dataset(
+    context: dg.AssetExecutionContext, config: UmiDatasetConfig, dataset_npz: stage_value(ConversionResult)
+) -> dg.MaterializeResult[UmiExport]:
     from dpflow_core.export.umi import export_umi, read_umi_sidecar
 
-    out = Path(dataset_npz["path"]).with_name("dataset.zarr.zip")
+    dataset = ConversionResult.coerce(dataset_npz)
+    out = Path(dataset.path).with_name("dataset.zarr.zip")
     try:
-        result = read_umi_sidecar(out, source_sha256=dataset_npz["sha256"], jpegxl_level=config.jpegxl_level,
+        result = read_umi_sidecar(out, source_sha256=dataset.sha256, jpegxl_level=config.jpegxl_level,
                                   jpegxl_effort=config.jpegxl_effort)
         reused = result is not None
         if result is None:
-            result = export_umi(dataset_npz["path"], out, jpegxl_level=config.jpegxl_level,
+            result = export_umi(dataset.path, out, jpegxl_level=config.jpegxl_level,
                                 jpegxl_effort=config.jpegxl_effort, overwrite=out.exists())
     except DpflowError as exc:
         raise dg.Failure(description=str(exc), metadata={"path": str(exc.path or out), "code": exc.code}) from exc
     context.log.info(f"{result.path}: {result.n_episodes} episodes, {result.n_steps} steps, sha256 {result.sha256}"
                      + (" (reused)" if reused else ""))
     return dg.MaterializeResult(
-        value=result.to_dict(),
+        value=result,
         data_version=dg.DataVersion(result.sha256),
         metadata={
             "path": dg.MetadataValue.path(result.path),

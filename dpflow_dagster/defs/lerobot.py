@@ -1,14 +1,14 @@
 """Assets of the LeRobot export: ``lerobot_dataset`` (LeRobot v3.0 or v2.1) and ``norm_stats`` (openpi).
 
 Thin wrappers over :func:`dpflow_core.export.export_lerobot` and
-:func:`dpflow_core.export.write_openpi_norm_stats`. The dataset folder is
-content-addressed (``<work folder>/lerobot/<task>/<export key>``, see
-:func:`dpflow_core.export.export_key`), so a
+:func:`dpflow_core.export.write_openpi_norm_stats`; their values are a
+:class:`~dpflow_core.export.LeRobotExport` and an :class:`~dpflow_core.export.OpenpiNormStatsFile`.
+The dataset folder is content-addressed (``<work folder>/lerobot/<task>/<export key>``, see
+:func:`dpflow_core.export.lerobot_path_in`), so a
 re-materialization of the same inputs and options finds its export and reuses
 it, and different options never overwrite an earlier export.
 """
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -18,8 +18,9 @@ from pydantic import Field
 from dpflow_core import export as lerobot
 from dpflow_core.errors import DpflowError
 from dpflow_core.files import default_workdir
+from dpflow_core.pairing import PairedEpisodes
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
-from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, task_partitions
+from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, stage_value, task_partitions
 
 
 class LeRobotDatasetConfig(dg.Config):
@@ -75,8 +76,11 @@ def _skipped_table(skipped: dict[str, str]) -> str:
         "fps = measured frequency."
     ),
 )
-def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetConfig, paired_episodes: dict) -> dg.Output[dict]:
-    base = (Path(config.output_dir) if config.output_dir else default_workdir()) / "lerobot"
+def lerobot_dataset(
+    context: dg.AssetExecutionContext, config: LeRobotDatasetConfig, paired_episodes: stage_value(PairedEpisodes)
+) -> dg.Output[lerobot.LeRobotExport]:
+    paired = PairedEpisodes.coerce(paired_episodes)
+    workdir = Path(config.output_dir) if config.output_dir else default_workdir()
     topics: TopicMap = DAS_DEFAULT
     try:
         size = lerobot.parse_image_size(config.image_size)
@@ -89,10 +93,9 @@ def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetCon
             codebase_version=config.format,
             rotation=config.rotation,
         )
-        key = lerobot.export_key(paired_episodes["manifest_path"], config.task_text, **options)
-        out = base / paired_episodes["task"] / key[:16]
+        out = lerobot.lerobot_path_in(workdir, paired.manifest_path, paired.task, config.task_text, **options)
         result = lerobot.export_lerobot(
-            paired_episodes["manifest_path"],
+            paired.manifest_path,
             out,
             task_text=config.task_text,
             workers=config.workers,
@@ -107,7 +110,7 @@ def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetCon
         + (" (reused)" if result.reused else "")
     )
     return dg.Output(
-        result.contract(),
+        result,
         metadata={
             "path": dg.MetadataValue.path(str(result.path)),
             "codebase_version": result.codebase_version,
@@ -136,31 +139,23 @@ def lerobot_dataset(context: dg.AssetExecutionContext, config: LeRobotDatasetCon
         "columns only; fails at once when meta/info.json is missing, of another codebase_version or inconsistent."
     ),
 )
-def norm_stats(context: dg.AssetExecutionContext, config: NormStatsConfig, lerobot_dataset: dict) -> dg.Output[dict]:
+def norm_stats(
+    context: dg.AssetExecutionContext, config: NormStatsConfig, lerobot_dataset: stage_value(lerobot.LeRobotExport)
+) -> dg.Output[lerobot.OpenpiNormStatsFile]:
+    dataset = str(lerobot.LeRobotExport.coerce(lerobot_dataset).path)
     try:
-        path = lerobot.write_openpi_norm_stats(lerobot_dataset["path"], config.output, overwrite=config.overwrite)
+        path = lerobot.write_openpi_norm_stats(dataset, config.output, overwrite=config.overwrite)
+        value = lerobot.OpenpiNormStatsFile.read(path, dataset)
+        table = value.markdown_table()
     except DpflowError as exc:
         raise _failure(exc) from exc
-    stats = json.loads(path.read_text())["norm_stats"]
-    rows = ["| key | dim | mean | std | q01 | q99 |", "|---|---|---|---|---|---|"]
-    for key, s in stats.items():
-        for d in range(len(s["mean"])):
-            rows.append(
-                f"| {key if d == 0 else ''} | {d} | {s['mean'][d]:.4g} | {s['std'][d]:.4g} | {s['q01'][d]:.4g} | {s['q99'][d]:.4g} |"
-            )
     context.log.info(f"norm stats -> {path}")
-    value = {
-        "path": str(path),
-        "dataset_path": lerobot_dataset["path"],
-        "state_dim": len(stats["state"]["mean"]),
-        "action_dim": len(stats["actions"]["mean"]),
-    }
     return dg.Output(
         value,
         metadata={
             "path": dg.MetadataValue.path(str(path)),
-            "dataset_path": dg.MetadataValue.path(lerobot_dataset["path"]),
-            "norm_stats": dg.MetadataValue.md("\n".join(rows)),
+            "dataset_path": dg.MetadataValue.path(dataset),
+            "norm_stats": dg.MetadataValue.md(table),
         },
     )
 

@@ -6,20 +6,21 @@ shows the episode quality table of :mod:`dpflow_core.report` on the
 materialization: the report (``report.html``, ``quality.json``, a preview PNG per
 episode) goes to ``<output_dir>/reports/<task>-<hash12>/``, named like the
 content-addressed manifest ``<output_dir>/manifests/<task>-<hash12>.json``, and
-the table shows small JPEG thumbnails of the previews inline.
+the table shows small JPEG thumbnails of the previews inline. Its value is a
+:class:`dpflow_core.pairing.PairedEpisodes`.
 """
 
-import base64
 from pathlib import Path
 from typing import Optional
 
-import cv2
 import dagster as dg
 from pydantic import Field
 
 from dpflow_core.errors import DpflowError
-from dpflow_core.pairing import MANIFEST_VERSION, Manifest, pair_recordings, save_manifest
-from dpflow_core.report import EpisodeQuality, episode_quality, markdown_table, write_report
+from dpflow_core.pairing import MANIFEST_VERSION, Manifest, PairedEpisodes, pair_recordings, save_manifest
+from dpflow_core.report import (
+    EpisodeQuality, episode_quality, markdown_table, quality_figures, report_dir_for, thumbnail_data_uri, write_report,
+)
 from dpflow_dagster.partitions import OWNERS, recordings_root, task_folder, task_partitions
 from dpflow_core.files import default_workdir
 from dpflow_dagster.sensors import paired_episodes_job, recordings_sensor
@@ -78,22 +79,11 @@ def accepted_table(manifest: Manifest) -> str:
     return "\n".join(rows) if manifest.accepted else "No accepted episodes."
 
 
-def _thumbnail(png: str, width: int) -> str:
-    """A ``data:`` URI of a small JPEG of the preview ``png`` (the UI cannot read local files)."""
-    image = cv2.imread(png, cv2.IMREAD_COLOR)
-    if image is None:
-        return ""
-    height = max(1, round(image.shape[0] * width / image.shape[1]))
-    ok, data = cv2.imencode(".jpg", cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA),
-                            [cv2.IMWRITE_JPEG_QUALITY, 80])
-    return f"data:image/jpeg;base64,{base64.b64encode(data.tobytes()).decode('ascii')}" if ok else ""
-
-
 def _quality_metadata(
     context: dg.AssetExecutionContext, config: PairedEpisodesConfig, manifest_path: Path, output_dir: Path
 ) -> dict:
     """Episode quality table (with thumbnails) and figures; a measurement failure is reported, not fatal."""
-    report_dir = output_dir / "reports" / manifest_path.stem
+    report_dir = report_dir_for(output_dir, manifest_path)
     try:
         if config.previews:
             report = write_report(manifest_path, report_dir, overwrite=True)  # derived from the same hashed files
@@ -106,15 +96,10 @@ def _quality_metadata(
     links = None
     if report is not None:
         links = {
-            e.stem: _thumbnail(e.preview_png, config.thumbnail_width) if i < config.inline_previews else ""
+            e.stem: thumbnail_data_uri(e.preview_png, config.thumbnail_width) if i < config.inline_previews else ""
             for i, e in enumerate(episodes) if e.preview_png
         }
-    meta: dict = {
-        "quality": dg.MetadataValue.md(markdown_table(episodes, links)),
-        "outliers": sum(e.is_outlier for e in episodes),
-        "total_duration_s": float(sum(e.duration_s for e in episodes)),
-        "median_vio_score": float(sorted(e.score_median for e in episodes)[len(episodes) // 2]) if episodes else 0.0,
-    }
+    meta: dict = {"quality": dg.MetadataValue.md(markdown_table(episodes, links)), **quality_figures(episodes)}
     if report is not None:
         meta["report"] = dg.MetadataValue.path(str(report.html_path))
         meta["previews"] = dg.MetadataValue.path(str(report.preview_dir))
@@ -134,7 +119,9 @@ def _quality_metadata(
         "report beside it."
     ),
 )
-def paired_episodes(context: dg.AssetExecutionContext, config: PairedEpisodesConfig) -> dg.MaterializeResult[dict]:
+def paired_episodes(
+    context: dg.AssetExecutionContext, config: PairedEpisodesConfig
+) -> dg.MaterializeResult[PairedEpisodes]:
     output_dir = Path(config.output_dir) if config.output_dir else default_workdir()
     try:
         root = task_folder(Path(config.root) if config.root else recordings_root(), context.partition_key)
@@ -149,13 +136,7 @@ def paired_episodes(context: dg.AssetExecutionContext, config: PairedEpisodesCon
         f"{len(manifest.accepted)} accepted, {len(manifest.rejected)} rejected -> {path}"
         + ("" if written else " (an equal manifest was already there)")
     )
-    value = {
-        "manifest_path": str(path),
-        "root": str(manifest.root),
-        "task": manifest.task,
-        "accepted": len(manifest.accepted),
-        "rejected": len(manifest.rejected),
-    }
+    value = PairedEpisodes.of(manifest, path)
     metadata = {
         "path": dg.MetadataValue.path(str(path)),
         "manifest_path": dg.MetadataValue.path(str(path)),

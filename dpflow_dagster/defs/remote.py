@@ -4,19 +4,23 @@
 too): :func:`~dpflow_core.server.upload.upload_dataset` (preflight, resumable transfer, SHA-256 on
 the server) on the one server, on a Slurm cluster's login node (its shared file system; the
 compute nodes' view is checked by the Slurm preflight of the runs), or on every host of
-``gpu_server.hosts``, verified on each. A mismatch at upload fails the
+``gpu_server.hosts``, verified on each; its value is a :class:`~dpflow_core.server.upload.RemoteDataset`.
+A mismatch at upload fails the
 materialization with both hashes and sizes; the file stays on the server only
 under a quarantine name. The blocking check ``remote_dataset_sha256_match``
 hashes the remote file again (it also catches later corruption) and keeps
 downstream assets (the smoke run, training) from running on a bad file.
 """
 
+import dataclasses
+
 import dagster as dg
 
 from dpflow_core.errors import DpflowError
 from dpflow_core.runs.scale import UploadMismatch, upload_to_lab
-from dpflow_core.server.upload import verify_remote_file
-from dpflow_dagster.partitions import OWNERS, check_partition_metadata, task_asset_check, task_partitions
+from dpflow_core.conversion import ConversionResult
+from dpflow_core.server.upload import RemoteDataset, verify_remote_file
+from dpflow_dagster.partitions import OWNERS, check_partition_metadata, stage_value, task_asset_check, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 
 
@@ -39,16 +43,19 @@ def _verification_metadata(v) -> dict:
     partitions_def=task_partitions,
     description="dataset.npz on the GPU server at <data_root>/<task>/<sha256[:16]>/dataset.npz, SHA-256 verified there.",
 )
-def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_server: GpuServerResource) -> dg.MaterializeResult[dict]:
-    """Upload ``dataset_npz["path"]`` (resumable) to every machine of ``gpu_server``, verify its SHA-256 on
+def remote_dataset(
+    context: dg.AssetExecutionContext, dataset_npz: stage_value(ConversionResult), gpu_server: GpuServerResource
+) -> dg.MaterializeResult[RemoteDataset]:
+    """Upload the ``dataset_npz`` file (resumable) to every machine of ``gpu_server``, verify its SHA-256 on
     each, record preflight."""
+    dataset = ConversionResult.coerce(dataset_npz)
     try:
         with gpu_server.connect_all() as servers:
             lab = upload_to_lab(
                 servers,
-                dataset_npz["path"],
-                expected_sha256=dataset_npz.get("sha256"),
-                sidecar_path=dataset_npz.get("sidecar_path") or None,
+                dataset.path,
+                expected_sha256=dataset.sha256,
+                sidecar_path=dataset.sidecar_path,
                 method=gpu_server.upload_method,
                 with_preflight=True,
                 on_event=context.log.info,
@@ -86,9 +93,8 @@ def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_ser
     if report is not None:
         metadata.update(report.to_metadata())
         metadata["preflight/gpus"] = dg.MetadataValue.md(report.gpu_markdown())
-    value = result.to_remote_dataset(dataset_npz.get("frequency_hz", 0.0))
     # each machine's copy, rank order (the same path on one server or a cluster's shared file system)
-    value["remote_paths"] = list(lab.paths)
+    value = dataclasses.replace(result.to_remote_dataset(dataset.frequency_hz), remote_paths=tuple(lab.paths))
     return dg.MaterializeResult(value=value, metadata=metadata, data_version=dg.DataVersion(result.sha256))
 
 
@@ -99,13 +105,14 @@ def remote_dataset(context: dg.AssetExecutionContext, dataset_npz: dict, gpu_ser
     description="The file on the server hashes (SHA-256, computed there) to the local dataset's hash, same size.",
 )
 def remote_dataset_sha256_match(
-    context: dg.AssetCheckExecutionContext, remote_dataset: dict, gpu_server: GpuServerResource
+    context: dg.AssetCheckExecutionContext, remote_dataset: stage_value(RemoteDataset), gpu_server: GpuServerResource
 ) -> dg.AssetCheckResult:
     """Hash the dataset on each machine (``remote_paths``, rank order); quarantine a copy that does not match."""
+    dataset = RemoteDataset.coerce(remote_dataset)
     with gpu_server.connect_all() as servers:
-        paths = remote_dataset.get("remote_paths") or [remote_dataset["remote_path"]]
+        paths = list(dataset.remote_paths) or [dataset.remote_path]
         verifications = [
-            verify_remote_file(server, path, remote_dataset["sha256"], remote_dataset["size_bytes"], quarantine=True)
+            verify_remote_file(server, path, dataset.sha256, dataset.size_bytes, quarantine=True)
             for server, path in zip(servers, paths, strict=True)
         ]
         hosts = [s.config.describe() for s in servers]

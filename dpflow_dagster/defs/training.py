@@ -1,5 +1,9 @@
 """Assets and checks of the training stage: ``smoke_run``, ``train_run``, ``checkpoint``, ``evaluation``.
 
+The values of ``checkpoint`` and ``evaluation`` are the typed results of the core
+(:class:`~dpflow_core.checkpoints.DownloadedCheckpoint`, :class:`~dpflow_core.evaluation.EvaluationResult`);
+``smoke_run`` and ``train_run`` still pass dicts (one layout per scheduler: single server, Slurm, several hosts).
+
 Each asset wraps one :mod:`dpflow_core` function (the ``dpflow smoke``, ``train``,
 ``checkpoint`` and ``evaluate`` commands call the same ones):
 
@@ -32,17 +36,17 @@ the pool a limit of 1 (``dagster instance concurrency set gpu_server 1``, or
 
 import base64
 import contextlib
+import dataclasses
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
-from dpflow_core.checkpoints import download_checkpoint, verify_checkpoint
+from dpflow_core.checkpoints import DownloadedCheckpoint, download_checkpoint, verify_checkpoint
 from dpflow_core.errors import DpflowError
-from dpflow_core.evaluation import evaluate_checkpoint
+from dpflow_core.evaluation import EvaluationResult, evaluate_checkpoint, evaluation_dir_for
 from dpflow_core.runs import (
     DEFAULT_TRAIN_COMMAND,
     RunSpec,
@@ -69,9 +73,10 @@ from dpflow_core.runs.multihost import check_multihost_exit
 from dpflow_core.runs.scale import ScaleResult, run_on_lab, slurm_config_name
 from dpflow_core.runs.slurm import load_job
 from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released
+from dpflow_core.server.upload import RemoteDataset
 from dpflow_dagster.lineage import dataset_lineage
 from dpflow_dagster.pipes import LogTailReporter, PipesSshMessageReader, messages_path, reported_results
-from dpflow_dagster.partitions import OWNERS, check_partition_metadata, task_asset_check, task_partitions
+from dpflow_dagster.partitions import OWNERS, check_partition_metadata, stage_value, task_asset_check, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 
 POOL = "gpu_server"
@@ -129,12 +134,12 @@ def _scale_metadata(result: ScaleResult) -> dict[str, Any]:
     return metadata
 
 
-def _scale_value(result: ScaleResult, remote_dataset: dict, launch_index: int) -> dict:
+def _scale_value(result: ScaleResult, remote_dataset: RemoteDataset, launch_index: int) -> dict:
     return {
         "run_name": result.run_name, "run_dir": result.run_dir, "launch_index": launch_index,
-        "host": remote_dataset.get("host"), "scheduler": result.mode, "slurm_job_id": result.job_id,
-        "dataset_remote_path": remote_dataset["remote_path"], "dataset_sha256": remote_dataset["sha256"],
-        "frequency_hz": remote_dataset["frequency_hz"], "dataset_local_path": remote_dataset.get("local_path"),
+        "host": remote_dataset.host, "scheduler": result.mode, "slurm_job_id": result.job_id,
+        "dataset_remote_path": remote_dataset.remote_path, "dataset_sha256": remote_dataset.sha256,
+        "frequency_hz": remote_dataset.frequency_hz, "dataset_local_path": remote_dataset.local_path,
     }
 
 
@@ -171,10 +176,12 @@ class SmokeRunConfig(dg.Config):
     description="A smoke run on the GPU server: one GPU (CPU without one), offline, no resume, few steps, no checkpoints.",
 )
 def smoke_run(
-    context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: dict, gpu_server: GpuServerResource
+    context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: stage_value(RemoteDataset),
+    gpu_server: GpuServerResource,
 ) -> dg.Output[dict]:
     """Run :func:`dpflow_core.runs.run_smoke` on ``remote_dataset`` (a one-node Slurm job with ``scheduler:
     slurm``); fail unless it exited 0 on its own with a finite loss and wrote no checkpoint."""
+    remote_dataset = RemoteDataset.coerce(remote_dataset)
     with _failure_on_error():
         lab = gpu_server.lab()
     if lab.mode == "slurm":
@@ -183,10 +190,10 @@ def smoke_run(
         inventory = server.gpu_inventory()
         require_gpus(server, inventory)
         spec = smoke_spec(
-            config.run_name or default_run_name(remote_dataset["sha256"], "smoke"),
-            remote_dataset["remote_path"],
-            float(remote_dataset["frequency_hz"]),
-            dataset_sha256=remote_dataset["sha256"],
+            config.run_name or default_run_name(remote_dataset.sha256, "smoke"),
+            remote_dataset.remote_path,
+            remote_dataset.frequency_hz,
+            dataset_sha256=remote_dataset.sha256,
             config_name=resolve_config_name(config.config_name, inventory, server),
             epochs=config.epochs, max_train_steps=config.max_train_steps, batch_size=config.batch_size,
             num_workers=config.num_workers, train_command=config.train_command, extra_overrides=config.extra_overrides,
@@ -219,7 +226,7 @@ def smoke_run(
     value = {
         "run_name": spec.name,
         "run_dir": result.handle.run_dir,
-        "host": remote_dataset.get("host"),
+        "host": remote_dataset.host,
         "config_name": spec.config_name,
         "train_command": spec.train_command,
         "gpu_ids": list(result.handle.gpu_ids),
@@ -232,14 +239,14 @@ def smoke_run(
     return dg.Output(value, metadata=metadata)
 
 
-def _slurm_smoke_run(context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: dict,
+def _slurm_smoke_run(context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: RemoteDataset,
                      gpu_server: GpuServerResource, lab) -> dg.Output[dict]:
     with _failure_on_error(), gpu_server.connect() as server:
         spec = smoke_spec(
-            config.run_name or default_run_name(remote_dataset["sha256"], "smoke"),
-            remote_dataset["remote_path"],
-            float(remote_dataset["frequency_hz"]),
-            dataset_sha256=remote_dataset["sha256"],
+            config.run_name or default_run_name(remote_dataset.sha256, "smoke"),
+            remote_dataset.remote_path,
+            remote_dataset.frequency_hz,
+            dataset_sha256=remote_dataset.sha256,
             config_name=slurm_config_name(config.config_name, server.config.slurm),
             epochs=config.epochs, max_train_steps=config.max_train_steps, batch_size=config.batch_size,
             num_workers=config.num_workers, train_command=config.train_command, extra_overrides=config.extra_overrides,
@@ -373,11 +380,13 @@ class TrainRunConfig(dg.Config):
     description="accelerate launch in a detached tmux session named after the run, followed until it ends.",
 )
 def train_run(
-    context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: dict, gpu_server: GpuServerResource
+    context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: stage_value(RemoteDataset),
+    gpu_server: GpuServerResource,
 ) -> dg.MaterializeResult[dict]:
     """Launch (or re-attach to) the training run and follow it until it ends: its Dagster Pipes messages
     (built-in trainer, :mod:`dpflow_dagster.pipes`) or its ``logs.json.txt`` (a foreign trainer, a re-attach).
     On a Slurm cluster or several hosts: :func:`dpflow_core.runs.scale.run_on_lab`, followed until it ends."""
+    remote_dataset = RemoteDataset.coerce(remote_dataset)
     with _failure_on_error():
         lab = gpu_server.lab()
     if lab.mode != "single":
@@ -385,13 +394,13 @@ def train_run(
     with _failure_on_error(), gpu_server.connect() as server:
         name, active = config.run_name, False
         if not name and not config.resume:
-            name, active = active_or_new_run_name(server, remote_dataset["sha256"], "train")
+            name, active = active_or_new_run_name(server, remote_dataset.sha256, "train")
         inventory = server.gpu_inventory()
         if not active:
             require_gpus(server, inventory)
         spec = RunSpec(
-            name=name, kind="train", dataset_path=remote_dataset["remote_path"],
-            frequency_hz=float(remote_dataset["frequency_hz"]), dataset_sha256=remote_dataset["sha256"],
+            name=name, kind="train", dataset_path=remote_dataset.remote_path,
+            frequency_hz=remote_dataset.frequency_hz, dataset_sha256=remote_dataset.sha256,
             config_name=config.config_name if active else resolve_config_name(config.config_name, inventory, server),
             epochs=config.epochs or None, max_train_steps=config.max_train_steps or None,
             batch_size=config.batch_size or None, num_workers=None if config.num_workers < 0 else config.num_workers,
@@ -462,13 +471,13 @@ def train_run(
         "run_name": handle.name,
         "run_dir": handle.run_dir,
         "launch_index": handle.launch_index,
-        "host": remote_dataset.get("host"),
+        "host": remote_dataset.host,
         "exit_code": result.exit_code,
         "global_step": result.progress.global_step,
         "epoch": result.progress.epoch,
         "train_loss": result.progress.train_loss,
-        "dataset_sha256": remote_dataset["sha256"],
-        "dataset_local_path": remote_dataset.get("local_path"),
+        "dataset_sha256": remote_dataset.sha256,
+        "dataset_local_path": remote_dataset.local_path,
         "in_run_check": None if in_run_check is None else {
             "passed": bool(in_run_check.passed),
             "metadata": {k: getattr(v, "value", v) for k, v in (in_run_check.metadata or {}).items()},
@@ -480,7 +489,7 @@ def train_run(
     )
 
 
-def _scaled_train_run(context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: dict,
+def _scaled_train_run(context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: RemoteDataset,
                       gpu_server: GpuServerResource, lab) -> dg.MaterializeResult[dict]:
     last_observation = [0.0]
 
@@ -495,15 +504,15 @@ def _scaled_train_run(context: dg.AssetExecutionContext, config: TrainRunConfig,
         config_name = (slurm_config_name(config.config_name, first.config.slurm) if lab.mode == "slurm"
                        else resolve_config_name(config.config_name, first.gpu_inventory(), first))
         spec = RunSpec(
-            name=config.run_name or default_run_name(remote_dataset["sha256"], "train"), kind="train",
-            dataset_path=remote_dataset["remote_path"], frequency_hz=float(remote_dataset["frequency_hz"]),
-            dataset_sha256=remote_dataset["sha256"], config_name=config_name,
+            name=config.run_name or default_run_name(remote_dataset.sha256, "train"), kind="train",
+            dataset_path=remote_dataset.remote_path, frequency_hz=remote_dataset.frequency_hz,
+            dataset_sha256=remote_dataset.sha256, config_name=config_name,
             epochs=config.epochs or None, max_train_steps=config.max_train_steps or None,
             batch_size=config.batch_size or None, num_workers=None if config.num_workers < 0 else config.num_workers,
             num_processes=config.num_processes, train_command=config.train_command, resume=config.resume,
             logging_mode=config.logging_mode, extra_overrides=tuple(config.extra_overrides),
         )
-        paths = remote_dataset.get("remote_paths") or [spec.dataset_path] * len(servers)
+        paths = list(remote_dataset.remote_paths) or [spec.dataset_path] * len(servers)
         result = run_on_lab(servers, lab, spec, paths, timeout_s=config.monitor_timeout_s or 86400.0,
                             on_event=context.log.info, on_state=on_state)
         launch_index = result.job.launch_index if result.job is not None else load_handle(first, spec.name).launch_index
@@ -600,7 +609,9 @@ class CheckpointConfig(dg.Config):
     description="The chosen checkpoint with its .hydra config, logs.json.txt, normaliser and reproducibility record, "
     "downloaded and SHA-256 verified on both ends.",
 )
-def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, train_run: dict, gpu_server: GpuServerResource) -> dg.MaterializeResult[dict]:
+def checkpoint(
+    context: dg.AssetExecutionContext, config: CheckpointConfig, train_run: dict, gpu_server: GpuServerResource
+) -> dg.MaterializeResult[DownloadedCheckpoint]:
     """Download with :func:`dpflow_core.checkpoints.download_checkpoint`."""
     if config.choose not in ("latest", "best"):
         raise _failure(f"choose must be 'latest' or 'best', got {config.choose!r}")
@@ -630,7 +641,7 @@ def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, trai
         **dataset_lineage(train_run.get("dataset_local_path")),
     }
     return dg.MaterializeResult(
-        value=result.asset_value() | {"dataset_local_path": train_run.get("dataset_local_path")}, metadata=metadata,
+        value=dataclasses.replace(result, dataset_local_path=train_run.get("dataset_local_path")), metadata=metadata,
         data_version=dg.DataVersion(result.local_sha256),
     )
 
@@ -641,9 +652,12 @@ def checkpoint(context: dg.AssetExecutionContext, config: CheckpointConfig, trai
     blocking=True,
     description="The downloaded checkpoint hashes (SHA-256, computed now) to the server's hash, same size, and loads.",
 )
-def checkpoint_sha256_match(context: dg.AssetCheckExecutionContext, checkpoint: dict) -> dg.AssetCheckResult:
+def checkpoint_sha256_match(
+    context: dg.AssetCheckExecutionContext, checkpoint: stage_value(DownloadedCheckpoint)
+) -> dg.AssetCheckResult:
     """Verify with :func:`dpflow_core.checkpoints.verify_checkpoint`."""
-    report = verify_checkpoint(checkpoint["path"], checkpoint["remote_sha256"], checkpoint["size_bytes"])
+    ckpt = DownloadedCheckpoint.coerce(checkpoint)
+    report = verify_checkpoint(ckpt.local_path, ckpt.remote_sha256, ckpt.size_bytes)
     return dg.AssetCheckResult(
         passed=report.passed, severity=dg.AssetCheckSeverity.ERROR,
         description="; ".join(report.problems) or "SHA-256 equal on both ends; the file loads",
@@ -676,21 +690,24 @@ class EvaluationConfig(dg.Config):
     "position, geodesic rotation and gripper errors; gripper event timing) next to the training-mean, "
     "hold-the-pose and constant-velocity baselines, with trajectory, per-step error and loss plots.",
 )
-def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, checkpoint: dict, remote_dataset: dict) -> dg.Output[dict]:
+def evaluation(
+    context: dg.AssetExecutionContext, config: EvaluationConfig, checkpoint: stage_value(DownloadedCheckpoint),
+    remote_dataset: stage_value(RemoteDataset),
+) -> dg.Output[EvaluationResult]:
     """Evaluate with :func:`dpflow_core.evaluation.evaluate_checkpoint` on the local copy of the dataset."""
-    dataset = remote_dataset.get("local_path") or checkpoint.get("dataset_local_path")
+    ckpt, remote = DownloadedCheckpoint.coerce(checkpoint), RemoteDataset.coerce(remote_dataset)
+    dataset = remote.local_path or ckpt.dataset_local_path
     if not dataset or not Path(dataset).is_file():
         raise _failure(f"the local dataset {dataset!r} is not available for evaluation")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = Path(checkpoint["local_dir"]) / "evaluation" / stamp
+    out_dir = evaluation_dir_for(ckpt.local_dir)
     try:
         result = evaluate_checkpoint(
-            checkpoint["path"], dataset, out_dir, log_path=checkpoint.get("log_path"),
+            ckpt.local_path, dataset, out_dir, log_path=ckpt.log_path,
             max_samples_per_episode=config.max_samples_per_episode, plot_episodes=config.plot_episodes, seed=config.seed,
             margin=config.margin,
         )
     except DpflowError as exc:
-        raise _failure(str(exc), {"checkpoint": checkpoint["path"], "dataset": dataset}) from exc
+        raise _failure(str(exc), {"checkpoint": ckpt.local_path, "dataset": dataset}) from exc
     context.log.info(result.verdict())
     metadata: dict[str, Any] = {
         "policy_mse": result.policy_mse,
@@ -709,10 +726,10 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, chec
         "trajectories_png": dg.MetadataValue.path(result.trajectory_plot),
         "errors_per_step": _md_image(result.error_plot, "errors per horizon step"),
         "errors_per_step_png": dg.MetadataValue.path(result.error_plot),
-        "checkpoint_sha256": checkpoint["sha256"],
-        "checkpoint": dg.MetadataValue.path(checkpoint["path"]),
-        "train_run/run_name": checkpoint.get("run_name") or "",
-        "dataset_sha256": remote_dataset.get("sha256", ""),
+        "checkpoint_sha256": ckpt.local_sha256,
+        "checkpoint": dg.MetadataValue.path(ckpt.local_path),
+        "train_run/run_name": ckpt.run_name or "",
+        "dataset_sha256": remote.sha256,
         "path": dg.MetadataValue.path(result.out_dir),
         "out_dir": dg.MetadataValue.path(result.out_dir),
         **dataset_lineage(dataset),
@@ -725,8 +742,7 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, chec
     if result.loss_plot:
         metadata["loss_curve"] = _md_image(result.loss_plot, "training loss")
         metadata["loss_curve_png"] = dg.MetadataValue.path(result.loss_plot)
-    value = result.to_dict() | {"checkpoint_sha256": checkpoint["sha256"]}
-    return dg.Output(value, metadata=metadata)
+    return dg.Output(dataclasses.replace(result, checkpoint_sha256=ckpt.local_sha256), metadata=metadata)
 
 
 @task_asset_check(
@@ -737,17 +753,22 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, chec
     "hold-the-pose baselines by the configured margin (20 % by default): a policy no better than doing nothing "
     "cannot pass as done. Constant velocity is reported beside it.",
 )
-def evaluation_beats_baseline(context: dg.AssetCheckExecutionContext, evaluation: dict) -> dg.AssetCheckResult:
+def evaluation_beats_baseline(
+    context: dg.AssetCheckExecutionContext, evaluation: stage_value(EvaluationResult)
+) -> dg.AssetCheckResult:
     """Read the gate's figures recorded by the evaluation."""
-    figures = {k: float(evaluation[k]) for k in ("policy_mse", "mean_mse", "hold_mse", "constant_velocity_mse", "required_mse")}
+    result = EvaluationResult.coerce(evaluation)
+    figures = {
+        "policy_mse": result.policy_mse, "mean_mse": result.mse("mean"), "hold_mse": result.mse("hold"),
+        "constant_velocity_mse": result.mse("constant_velocity"), "required_mse": result.required_mse,
+    }
     return dg.AssetCheckResult(
-        passed=bool(evaluation["beats_baseline"]), severity=dg.AssetCheckSeverity.ERROR,
+        passed=result.beats_baseline, severity=dg.AssetCheckSeverity.ERROR,
         description=f"held-out MSE {figures['policy_mse']:.6g} vs required < {figures['required_mse']:.6g} "
-        f"({evaluation['best_baseline']} baseline {float(evaluation['baseline_mse']):.6g}, margin {float(evaluation['margin']):.0%}); "
+        f"({result.best_baseline} baseline {result.baseline_mse:.6g}, margin {result.margin:.0%}); "
         f"constant velocity {figures['constant_velocity_mse']:.6g}",
-        metadata={**check_partition_metadata(context), **figures, "best_baseline": str(evaluation["best_baseline"]), "margin": float(evaluation["margin"]),
-                  "improvement": float(evaluation["improvement"]), "n_samples": int(evaluation["n_samples"]),
-                  "n_episodes": int(evaluation["n_episodes"])},
+        metadata={**check_partition_metadata(context), **figures, "best_baseline": result.best_baseline, "margin": result.margin,
+                  "improvement": result.improvement, "n_samples": result.n_samples, "n_episodes": result.n_episodes},
     )
 
 
