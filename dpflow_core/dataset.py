@@ -141,7 +141,7 @@ def write_norm_stats(stats: dict, path: str | Path, overwrite: bool = False) -> 
     """
     path = Path(path)
     if path.exists() and not overwrite:
-        raise DatasetError("norm stats file exists; pass --overwrite (overwrite=True) to replace it", path=path, code="output_exists")
+        raise DatasetError("norm stats file exists; pass --overwrite (overwrite=True from Python) to replace it", path=path, code="output_exists")
     try:
         write_text_atomic(path, json.dumps(stats, indent=2) + "\n", overwrite=overwrite)
     except FileExistsError as exc:

@@ -860,7 +860,7 @@ def write_manifest(manifest: Manifest, path: str | Path, overwrite: bool = False
     """
     path = Path(path)
     if path.exists() and not overwrite:
-        raise PairingError("manifest already exists (pass --overwrite (overwrite=True) to replace it)", path, code="output_exists")
+        raise PairingError("manifest already exists (pass --overwrite (overwrite=True from Python) to replace it)", path, code="output_exists")
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, json.dumps(manifest.to_dict(), indent=2) + "\n")
 

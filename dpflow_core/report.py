@@ -696,7 +696,7 @@ def write_report(
     out_dir = Path(out_dir)
     html_path, json_path, preview_dir = out_dir / "report.html", out_dir / "quality.json", out_dir / "previews"
     if not overwrite and (html_path.exists() or json_path.exists()):
-        raise DpflowError("a report already exists here; pass --overwrite (overwrite=True) to replace it", out_dir, code="output_exists")
+        raise DpflowError("a report already exists here; pass --overwrite (overwrite=True from Python) to replace it", out_dir, code="output_exists")
     data, _ = load_manifest(manifest)
     out_dir.mkdir(parents=True, exist_ok=True)
     unreadable: list[dict] = []

@@ -242,7 +242,11 @@ def failure_summary(result, steps_in_job: set[str]) -> tuple[list[str], list[str
             if ev.severity == dg.AssetCheckSeverity.WARN:  # e.g. "CPU run: GPU release not checked": said, not failed
                 warnings.append(f"{name} warns: {ev.description or 'no description'}")
             else:
-                checks.append(f"{name} failed: {ev.description or 'no description'}")
+                line = f"{name} failed: {ev.description or 'no description'}"
+                if ev.check_name == "beats_baseline":
+                    line += ("; the policy did not learn enough to be trusted: train longer (lab.yaml "
+                             "`assets: train_run: {epochs: N}`; the demo config trains 14 epochs) or record more episodes")
+                checks.append(line)
         elif kind == "STEP_START":
             started.add(event.step_key)
     # a step that failed because its blocking checks did is named by those checks' lines already
@@ -345,6 +349,8 @@ def run_demo(
     recordings = Path(recordings).expanduser().resolve()
     from dpflow_dagster.partitions import holds_recordings, task_folders
 
+    if not recordings.is_dir():
+        raise typer.BadParameter(f"{recordings}: no such folder (expected a Matrix Studio task folder)")
     if not holds_recordings(recordings):
         found = sorted(task_folders(recordings)) if recordings.is_dir() else []
         raise typer.BadParameter(

@@ -177,6 +177,7 @@ def test_main_job_on_sample_recordings_then_a_second_task_from_another_writer(tm
     proc, instance, out = _run_demo(tmp_path, "--recordings", str(task), "--config", str(_tiny_lab(tmp_path)))
     beats = _assert_pipeline_products(instance, out, "cup_stack", runs_before=1)
     assert ("every step and blocking check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
+    assert ("train longer" in proc.stdout) == (not beats)  # a failed gate says what to do
     assert sorted(p.relative_to(out) for p in (out / "recordings").rglob("*")) == recordings_before, \
         "no sample recordings are written when --recordings is given"
     meta = json.loads(next(out.glob("datasets/cup_stack/*/dataset.json")).read_text())
@@ -275,3 +276,14 @@ def test_a_failed_demo_names_the_failed_step_and_its_reason(tmp_path):
     assert "Traceback" not in out and "0 failed check" not in out
     [run] = dg.DagsterInstance.from_config(str(home)).get_runs()
     assert run.status == dg.DagsterRunStatus.FAILURE
+
+
+def test_recordings_folder_that_does_not_exist_is_named_as_missing(tmp_path, monkeypatch):
+    import typer
+
+    from dpflow_dagster.demo import run_demo
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    missing = tmp_path / "matrix_output" / "cup_stak"
+    with pytest.raises(typer.BadParameter, match=r"cup_stak: no such folder \(expected a Matrix Studio task folder\)"):
+        run_demo(missing, tmp_path / "out", episodes=2, seconds=2.0, seed=0, config=None)

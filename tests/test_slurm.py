@@ -83,6 +83,14 @@ def test_settings_are_validated():
     with pytest.raises(RemoteError, match="scheduler"):
         ServerConfig(scheduler="pbs")
     assert ServerConfig(scheduler="slurm").slurm == SlurmSettings()
+    # a count that is not a whole number is named, as a lab.yaml would give it
+    for key, value in (("nodes", "two"), ("gpus_per_node", 1.5), ("cpus_per_task", True)):
+        with pytest.raises(RemoteError, match=f"slurm.{key} must be a whole number, got {value!r}"):
+            SlurmSettings(**{key: value})
+    assert SlurmSettings(nodes="2").nodes == 2  # YAML quoted digits
+    # a typo at the server level lists the cluster and several-server keys too
+    with pytest.raises(RemoteError, match=r"unknown key 'hots' under 'server'; valid keys: .*host, hosts, .*scheduler, slurm"):
+        lab_servers({"hots": "x"}, "lab.yaml")
 
 
 def test_preflight_sees_the_partition_the_gpus_and_the_dataset_from_a_compute_node(slurm_cluster, tmp_path, repo, dataset):

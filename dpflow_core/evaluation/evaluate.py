@@ -344,7 +344,7 @@ def evaluate_checkpoint(
     out_dir = Path(out_dir)
     result_path = out_dir / RESULT_NAME
     if result_path.exists() and not overwrite:
-        raise RunError("evaluation results exist already (pass --overwrite (overwrite=True) to replace them)", path=result_path, code="exists")
+        raise RunError("evaluation results exist already (pass --overwrite (overwrite=True from Python) to replace them)", path=result_path, code="exists")
 
     payload = load_checkpoint(checkpoint_path, require_complete=False)
     trained_on = dict(payload.get("dataset") or {})

@@ -283,7 +283,7 @@ def write_openpi_norm_stats(
         if out.is_file() and out.read_text() == text:
             return out
         raise DatasetError(
-            "a different norm stats file already exists (pass --overwrite (overwrite=True) to replace it)", out, code="output_exists"
+            "a different norm stats file already exists (pass --overwrite (overwrite=True from Python) to replace it)", out, code="output_exists"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, text)

@@ -73,6 +73,12 @@ class SlurmSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra_sbatch", tuple(self.extra_sbatch))
+        for key in ("nodes", "gpus_per_node", "cpus_per_task", "main_process_port"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                if not (isinstance(value, str) and value.strip().isdigit()):
+                    raise RemoteError(f"slurm.{key} must be a whole number, got {value!r}", code="bad_config")
+                object.__setattr__(self, key, int(value))
         for key in ("partition", "account"):
             value = getattr(self, key)
             if value is not None and not _SLURM_WORD.match(str(value)):

@@ -212,7 +212,7 @@ class GpuServer:
             raise RemoteError("local file to upload does not exist", path=local, code="not_found")
         full = self.abspath(remote)
         if not overwrite and self.exists(full):
-            raise RemoteError("remote file exists (pass --overwrite (overwrite=True) to replace it)", path=full, code="exists")
+            raise RemoteError("remote file exists (pass --overwrite (overwrite=True from Python) to replace it)", path=full, code="exists")
         self.mkdir(posixpath.dirname(full))
         tmp = self._temp_name(full)
         self._transport.put(str(local), tmp)
@@ -229,7 +229,7 @@ class GpuServer:
         full = self.abspath(remote)
         local = Path(local)
         if local.exists() and not overwrite:
-            raise RemoteError("local file exists (pass --overwrite (overwrite=True) to replace it)", path=local, code="exists")
+            raise RemoteError("local file exists (pass --overwrite (overwrite=True from Python) to replace it)", path=local, code="exists")
         if self.size(full) is None:
             raise RemoteError("no such file on the server", path=full, code="not_found")
         local.parent.mkdir(parents=True, exist_ok=True)

@@ -56,11 +56,12 @@ def _bad(source: str, message: str) -> RemoteError:
     return RemoteError(f"{source}: {message}", code="bad_config")
 
 
-def _connection(values: Mapping[str, Any], source: str, where: str) -> dict[str, Any]:
+def _connection(values: Mapping[str, Any], source: str, where: str, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     out = {}
     for key, value in values.items():
         if key not in CONNECTION_KEYS:
-            raise _bad(source, f"unknown key {key!r} {where}; valid keys: {', '.join(sorted(CONNECTION_KEYS))}")
+            valid = ", ".join(sorted({*CONNECTION_KEYS, *extra_keys}))
+            raise _bad(source, f"unknown key {key!r} {where}; valid keys: {valid}")
         out[CONNECTION_KEYS[key]] = value
     return out
 
@@ -89,7 +90,7 @@ def lab_servers(server: Mapping[str, Any] | None, source: str | Path = "lab.yaml
     if not isinstance(server, dict):
         raise _bad(source, f"'server' must be a mapping, got {server!r}")
     shared = {k: v for k, v in server.items() if k not in SCALE_KEYS}
-    base = _connection(shared, source, "under 'server'")
+    base = _connection(shared, source, "under 'server'", SCALE_KEYS)
     scheduler = server.get("scheduler", "none")
     if scheduler not in ("none", "slurm"):
         raise _bad(source, f"server.scheduler must be 'none' or 'slurm', got {scheduler!r}")
