@@ -17,7 +17,8 @@ import sys
 
 import dagster as dg
 
-from dpflow_core.files import sha256_file
+from synthetic_dataset import conversion_value  # tests/ is this script's folder, so on sys.path
+
 from dpflow_core.runs.multihost import check_multihost_exit
 from dpflow_dagster.defs.remote import remote_dataset, remote_dataset_sha256_match
 from dpflow_dagster.partitions import task_partitions
@@ -30,7 +31,7 @@ def main(lab: str, run_name: str, dataset: str | None = None) -> dict:
     if dataset:
         @dg.asset(name="dataset_npz", group_name="dataset")
         def dataset_npz_stub() -> dict:
-            return {"path": dataset, "sha256": sha256_file(dataset), "frequency_hz": 10.0}
+            return conversion_value(dataset, 10.0)
 
         instance = dg.DagsterInstance.ephemeral()
         instance.add_dynamic_partitions(task_partitions.name, ["pick_place"])

@@ -95,3 +95,20 @@ def write_npz(path: str | Path, arrays: dict[str, np.ndarray], compressed: bool 
 def write_synthetic_dataset(path: str | Path, **kwargs) -> Path:
     """Write a valid synthetic ``dataset.npz`` at ``path``; ``kwargs`` go to :func:`synthetic_arrays`."""
     return write_npz(path, synthetic_arrays(**kwargs))
+
+
+def conversion_value(path: str | Path, frequency_hz: float) -> dict:
+    """What the ``dataset_npz`` asset hands on (``ConversionResult.to_dict()``) for the dataset file at ``path``,
+    from the file itself: its size and SHA-256, episodes and steps from ``meta/episode_ends``, the image size."""
+    import hashlib
+
+    path = Path(path)
+    with np.load(path) as npz:
+        ends = npz["meta__episode_ends"]
+        height, width = npz["data__camera0_rgb"].shape[1:3]
+    return {
+        "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "size_bytes": path.stat().st_size,
+        "sidecar_path": str(path.with_suffix(".json")), "norm_stats_path": str(path.parent / "norm_stats.json"),
+        "frequency_hz": float(frequency_hz), "n_episodes": int(len(ends)), "total_steps": int(ends[-1]),
+        "image_size": [int(width), int(height)],
+    }

@@ -18,7 +18,7 @@ import pytest
 import torch
 from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 from scale_helpers import dpflow, readme_lab
-from synthetic_dataset import write_synthetic_dataset
+from synthetic_dataset import conversion_value, write_synthetic_dataset
 
 from dpflow_core.errors import RemoteError
 from dpflow_core.files import sha256_file
@@ -228,7 +228,9 @@ def test_dagster_assets_run_smoke_and_training_as_slurm_jobs_and_download_the_ch
 
     @dg.asset(name="dataset_npz", group_name="dataset")
     def dataset_npz_stub() -> dict:
-        return {"path": path, "sha256": sha, "frequency_hz": 10.0}
+        value = conversion_value(path, 10.0)
+        assert value["sha256"] == sha
+        return value
 
     gpu_server = GpuServerResource(
         scheduler="slurm", slurm=SlurmConfig(partition="debug", nodes=2, cpus_per_task=1, time_limit="10"),
