@@ -57,6 +57,7 @@ def _run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, 
     )
     # 1 only for a failed beats_baseline gate (checked in _assert_pipeline_products)
     assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]  # a failure is reported, never a crash
     return proc, dg.DagsterInstance.from_config(str(home)), out
 
 
