@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 TEST_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 for _name, _value in TEST_THREAD_ENV.items():
     os.environ.setdefault(_name, _value)
+
 VENV_BIN = Path(sys.executable).parent
 
 #: How to install each service a test may need (Debian 12), named in the skip or failure reason.
