@@ -248,16 +248,11 @@ def stop_cluster(cluster: SlurmCluster, procs: list[subprocess.Popen]) -> None:
             _remove_cgroups(_memory_cgroup() / f"slurm_{node}")
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """The session's private Slurm cluster (2 CPU nodes on 127.0.0.1); ``SLURM_CONF`` points at it meanwhile."""
-    missing = [d for d in DAEMONS + ("sbatch", "mungekey") if shutil.which(d) is None and not os.path.exists(f"/usr/sbin/{d}")]
-    if missing:
-        require_service("slurm", f"{', '.join(missing)} not found")
-    if os.geteuid() != 0:
-        require_service("slurm", "the test cluster's daemons run as root (SlurmUser=root)")
-    root = Path(tempfile.mkdtemp(prefix="dpflow-slurm-"))
-    cluster, procs = start_cluster(root)
+def _running_cluster(prefix: str, **options):
+    """Start a cluster (:func:`start_cluster` ``options``) in a new folder, yield it with ``SLURM_CONF`` pointing
+    at it, then restore ``SLURM_CONF``, stop the daemons and remove the folder."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster, procs = start_cluster(root, **options)
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)
     try:
@@ -269,6 +264,17 @@ def slurm_cluster():
             os.environ["SLURM_CONF"] = previous
         stop_cluster(cluster, procs)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The session's private Slurm cluster (2 CPU nodes on 127.0.0.1); ``SLURM_CONF`` points at it meanwhile."""
+    missing = [d for d in DAEMONS + ("sbatch", "mungekey") if shutil.which(d) is None and not os.path.exists(f"/usr/sbin/{d}")]
+    if missing:
+        require_service("slurm", f"{', '.join(missing)} not found")
+    if os.geteuid() != 0:
+        require_service("slurm", "the test cluster's daemons run as root (SlurmUser=root)")
+    yield from _running_cluster("dpflow-slurm-")
 
 
 @pytest.fixture(scope="module")
@@ -283,16 +289,4 @@ def slurm_limits_cluster():
         _memory_cgroup()
     except RuntimeError as exc:
         require_service("slurm", f"memory enforcement needs cgroup v1's memory controller: {exc}")
-    root = Path(tempfile.mkdtemp(prefix="dpflow-slurm-limits-"))
-    cluster, procs = start_cluster(root, limits=True, nodes=(f"lim{os.getpid()}",))
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)
-    try:
-        yield cluster
-    finally:
-        if previous is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = previous
-        stop_cluster(cluster, procs)
-        shutil.rmtree(root, ignore_errors=True)
+    yield from _running_cluster("dpflow-slurm-limits-", limits=True, nodes=(f"lim{os.getpid()}",))
