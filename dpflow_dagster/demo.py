@@ -337,6 +337,9 @@ def run_demo(
     }
     check_run_config(job, run_config, config)
 
+    if recordings is not None and not Path(recordings).expanduser().is_dir():
+        # refused before anything is written: a mistyped path leaves no output folder behind
+        raise typer.BadParameter(f"{Path(recordings).expanduser().resolve()}: no such folder (expected a Matrix Studio task folder)")
     out.mkdir(parents=True, exist_ok=True)
     if recordings is None:
         from dpflow_core.recordings.samples import write_task

@@ -288,3 +288,5 @@ def test_recordings_folder_that_does_not_exist_is_named_as_missing(tmp_path, mon
     missing = tmp_path / "matrix_output" / "cup_stak"
     with pytest.raises(typer.BadParameter, match=r"cup_stak: no such folder \(expected a Matrix Studio task folder\)"):
         run_demo(missing, tmp_path / "out", episodes=2, seconds=2.0, seed=0, config=None)
+    # refused before anything was written: no output folder, no Dagster home
+    assert not (tmp_path / "out").exists() and not (tmp_path / "home").exists()
