@@ -308,6 +308,14 @@ def test_cli_convert_and_norm_stats(task, tmp_path):
     stats = json.loads(ns.read_text())
     assert stats["dataset"]["sha256"] == res["sha256"]
     assert stats["norm_stats"] == json.loads(Path(res["norm_stats_path"]).read_text())["norm_stats"]
+    # printed into a pipe (no terminal width): every figure whole, none cut to an ellipsis
+    assert "…" not in proc.stdout
+    rows = [line.split("│") for line in proc.stdout.splitlines() if line.startswith("│")]
+    for key, s in stats["norm_stats"].items():
+        for d in range(len(s["mean"])):
+            want = [str(d), *(f"{s[f][d]:.4g}" for f in ("mean", "std", "min", "max", "q01", "q99"))]
+            assert [c.strip() for c in rows.pop(0)[2:-1]] == want, (key, d)
+    assert not rows
 
 
 def test_task_folder_input_is_paired(tmp_path):

@@ -140,7 +140,18 @@ def norm_stats_cmd(
     for key, s in stats["norm_stats"].items():
         for d in range(len(s["mean"])):
             table.add_row(key if d == 0 else "", str(d), *(f"{s[f][d]:.4g}" for f in ("mean", "std", "min", "max", "q01", "q99")))
-    Console().print(table)
+    print_wide(table)
+
+
+def print_wide(table) -> None:
+    """Print a rich table; into a pipe or file (no terminal width to respect) at its full width, never cut."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, Measurement.get(console, console.options.update_width(1000), table).maximum)
+    console.print(table)
 
 
 @app.command("export-umi")
