@@ -167,7 +167,8 @@ def test_readme_slurm_lab_smoke_trains_on_two_nodes_saves_and_resumes(slurm_clus
     # test cluster's partition, CPU nodes and memory replace the lab's; the keys stay the README's.
     for key in ("host", "user", "key_file", "known_hosts"):
         server.pop(key)
-    server.update(python=sys.executable, data_root=str(tmp_path / "shared"))
+    assert server["repo_path"]  # where the README's example puts dpflow on the cluster; here, this checkout
+    server.update(python=sys.executable, data_root=str(tmp_path / "shared"), repo_path=str(Path(__file__).parents[1]))
     server["slurm"].update(partition="debug", gpus_per_node=0, cpus_per_task=1, extra_sbatch=["--mem=200M"])
     server["slurm"].pop("account")  # the test cluster keeps no accounts
     assert set(server["slurm"]) == {"partition", "nodes", "gpus_per_node", "cpus_per_task", "time_limit", "extra_sbatch"}
