@@ -272,3 +272,32 @@ def test_cli_upload_mismatch_exits_nonzero_with_both_hashes(server_config, datas
     assert out.returncode == 2
     assert digest in out.stderr and hashlib.sha256(corrupted).hexdigest() in out.stderr
     assert "quarantine" in out.stderr and not final.exists()
+
+
+def test_cli_upload_takes_the_server_from_a_lab_yaml(sshd_server, dataset, tmp_path):
+    import yaml
+
+    data_root = tmp_path / "lab root"
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(yaml.safe_dump({"server": {
+        "host": sshd_server.host, "port": sshd_server.port, "user": sshd_server.user, "key_file": str(sshd_server.key_path),
+        "known_hosts": str(sshd_server.known_hosts), "data_root": str(data_root), "python": sys.executable,
+    }}))
+    out = subprocess.run(_dpflow("upload", str(dataset), "--lab", str(lab)), cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    digest = _sha(dataset)
+    assert out.stdout.startswith(f"verified sha256 {digest}  ") and f"{sshd_server.user}@{sshd_server.host}" in out.stdout
+    assert (data_root / "pick_place" / digest[:16] / "dataset.npz").read_bytes() == dataset.read_bytes()
+
+    # one source of the server: --lab with a connection flag is refused before connecting
+    both = subprocess.run(_dpflow("upload", str(dataset), "--lab", str(lab), "--host", "elsewhere"), cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "--host (or its DPFLOW_* variable) would change it" in both.stderr
+    # a Slurm section is `dpflow scale`'s
+    lab.write_text(yaml.safe_dump({"server": {"scheduler": "slurm", "slurm": {"nodes": 2}}}))
+    slurm = subprocess.run(_dpflow("upload", str(dataset), "--lab", str(lab)), cwd=REPO, capture_output=True, text=True,
+                           timeout=60)
+    assert slurm.returncode == 2
+    assert f"error: {lab}: its server: section is a Slurm cluster; run it with `dpflow scale smoke|train --lab {lab} DATASET`" \
+        in slurm.stderr

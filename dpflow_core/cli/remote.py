@@ -2,7 +2,8 @@
 
 Both take the GPU-server connection flags added by :func:`connection_options`
 (``--host --port --user --key --known-hosts --trust-on-first-use --remote-dir
---remote-repo --python --activate --nvidia-smi --expect-gpu/--no-expect-gpu``). Without ``--host`` they use the local
+--remote-repo --python --activate --nvidia-smi --expect-gpu/--no-expect-gpu``), or ``--lab lab.yaml``
+for the server of a lab.yaml's ``server:`` section. Without ``--host`` or ``--lab`` they use the local
 transport. Later stages (smoke, train, checkpoint) reuse the same decorator::
 
     @app.command("smoke")
@@ -63,6 +64,32 @@ CONNECTION_OPTIONS: tuple[tuple[str, object, object], ...] = (
                                                 "preflight and refuses smoke/train [default: on over SSH, off locally].")),
 )
 _CONNECTION_NAMES = tuple(name for name, _, _ in CONNECTION_OPTIONS)
+#: The flag that takes the server from a lab.yaml instead of the flags above.
+LAB_OPTION = ("lab", Optional[Path], _option(None, "--lab", help="lab.yaml whose server: section is the server (one "
+                                                               "server; a Slurm or hosts section is `dpflow scale`'s)."))
+_DEFAULTS = {"port": 22, "trust_on_first_use": False}
+
+
+def server_config_from_lab(lab: Path, flags: dict) -> ServerConfig:
+    """The one server of a lab.yaml's ``server:`` section (the same keys as ``dpflow demo --config``).
+
+    Raises:
+        typer.BadParameter: a connection flag (or its environment variable) is given as well, or the
+            file is missing or not YAML; RemoteError: a bad ``server:`` section, or a Slurm or hosts
+            section (those run through ``dpflow scale``).
+    """
+    from dpflow_core.cli.scale import load_lab
+
+    given = [name for name, value in flags.items() if value is not None and value != _DEFAULTS.get(name)]
+    if given:
+        opts = ", ".join(f"--{n.replace('_', '-')}" for n in given)
+        raise typer.BadParameter(f"--lab {lab} names the server; {opts} (or its DPFLOW_* variable) would change it: "
+                                 "give one or the other", param_hint="--lab")
+    servers = load_lab(lab)
+    if servers.mode != "single":
+        raise RemoteError(f"{lab}: its server: section is a {'Slurm cluster' if servers.mode == 'slurm' else 'set of hosts'}; "
+                          f"run it with `dpflow scale smoke|train --lab {lab} DATASET`", code="bad_config")
+    return servers.servers[0]
 
 
 def server_config_from_options(
@@ -109,13 +136,15 @@ def connection_options(func):
     ]
     added = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-        for name, annotation, option in CONNECTION_OPTIONS
+        for name, annotation, option in (LAB_OPTION, *CONNECTION_OPTIONS)
     ]
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         flags = {name: kwargs.pop(name) for name in _CONNECTION_NAMES if name in kwargs}
-        return func(*args, server_config=server_config_from_options(**flags), **kwargs)
+        lab = kwargs.pop("lab", None)
+        config = server_config_from_lab(lab, flags) if lab is not None else server_config_from_options(**flags)
+        return func(*args, server_config=config, **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=own + added, return_annotation=None)
     wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
@@ -191,7 +220,7 @@ def _print_report(report) -> None:
     console = Console()
     table = Table(title=f"preflight {report.server} ({report.hostname})", show_header=False)
     table.add_column("check", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # a long command or path folds onto the next line, never cut
     repo = report.repo
     table.add_row("repository", repo.error and f"{repo.path}: {repo.error}" or
                   f"{repo.path} {repo.branch} {repo.commit} ({len(repo.dirty_files)} dirty)")
