@@ -93,6 +93,22 @@ def test_settings_are_validated():
         lab_servers({"hots": "x"}, "lab.yaml")
 
 
+def test_scale_runs_take_the_train_command_template():
+    from dpflow_core.cli.scale import _spec
+    from dpflow_core.runs import DEFAULT_TRAIN_COMMAND
+    from dpflow_core.runs.command import render_train_command
+    from dpflow_core.runs.spec import UPSTREAM_TRAIN_COMMAND
+
+    args = ("/shared/d/dataset.npz", "ab" * 32, 30.0, "train_diffusion_unet_timm_umi_workspace", None, 5, 4, False, [], "offline")
+    smoke = _spec("smoke", "s1", *args, "upstream")
+    train = _spec("train", "t1", *args, "upstream")
+    assert smoke.train_command == train.train_command == UPSTREAM_TRAIN_COMMAND
+    assert _spec("train", "t2", *args, None).train_command == DEFAULT_TRAIN_COMMAND
+    line = render_train_command(train.train_command, run_dir="/r", dataset=train.dataset_path, overrides=["a=1"],
+                                num_processes=8, gpu_ids=(0, 1, 2, 3), config_name=train.config_name)
+    assert line.startswith("train.py --config-name=train_diffusion_unet_timm_umi_workspace") and line.endswith("a=1")
+
+
 def test_preflight_sees_the_partition_the_gpus_and_the_dataset_from_a_compute_node(slurm_cluster, tmp_path, repo, dataset):
     path, sha = dataset
     with _server(tmp_path, repo, nodes=2) as server:

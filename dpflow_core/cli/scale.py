@@ -58,20 +58,23 @@ def load_lab(path: Path) -> LabServers:
     return lab_servers(settings.get("server"), path)
 
 
-def _spec(kind, name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override, logging_mode):
-    from dpflow_core.runs import RunSpec, default_run_name, smoke_spec
+def _spec(kind, name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override, logging_mode,
+          train_command):
+    from dpflow_core.runs import DEFAULT_TRAIN_COMMAND, RunSpec, default_run_name, smoke_spec
 
     name = name or default_run_name(sha, kind)
+    train_command = train_command or DEFAULT_TRAIN_COMMAND
     if kind == "smoke":
         return smoke_spec(name, path, freq, dataset_sha256=sha, config_name=config_name, epochs=epochs or 1,
-                          max_train_steps=max_train_steps or 3, batch_size=batch_size or 4, extra_overrides=override)
+                          max_train_steps=max_train_steps or 3, batch_size=batch_size or 4, extra_overrides=override,
+                          train_command=train_command)
     return RunSpec(name=name, kind="train", dataset_path=path, frequency_hz=freq, dataset_sha256=sha, config_name=config_name,
                    epochs=epochs, max_train_steps=max_train_steps, batch_size=batch_size, resume=resume,
-                   logging_mode=logging_mode, extra_overrides=tuple(override))
+                   logging_mode=logging_mode, extra_overrides=tuple(override), train_command=train_command)
 
 
 def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json,
-         logging_mode="offline"):
+         logging_mode="offline", train_command=None):
     from dpflow_core.dataset import recorded_sha256
     from dpflow_core.runs import dataset_frequency
     from dpflow_core.runs.scale import run_on_lab, upload_to_lab
@@ -87,7 +90,7 @@ def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps
         upload = upload_to_lab(servers, dataset, expected_sha256=recorded_sha256(dataset),
                                on_event=lambda line: _verdict(line, True))
         spec = _spec(kind, run_name, upload.paths[0], upload.sha256, dataset_frequency(servers[0], upload.paths[0]), config_name, epochs, max_train_steps,
-                     batch_size, resume, override, logging_mode)
+                     batch_size, resume, override, logging_mode, train_command)
         typer.echo(f"{kind} run {spec.name} ({lab.mode}, {len(servers)} server(s))")
         result = run_on_lab(servers, lab, spec, upload.paths, timeout_s=timeout, on_event=typer.echo)
     for name, passed, detail in result.checks:
@@ -102,6 +105,9 @@ def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps
 
 
 _LAB = typer.Option(..., "--lab", help="lab.yaml whose server: section names the cluster or the servers.")
+_TRAIN_COMMAND = typer.Option(None, "--train-command", help=(
+    "Train command template, as for `dpflow train` (default: the built-in trainer; 'upstream': a Diffusion Policy / "
+    "UMI checkout's train.py as repo_path, with --config-name)."))
 
 
 @scale_app.command("smoke")
@@ -112,12 +118,14 @@ def smoke_cmd(
     config_name: str = typer.Option("train_diffusion_unet_image", "--config-name", help="Trainer config."),
     max_train_steps: int = typer.Option(3, "--max-train-steps", min=1, help="training.max_train_steps."),
     batch_size: int = typer.Option(4, "--batch-size", min=1, help="dataloader.batch_size."),
+    train_command: Optional[str] = _TRAIN_COMMAND,
     override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds before the run is ended."),
     as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON line (prefix DPFLOW_JSON)."),
 ) -> None:
     """Smoke run on the cluster (one node) or on the first host; then the release check."""
-    _run("smoke", lab, dataset, run_name, config_name, 1, max_train_steps, batch_size, False, override, timeout, as_json)
+    _run("smoke", lab, dataset, run_name, config_name, 1, max_train_steps, batch_size, False, override, timeout, as_json,
+         train_command=train_command)
 
 
 @scale_app.command("train")
@@ -130,6 +138,7 @@ def train_cmd(
     max_train_steps: Optional[int] = typer.Option(None, "--max-train-steps", min=1, help="training.max_train_steps."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="dataloader.batch_size (per process)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run (--run-name) from its verified latest.ckpt."),
+    train_command: Optional[str] = _TRAIN_COMMAND,
     override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
     logging_mode: str = typer.Option("offline", "--logging-mode", help="logging.mode: offline | online | disabled."),
     timeout: float = typer.Option(86400.0, "--timeout", help="Seconds before the run is ended."),
@@ -139,4 +148,4 @@ def train_cmd(
     if resume and not run_name:
         raise typer.BadParameter("--resume needs the --run-name of the run to continue", param_hint="--resume")
     _run("train", lab, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json,
-         logging_mode)
+         logging_mode, train_command)
