@@ -24,7 +24,6 @@ Everything is written into a temporary folder next to it and renamed at the end.
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import re
 import shutil
@@ -36,7 +35,7 @@ from typing import Any, Literal, Mapping
 
 from dpflow_core.errors import RemoteError, RunError
 from dpflow_core.names import validate_name
-from dpflow_core.files import default_workdir, sha256_file
+from dpflow_core.files import default_workdir, install_dir, sha256_file
 from dpflow_core.results import StageResult
 from dpflow_core.server import GpuServer
 from dpflow_core.runs import (
@@ -317,10 +316,8 @@ def download_checkpoint(
         if local_sha != remote_sha:
             # Never under the final, content-addressed name: kept aside for inspection.
             final = final.parent / f"{final.name}.mismatch-{local_sha[:12]}-{uuid.uuid4().hex[:6]}"
-        if final.exists():
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, final)
+        if not install_dir(tmp, final):
+            shutil.rmtree(tmp)  # the same content-addressed download is already there
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

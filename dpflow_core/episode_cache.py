@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpflow_core.errors import ConversionError
-from dpflow_core.files import pid_alive
+from dpflow_core.files import install_dir, pid_alive
 
 #: Size limit when none is given (``DPFLOW_CACHE_MAX_BYTES`` or ``--cache-max-size`` override it).
 DEFAULT_MAX_BYTES = 20 << 30
@@ -174,12 +174,10 @@ class EpisodeCache:
         (scratch / "input.json").write_text(json.dumps(_file_id(Path(job["vio_mcap"]))))
         final = self.entry_dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(scratch, final)
-        except OSError:
+        if not install_dir(scratch, final):
             if not (final / "result.json").is_file():
-                raise
-            shutil.rmtree(scratch, ignore_errors=True)
+                raise OSError(f"{final}: a cache entry folder without its result.json is in the way")
+            shutil.rmtree(scratch, ignore_errors=True)  # another conversion stored the same key first
         return _map_paths(relative, lambda p: str(final / p))
 
     def entries(self) -> list[CacheEntry]:

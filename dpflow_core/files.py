@@ -3,8 +3,9 @@
 Every file the core writes goes through :func:`atomic_path` (or :func:`atomic_output` and
 :func:`write_text_atomic` on top of it): the bytes go to a temporary name in the destination's
 own folder, the file and then the folder are fsynced, and a rename puts it in place, so a reader
-sees either the old file or the complete new one, never a part. The content hash of a file is
-:func:`sha256_file`.
+sees either the old file or the complete new one, never a part. An output that is a folder of
+files is written to a temporary sibling folder and put in place by :func:`install_dir`. The
+content hash of a file is :func:`sha256_file`.
 """
 
 from __future__ import annotations
@@ -195,6 +196,42 @@ def atomic_output(path: str | Path, mode: str = "wb", *, overwrite: bool = True,
         with open(tmp, mode, encoding=encoding) as fh:
             yield fh
             fh.flush()
+
+
+def install_dir(tmp: str | Path, final: str | Path) -> bool:
+    """Put the folder ``tmp``, written completely, in place as ``final``; never replace an existing ``final``.
+
+    The folder counterpart of :func:`atomic_path`, for outputs that are several files (a downloaded
+    checkpoint with its config and log, a LeRobot dataset, a conversion cache entry): every file
+    under ``tmp`` and every folder is fsynced, ``tmp`` is renamed to ``final`` (same file system;
+    ``tmp`` must be a sibling of ``final``) and the parent is fsynced, so a reader sees no folder
+    or the complete one.
+
+    Returns:
+        True when ``tmp`` became ``final``; False when ``final`` existed already (an empty or
+        complete folder another writer put there): ``tmp`` is then left to the caller.
+
+    Raises:
+        OSError: the rename failed for another reason (``tmp`` left as it was).
+    """
+    tmp, final = Path(tmp), Path(final)
+    for folder, _dirs, files in os.walk(tmp):
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                _fsync_file(Path(folder, name))
+        fsync_dir(folder)
+    if final.exists():
+        return False
+    try:
+        os.rename(tmp, final)  # refuses a non-empty final (ENOTEMPTY/EEXIST): another writer was first
+    except OSError as exc:
+        import errno
+
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise
+    fsync_dir(final.parent)
+    return True
 
 
 def write_text_atomic(path: str | Path, text: str, *, overwrite: bool = True) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,30 @@ def test_sha256_file_matches_hashlib_over_several_blocks(tmp_path):
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
     assert sha256_file(empty) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def test_install_dir_puts_a_complete_folder_in_place_and_never_replaces_one(tmp_path, monkeypatch):
+    from dpflow_core import files
+
+    tmp = tmp_path / ".partial-run"
+    (tmp / "sub").mkdir(parents=True)
+    (tmp / "a.bin").write_bytes(b"a" * 5000)
+    (tmp / "sub" / "b.txt").write_text("b")
+    synced = []
+    real = files._fsync_file
+    monkeypatch.setattr(files, "_fsync_file", lambda p: (synced.append(Path(p).name), real(p)))
+    final = tmp_path / "run"
+    assert files.install_dir(tmp, final) is True
+    assert sorted(synced) == ["a.bin", "b.txt"]  # every file reached the disk before the rename
+    assert not tmp.exists() and (final / "a.bin").read_bytes() == b"a" * 5000 and (final / "sub" / "b.txt").read_text() == "b"
+
+    # a second writer of the same folder loses: the first one's files stay, its own folder is left to it
+    other = tmp_path / ".partial-run-2"
+    other.mkdir()
+    (other / "a.bin").write_bytes(b"other")
+    assert files.install_dir(other, final) is False
+    assert (final / "a.bin").read_bytes() == b"a" * 5000 and (other / "a.bin").read_bytes() == b"other"
+    # a rename that fails for another reason is raised, nothing moved
+    with pytest.raises(OSError):
+        files.install_dir(other, tmp_path / "no such folder" / "run")
+    assert (other / "a.bin").is_file()

@@ -40,7 +40,7 @@ from dpflow_core.export.features import (
 from dpflow_core.export.stats import camera_stats
 from dpflow_core.export.v30 import V30Layout, write_v30
 from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
-from dpflow_core.files import write_text_atomic
+from dpflow_core.files import install_dir, write_text_atomic
 from dpflow_core.results import StageResult
 
 
@@ -439,10 +439,14 @@ class LeRobotWriter:
         write_text_atomic(root / PROVENANCE_PATH, json.dumps(record, indent=2, default=str) + "\n")
         shutil.rmtree(self.staging_dir)
         try:
-            os.rename(root, self.out_dir)
+            installed = install_dir(root, self.out_dir)
         except OSError as exc:
             self.abort()
             raise ConversionError(f"cannot move the dataset into place: {exc}", self.out_dir, code="output_exists") from exc
+        if not installed:
+            self.abort()
+            raise ConversionError("cannot move the dataset into place: another dataset appeared there meanwhile",
+                                  self.out_dir, code="output_exists")
         h, w = next(iter(self._camera_shapes.values()))
         return LeRobotExport(
             path=self.out_dir,
