@@ -260,7 +260,8 @@ def download_checkpoint(
     """Download the chosen checkpoint of run ``run_name`` with its companions (see the module docstring).
 
     On a Slurm cluster (``scheduler: slurm``) the run's job record (``slurm.json``) stands in for its
-    launch record: the run has ended when Slurm reports a final state.
+    launch record: the run has ended when Slurm reports a final state; the job's ``record.json``
+    (:func:`~dpflow_core.runs.slurm.slurm_record`, completed with the final state) comes with it.
 
     Raises:
         RunError: ``run_not_found``, ``checkpoint_missing``, ``checkpoint_unstable``.
@@ -301,8 +302,12 @@ def download_checkpoint(
             except RemoteError:
                 record = {"run_name": run_name, "note": f"no {RECORD_NAME} for launch {handle.launch_index}"}
         else:
-            record = {"run_name": run_name, "slurm_job_id": handle.job_id,
-                      "note": f"Slurm job {handle.job_id} (launch {handle.launch_index}) keeps no {RECORD_NAME}"}
+            from dpflow_core.runs.slurm import finalize_slurm_record
+
+            record = finalize_slurm_record(server, handle) or {
+                "run_name": run_name, "slurm_job_id": handle.job_id,
+                "note": f"Slurm job {handle.job_id} (launch {handle.launch_index}) was submitted before dpflow kept its "
+                        f"{RECORD_NAME}"}
         record = dict(record)
         record["checkpoint"] = {
             "file": name, "choice": choose, "remote_path": remote, "remote_sha256": remote_sha, "local_sha256": local_sha,

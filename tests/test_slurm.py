@@ -300,6 +300,15 @@ def test_dagster_assets_run_smoke_and_training_as_slurm_jobs_and_download_the_ch
     assert payload["num_processes"] == 2 and (payload["epoch"], payload["global_step"]) == (1, 2)
     record = json.loads(Path(ckpt["record"]).read_text())
     assert record["slurm_job_id"] == train["slurm_job_id"]
+    # the job's reproducibility record came with it, completed with Slurm's verdict
+    assert (record["scheduler"], record["slurm_state"], record["exit_code"]) == ("slurm", "COMPLETED", "0:0")
+    assert record["ended_at"] and record["started_at"] <= record["ended_at"]
+    assert record["dataset"]["sha256"] == sha and record["slurm"]["nodes"] == 2 and record["kind"] == "train"
+    assert any(line.startswith("torch==") for line in record["pip_freeze"])
+    assert record["repo"]["path"] == repo and record["repo"]["commit"] == subprocess.run(
+        ["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert record["command"] == json.loads((tmp_path / "shared/runs/dg-train/dpflow/launch-0" / SLURM_RECORD)
+                                           .read_text())["command"]
 
 
 def test_the_gpu_server_resource_is_the_lab_yaml_server_section(tmp_path, monkeypatch):

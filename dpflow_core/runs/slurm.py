@@ -45,8 +45,11 @@ from typing import Any, Callable, Mapping
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.server import GpuServer, SlurmSettings
 from dpflow_core.runs.command import _main_process_port, render_train_command
-from dpflow_core.runs.records import probe_checkpoint
-from dpflow_core.runs.spec import CHECKPOINT_DIR, LATEST_CKPT, LOG_NAME, OUTPUT_LOG, RunSpec, _run_env, run_dir_for, utc_now
+from dpflow_core.runs.records import _pip_freeze, probe_checkpoint
+from dpflow_core.runs.spec import (
+    CHECKPOINT_DIR, LATEST_CKPT, LOG_NAME, OUTPUT_LOG, RECORD_NAME, RunSpec, _run_env, run_dir_for, utc_now,
+)
+from dpflow_core.server.preflight import repo_state
 from dpflow_core.runs.state import _mkdir_exclusive, _state_dir, launch_indices
 
 
@@ -292,7 +295,59 @@ def submit_run(server: GpuServer, spec: RunSpec) -> SlurmJob:
                        path=job.script_path, code="submit_failed")
     job = dataclasses.replace(job, job_id=job_id)
     server.write_text(posixpath.join(state_dir, SLURM_RECORD), json.dumps(job.to_dict(), indent=2) + "\n")
+    server.write_text(posixpath.join(state_dir, RECORD_NAME), json.dumps(slurm_record(server, job), indent=2) + "\n")
     return job
+
+
+def slurm_record(server: GpuServer, job: SlurmJob) -> dict[str, Any]:
+    """The reproducibility record of a submitted job (the Slurm counterpart of
+    :func:`~dpflow_core.runs.records.reproducibility_record`), written as ``record.json`` beside ``slurm.json``.
+
+    Repository state (``git`` in ``repo_path`` on the submitting machine, which shares the file system
+    with the nodes), dataset path, SHA-256 and frequency, the training interpreter's ``pip freeze``
+    (run where the job was submitted: the nodes run the same interpreter from the shared file system),
+    the ``srun`` command, overrides, the job id and its Slurm settings, the submission time (UTC ISO
+    8601). :func:`finalize_slurm_record` adds the job's final state, exit code and end time.
+    """
+    repo = repo_state(server, server.config.repo_path)
+    return {
+        "run_name": job.name,
+        "kind": job.spec.kind,
+        "server": server.config.describe(),
+        "scheduler": "slurm",
+        "hostname": server.run("uname -n").stdout.strip(),
+        "run_dir": job.run_dir,
+        "launch_index": job.launch_index,
+        "repo": dataclasses.asdict(repo),
+        "dataset": {"path": job.spec.dataset_path, "sha256": job.spec.dataset_sha256, "frequency_hz": job.spec.frequency_hz},
+        "slurm_job_id": job.job_id,
+        "slurm": {"job_id": job.job_id, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node,
+                  "num_processes": job.num_processes, "settings": dataclasses.asdict(job.settings)},
+        "pip_freeze": _pip_freeze(server),
+        "python": server.config.python,
+        "command": job.command,
+        "train_command_template": job.spec.train_command,
+        "overrides": list(job.spec.overrides(job.run_dir)),
+        "started_at": job.submitted_at,
+        "ended_at": None,
+        "exit_code": None,
+        "slurm_state": None,
+    }
+
+
+def finalize_slurm_record(server: GpuServer, job: SlurmJob) -> dict[str, Any] | None:
+    """Add the job's final ``sacct`` state and exit code (``status:signal``) and the time it was seen
+    ended (UTC) to its ``record.json``; return the record (None: a launch submitted before records existed)."""
+    path = posixpath.join(job.state_dir, RECORD_NAME)
+    if server.size(path) is None:
+        return None
+    record = json.loads(server.read_text(path))
+    if record.get("slurm_state") is None:
+        state = job_state(server, job.job_id)
+        if state is not None and state.finished:
+            record.update(slurm_state=state.state, exit_code=state.exit_code, ended_at=utc_now())
+            server.write_text(path, json.dumps(record, indent=2) + "\n")
+    return record
 
 
 def load_job(server: GpuServer, name: str, launch_index: int | None = None) -> SlurmJob:
