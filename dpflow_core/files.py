@@ -5,7 +5,8 @@ Every file the core writes goes through :func:`atomic_path` (or :func:`atomic_ou
 own folder, the file and then the folder are fsynced, and a rename puts it in place, so a reader
 sees either the old file or the complete new one, never a part. An output that is a folder of
 files is written to a temporary sibling folder and put in place by :func:`install_dir`. The
-content hash of a file is :func:`sha256_file`.
+content hash of a file is :func:`sha256_file`; :func:`crc32_combine` joins the zip CRC-32s of two
+byte strings without reading them.
 """
 
 from __future__ import annotations
@@ -267,3 +268,50 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# --------------------------------------------------------------------------- CRC-32 arithmetic
+
+#: The CRC-32 polynomial of zip and zlib, bit-reflected (x^0 is the top bit of a 32-bit word).
+_CRC32_POLY = 0xEDB88320
+
+
+def _gf2_mul(a: int, b: int) -> int:
+    """a(x) * b(x) modulo the CRC-32 polynomial, both as reflected 32-bit words."""
+    product = 0
+    for bit in range(31, -1, -1):  # bit 31 of ``a`` is x^0, bit 30 is x^1, ...
+        if a >> bit & 1:
+            product ^= b
+        b = (b >> 1) ^ _CRC32_POLY if b & 1 else b >> 1  # b(x) * x
+    return product
+
+
+#: ``_X_POW2[k]`` is x^(2^k) modulo the polynomial (x^1 is 1 << 30), for k < 67 (lengths below 2^64 bytes).
+_X_POW2 = [1 << 30]
+for _ in range(66):
+    _X_POW2.append(_gf2_mul(_X_POW2[-1], _X_POW2[-1]))
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC-32 (zip's, as :func:`zlib.crc32`) of ``A + B`` from ``crc1`` = CRC of ``A``, ``crc2`` = CRC
+    of ``B`` and ``len2`` = ``len(B)`` in bytes (0 up to 2^64 - 1), without reading either.
+
+    The CRC of ``A + B`` is ``crc1`` multiplied by x^(8 * len2) modulo the polynomial, plus ``crc2``
+    (arithmetic over GF(2)): the method of zlib's ``crc32_combine`` (zlib 1.2.12 and later,
+    ``crc32.c``: ``multmodp`` and ``x2nmodp``), which Python's :mod:`zlib` does not expose. Since
+    that is linear in both CRCs, ``crc32_combine(crc_of(P), crc_of(P + B), len(B))`` is the CRC
+    of ``B`` alone: a slice's CRC from two prefix CRCs.
+
+    Raises:
+        ValueError: ``len2`` is negative or not below 2^64.
+    """
+    if not 0 <= len2 < 1 << 64:
+        raise ValueError(f"len2 must be 0..2^64-1 bytes, got {len2}")
+    shift = 1 << 31  # x^0
+    nbits, k = len2, 3  # x^(8 * len2): the product of x^(2^(j + 3)) over the set bits j of len2
+    while nbits:
+        if nbits & 1:
+            shift = _gf2_mul(_X_POW2[k], shift)
+        nbits >>= 1
+        k += 1
+    return _gf2_mul(shift, crc1 & 0xFFFFFFFF) ^ (crc2 & 0xFFFFFFFF)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from dpflow_core.files import atomic_output, atomic_path, sha256_file, temp_path_for, write_text_atomic
+from dpflow_core.files import (
+    atomic_output, atomic_path, crc32_combine, sha256_file, temp_path_for, write_text_atomic,
+)
 
 
 def _entries(folder) -> list[str]:
@@ -126,3 +130,30 @@ def test_install_dir_puts_a_complete_folder_in_place_and_never_replaces_one(tmp_
     with pytest.raises(OSError):
         files.install_dir(other, tmp_path / "no such folder" / "run")
     assert (other / "a.bin").is_file()
+def test_crc32_combine_equals_zlib_over_the_concatenation():
+    """Random parts (empty ones included): combining the parts' CRCs gives zlib.crc32 of A + B, and
+    combining a prefix's CRC with a longer prefix's gives the CRC of the slice between them."""
+    rng = np.random.default_rng(7)
+    for n1, n2 in [(0, 0), (0, 1), (1, 0), (3, 5), *((int(a), int(b)) for a, b in rng.integers(0, 70_000, (12, 2)))]:
+        a, b = rng.bytes(n1), rng.bytes(n2)
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), n2) == zlib.crc32(a + b), (n1, n2)
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(a + b), n2) == zlib.crc32(b), (n1, n2)
+
+
+def test_crc32_combine_over_a_zero_tail_past_4_gib():
+    """A tail of 2^32 + 3 zero bytes (its length needs more than 32 bits), CRC by zlib in 64 MiB
+    blocks, against the combination; and lengths out of range are refused."""
+    head = b"dpflow frames"
+    zeros = bytes(64 << 20)
+    n = (1 << 32) + 3
+    tail_crc, whole = 0, zlib.crc32(head)
+    left = n
+    while left:
+        block = memoryview(zeros)[: min(left, len(zeros))]
+        tail_crc, whole = zlib.crc32(block, tail_crc), zlib.crc32(block, whole)
+        left -= len(block)
+    assert crc32_combine(zlib.crc32(head), tail_crc, n) == whole
+    with pytest.raises(ValueError, match="len2"):
+        crc32_combine(0, 0, -1)
+    with pytest.raises(ValueError, match="len2"):
+        crc32_combine(0, 0, 1 << 64)
