@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dpflow_core.errors import DatasetError
+from dpflow_core.errors import ConversionError, DatasetError
 from dpflow_core.replay_buffer import ReplayBuffer
 from tests.synthetic_dataset import synthetic_arrays, write_npz
 
@@ -120,41 +122,115 @@ def test_pickles_without_array_data(tmp_path, arrays):
     np.testing.assert_array_equal(rb2["camera0_rgb"][3], arrays["data__camera0_rgb"][3])
 
 
-def test_streamed_npz_writer_hashes_what_it_writes_and_numpy_reads_it(tmp_path, monkeypatch):
-    """dpflow's npz writer (pieces of .npy files copied in chunks, SHA-256 on a helper thread):
-    the returned SHA-256 and size are those of the file, numpy loads every member, a copied
-    scratch file marked for deletion is gone, and an existing output is never overwritten."""
+def _frame_files(tmp_path, frames, cuts):
+    """``frames`` saved as one ``.npy`` file per slice between ``cuts``: (path, data offset, bytes) each."""
+    from dpflow_core.replay_buffer import writer
+
+    out = []
+    for k, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(frames)])):
+        path = tmp_path / f"frames{k}.npy"
+        np.save(path, frames[a:b])
+        out.append((str(path), writer.npy_data_offset(str(path)), frames[a:b].nbytes))
+    return out
+
+
+def _members(arrays):
+    from dpflow_core.replay_buffer import writer
+
+    return [writer.NpzMember(name, a.shape, a.dtype, data=a.tobytes()) for name, a in arrays.items()
+            if name != writer.FRAMES_MEMBER]
+
+
+def test_npz_writer_puts_the_frames_first_and_numpy_zipfile_and_the_reader_read_it(tmp_path, arrays):
+    """dpflow's npz writer (frames as pieces of .npy files, one with its CRC-32 given, one read for it):
+    the frames member is the first in the file and in the central directory, the CRC-32s check
+    (zipfile.testzip), numpy loads every member, the ReplayBuffer maps them, the SHA-256 and size
+    are the file's, a scratch file marked for deletion is gone, and an existing output is refused."""
     import hashlib
+    import zipfile
+    import zlib
 
     from dpflow_core.replay_buffer import writer
 
-    monkeypatch.setattr(writer, "_COPY_CHUNK", 4096)  # many chunks through the hash queue
-    rng = np.random.default_rng(0)
-    frames = rng.integers(0, 256, size=(37, 12, 16, 3), dtype=np.uint8)
-    ts = np.arange(37, dtype=np.float64) / 10
-    np.save(tmp_path / "a.npy", frames[:20])
-    np.save(tmp_path / "b.npy", frames[20:])
-    row = 12 * 16 * 3
-    pieces = [(str(tmp_path / "a.npy"), writer.npy_data_offset(str(tmp_path / "a.npy")), 20 * row, False),
-              (str(tmp_path / "b.npy"), writer.npy_data_offset(str(tmp_path / "b.npy")), 17 * row, True)]
-    ends = np.array([20, 37], dtype=np.int64)
-    info = json.dumps({"image_size": [16, 12]}).encode()
-    members = [
-        writer.NpzMember("meta__episode_ends", ends.shape, np.dtype(np.int64), data=ends.tobytes()),
-        writer.NpzMember("data__timestamp", ts.shape, np.dtype(np.float64), data=ts.tobytes()),
-        writer.NpzMember("data__camera0_rgb", frames.shape, np.dtype(np.uint8), pieces),
-        writer.NpzMember("meta__info_json", (len(info),), np.dtype(np.uint8), data=info),
-    ]
+    frames = arrays["data__camera0_rgb"]
+    (a, a_off, a_n), (b, b_off, b_n) = _frame_files(tmp_path, frames, [20])
+    out = writer.NpzStreamWriter(tmp_path / "out.npz", frames.shape[1:])
+    out.append("a", a, a_off, a_n, zlib.crc32(frames[:20].tobytes()))
+    out.append("b", b, b_off, b_n, drop=True)
+    assert out.rows == len(frames)
     seen = []
-    sha, size = writer.write_npz(tmp_path / "out.npz", members, lambda stage, done, total: seen.append(done))
+    sha, size = out.finish(["a", "b"], _members(arrays), len(frames), lambda *p: seen.append(p))
     body = (tmp_path / "out.npz").read_bytes()
-    assert sha == hashlib.sha256(body).hexdigest() and size == len(body)
-    # progress counts payload bytes, reported while pieces are copied
-    assert seen == sorted(seen) and seen[-1] == ends.nbytes + ts.nbytes + frames.nbytes
-    assert (tmp_path / "a.npy").exists() and not (tmp_path / "b.npy").exists()
+    assert sha == hashlib.sha256(body).hexdigest() and size == len(body) and seen == [("write", size, size)]
+    assert Path(a).exists() and not Path(b).exists()
+    with zipfile.ZipFile(tmp_path / "out.npz") as zf:
+        assert zf.testzip() is None
+        assert zf.namelist() == ["data__camera0_rgb.npy", *(f"{m}.npy" for m in arrays if m != "data__camera0_rgb")]
+        assert zf.infolist()[0].header_offset == 0
+    # the first frame starts right after the fixed-length headers
+    assert body[out.head_bytes:out.head_bytes + frames[0].nbytes] == frames[0].tobytes()
     with np.load(tmp_path / "out.npz") as z:
-        np.testing.assert_array_equal(z["data__camera0_rgb"], frames)
-        np.testing.assert_array_equal(z["data__timestamp"], ts)
-        assert z["meta__episode_ends"].tolist() == [20, 37]
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(z[name], value)
+    rb = ReplayBuffer(tmp_path / "out.npz")
+    np.testing.assert_array_equal(rb["camera0_rgb"], frames)
+    np.testing.assert_array_equal(rb.episode_ends, arrays["meta__episode_ends"])
     with pytest.raises(FileExistsError):
-        writer.write_npz(tmp_path / "out.npz", members[:2], None)
+        writer.NpzStreamWriter(tmp_path / "out.npz", frames.shape[1:])
+    assert (tmp_path / "out.npz").read_bytes() == body
+
+
+def test_a_piece_cut_out_after_appending_gives_the_bytes_of_never_appending_it(tmp_path, arrays, monkeypatch):
+    """Episodes appended and then rejected (frequency_mismatch is known only once all are aligned):
+    cutting the middle and the last piece out gives the very bytes of a file written from the
+    kept pieces alone (write_npz), through copy_file_range and through plain reads and writes."""
+    import errno
+    import zipfile
+
+    from dpflow_core.replay_buffer import writer
+
+    monkeypatch.setattr(writer, "_COPY_CHUNK", 1000)  # the moves run in many chunks
+    frames = arrays["data__camera0_rgb"]
+    ends = arrays["meta__episode_ends"].tolist()  # [10, 22, 29]
+    pieces = _frame_files(tmp_path, frames, ends[:2])
+    kept = frames[: ends[0]]
+    rest = {**arrays, "data__camera0_rgb": kept}
+    members = _members({k: (v[: ends[0]] if k.startswith("data__") else v) for k, v in rest.items()})
+    expected = writer.write_npz(tmp_path / "expected.npz", [
+        writer.NpzMember("data__camera0_rgb", kept.shape, kept.dtype, [(*pieces[0], False)]), *members], None)
+
+    for name, copy_range in (("kernel", os.copy_file_range), ("plain", None)):
+        if copy_range is None:
+            def no_copy_range(*args):
+                raise OSError(errno.EXDEV, "cross-device")
+            monkeypatch.setattr(writer.os, "copy_file_range", no_copy_range)
+        out = writer.NpzStreamWriter(tmp_path / f"{name}.npz", frames.shape[1:])
+        for k, (path, offset, n) in enumerate(pieces):
+            out.append(k, path, offset, n)
+        with pytest.raises(ValueError, match="order"):
+            out.finish([2, 0], members, len(kept))
+        with pytest.raises(ConversionError, match="declares 11"):
+            out.finish([0], members, 11)
+        assert out.finish([0], members, len(kept)) == expected
+        assert (tmp_path / f"{name}.npz").read_bytes() == (tmp_path / "expected.npz").read_bytes()
+        with zipfile.ZipFile(tmp_path / f"{name}.npz") as zf:
+            assert zf.testzip() is None
+    # and the first piece cut out, the others kept: the frames move down over it
+    out = writer.NpzStreamWriter(tmp_path / "tail.npz", frames.shape[1:])
+    for k, (path, offset, n) in enumerate(pieces):
+        out.append(k, path, offset, n)
+    tail = {k: (v[ends[0]:] if k.startswith("data__") else v) for k, v in arrays.items()}
+    out.finish([1, 2], _members(tail), len(tail["data__camera0_rgb"]))
+    with np.load(tmp_path / "tail.npz") as z, zipfile.ZipFile(tmp_path / "tail.npz") as zf:
+        assert zf.testzip() is None
+        np.testing.assert_array_equal(z["data__camera0_rgb"], frames[ends[0]:])
+
+
+@pytest.mark.parametrize("frame_shape", [(48, 64, 3), (224, 224, 3), (1300, 1600, 3), (8192, 8192, 3)])
+def test_the_bytes_before_the_frames_have_one_length_for_any_frame_count(frame_shape):
+    """What is reserved before the first frame (zip local header with ZIP64 sizes, .npy v1.0 header)
+    fits every T from 0 to 10^12 frames: numpy pads the header for a first axis of up to 21 digits."""
+    from dpflow_core.replay_buffer import writer
+
+    lengths = {len(writer.npy_header((t, *frame_shape), np.uint8)) for t in (0, 1, 999, 10**6, 10**9, 10**12)}
+    assert lengths == {128}

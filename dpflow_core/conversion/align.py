@@ -29,7 +29,10 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: the content-addressed output folder, so a change of method never reuses an old dataset.
 #: 2: every camera packet decoded (duplicate frames dropped after decoding), camera holes
 #: longer than ``max_gap_s`` split or rejected instead of bridged.
-CONVERTER_VERSION = "2"
+#: 3: ``data__camera0_rgb`` is the first member of ``dataset.npz`` (its frames are appended while
+#: later episodes are aligned), and each cached episode records its frames' CRC-32: same arrays,
+#: other bytes, so dataset keys and cache entries of version 2 are not reused.
+CONVERTER_VERSION = "3"
 INVALID_POSE_POLICIES = ("trim", "reject")
 GAP_POLICIES = ("split", "reject")
 #: Camera intervals longer than this (seconds) are never bridged by interpolation.
@@ -82,6 +85,9 @@ class AlignedEpisode:
         input_sha256: SHA-256 (hex) of the ``_vio.mcap``, hashed while it was parsed.
         rgb_range: (N, 2) uint8 per-frame (min, max) pixel value, measured while decoding
             (so the frames need not be read back for the value ranges); None when unknown.
+        rgb_prefix_crc32: (K + 1,) int64, the zip CRC-32 of the first k rows of ``rgb_path``
+            (all K decoded rows, not only ``rgb_rows``), kept while decoding; None without ``rgb_path``.
+            :meth:`rgb_crc32` gives the CRC of the kept rows from it.
     """
 
     stem: str
@@ -98,6 +104,18 @@ class AlignedEpisode:
     segments: list[tuple[int, int]] | None = None
     input_sha256: str | None = None
     rgb_range: np.ndarray | None = None
+    rgb_prefix_crc32: np.ndarray | None = None
+
+    def rgb_crc32(self) -> int | None:
+        """CRC-32 (:func:`zlib.crc32`) of the bytes of rows ``rgb_rows`` of ``rgb_path``, from the prefix
+        CRCs (:func:`~dpflow_core.files.crc32_combine`), without reading the frames; None when unknown."""
+        if self.rgb_prefix_crc32 is None or self.rgb_rows is None:
+            return None
+        from dpflow_core.files import crc32_combine
+
+        a, b = self.rgb_rows
+        row = int(np.prod(self.rgb.shape[1:], dtype=np.int64))
+        return crc32_combine(int(self.rgb_prefix_crc32[a]), int(self.rgb_prefix_crc32[b]), (b - a) * row)
 
     def __len__(self) -> int:
         return len(self.timestamps_s)
@@ -153,7 +171,7 @@ def split_segments(ep: AlignedEpisode) -> list[AlignedEpisode]:
             camera_ts_ns=ep.camera_ts_ns[a:b], rgb=ep.rgb[a:b], eef_pos=ep.eef_pos[a:b],
             eef_rot_axis_angle=ep.eef_rot_axis_angle[a:b], gripper_width=ep.gripper_width[a:b],
             report=report, rgb_path=ep.rgb_path, rgb_rows=rows, input_sha256=ep.input_sha256,
-            rgb_range=None if ep.rgb_range is None else ep.rgb_range[a:b],
+            rgb_range=None if ep.rgb_range is None else ep.rgb_range[a:b], rgb_prefix_crc32=ep.rgb_prefix_crc32,
         ))
     return out
 
@@ -259,7 +277,7 @@ def align_episode(
         fmt = (streams.camera_format or "").lower()
         if fmt not in ("h264", "h.264"):
             raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
-        frames, pkt_idx, errors, frame_range = decode_camera(streams.camera_packets, image_size, "h264", rgb_path,
+        frames, pkt_idx, errors, frame_range, prefix_crc32 = decode_camera(streams.camera_packets, image_size, "h264", rgb_path,
                                                               path, streams.camera_ts_ns)
         n_packets = len(streams.camera_packets)
     finally:
@@ -415,6 +433,7 @@ def align_episode(
         segments=segments,
         input_sha256=streams.sha256,
         rgb_range=frame_range[lo:hi],
+        rgb_prefix_crc32=prefix_crc32,
     )
 
 

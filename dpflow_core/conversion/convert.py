@@ -1,12 +1,14 @@
 """Conversion: a pairing manifest in, ``dataset.npz`` with its ``dataset.json`` sidecar and ``norm_stats.json`` out.
 
-Runs the alignment jobs, streams the episodes into one uncompressed npz while hashing it
-(:mod:`dpflow_core.replay_buffer.writer`), validates it, computes norm stats and installs the three
-files; gives a :class:`ConversionResult` (paths, SHA-256, size in bytes, frequency in Hz, counts).
+Runs the alignment jobs and appends each episode's frames to one uncompressed npz as soon as it
+and every episode before it are aligned (:class:`~dpflow_core.replay_buffer.writer.NpzStreamWriter`),
+then writes the rest, hashes it, computes norm stats and installs the three files; gives a
+:class:`ConversionResult` (paths, SHA-256, size in bytes, frequency in Hz, counts).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import shutil
@@ -32,7 +34,7 @@ from dpflow_core.conversion.jobs import align_all, alignment_job
 from dpflow_core.episode_cache import EpisodeCache, resolve_cache
 from dpflow_core.errors import ConversionError, DatasetError
 from dpflow_core.files import fsync_dir
-from dpflow_core.replay_buffer.writer import NpzMember, npy_data_offset, write_npz
+from dpflow_core.replay_buffer.writer import FRAMES_MEMBER, NpzMember, NpzStreamWriter, npy_data_offset
 from dpflow_core.recordings.topics import TopicMap
 from dpflow_core.results import StageResult
 
@@ -120,6 +122,52 @@ def _result_from_sidecar(out: Path, sidecar: Path, norm: Path, meta: dict, reuse
     )
 
 
+class _FrameStreamer:
+    """Appends each episode's frames to ``writer`` in manifest order as soon as that episode and
+    every one before it are aligned, on one helper thread (the kernel copies, copy_file_range(2),
+    release the GIL), so the copying overlaps the alignment of later episodes: in worker processes
+    with ``-j N``, in this process's main thread with ``-j 1``.
+
+    :meth:`offer` takes the summaries in any order; the pieces are tagged (episode index, part
+    index). A scratch frame file (not a cache entry's) is deleted once its last part is copied.
+    """
+
+    def __init__(self, writer: NpzStreamWriter):
+        self.writer = writer
+        self._pending: dict[int, dict] = {}
+        self._next = 0
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="dpflow-npz-frames")
+        self._copies: list[cf.Future] = []
+
+    def offer(self, i: int, r: dict) -> None:
+        """Episode ``i``'s summary (from :func:`align_all`); never raises (errors surface in :meth:`close`)."""
+        self._pending[i] = r
+        while self._next in self._pending:
+            r = self._pending.pop(self._next)
+            if r["ok"]:
+                last = {part["rgb_path"]: k for k, part in enumerate(r["parts"])}
+                for k, part in enumerate(r["parts"]):
+                    drop = last[part["rgb_path"]] == k and not r.get("in_cache", False)
+                    self._copies.append(self._pool.submit(self._append, (self._next, k), part, drop))
+            self._next += 1
+
+    def _append(self, tag: tuple[int, int], part: dict, drop: bool) -> None:
+        a, b = part["rgb_rows"]
+        row = self.writer.row_bytes
+        self.writer.append(tag, part["rgb_path"], npy_data_offset(part["rgb_path"]) + a * row, (b - a) * row,
+                           part.get("rgb_crc32"), drop=drop)
+
+    def close(self) -> None:
+        """Wait for the copies; the first error of any of them is raised here."""
+        self._pool.shutdown(wait=True)
+        for fut in self._copies:
+            fut.result()
+
+    def cancel(self) -> None:
+        """Stop: copies not started are dropped, a running one is waited for."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _reject_reasons(rejected: list[dict], limit: int = 20) -> str:
     parts = [f"{r['stem']}: {r['reason']}" for r in rejected[:limit]]
     if len(rejected) > limit:
@@ -149,10 +197,15 @@ def convert(
     """Convert the accepted episodes of a pairing manifest into one ``dataset.npz``.
 
     Each episode goes through :func:`align_episode` in a worker process and is
-    written to temporary ``.npy`` files beside the output; the parent then
-    streams them, in manifest order, into an uncompressed zip (formats.md
-    section 2 members, plus ``meta__info_json``: the metadata as 1-D uint8 JSON)
-    while computing its SHA-256. Memory stays bounded by one episode per worker.
+    written to temporary ``.npy`` files beside the output (or into the cache); the
+    parent appends its frames, in manifest order, to an uncompressed zip
+    (formats.md section 2 members, ``data__camera0_rgb`` first) as soon as it and
+    every episode before it are aligned, while later ones are still aligning; once
+    all are, it writes the other members (plus ``meta__info_json``: the metadata as
+    1-D uint8 JSON) and the frames' headers, and hashes the file (SHA-256). An
+    episode whose frames were appended but that is rejected afterwards (its
+    frequency, known against all episodes' median) is cut out of the file again.
+    Memory stays bounded by one episode per worker.
     The dataset frequency is 1 / the median frame interval over all episodes;
     an episode whose own frequency differs from the median episode frequency by
     more than ``frequency_tolerance`` (relative) is rejected with the numbers.
@@ -269,6 +322,8 @@ def convert(
     partial = folder / f".{out.name}.partial-{pid}"
     work = folder / f".{out.name}.work-{pid}"
     made: list[Path] = []
+    streamer: _FrameStreamer | None = None
+    frames_out: NpzStreamWriter | None = None
     try:
         work.mkdir()
         jobs = [
@@ -277,22 +332,28 @@ def convert(
             | {"dir": str(work / f"{i:06d}")}
             for i, e in enumerate(inputs.episodes)
         ]
+        w, h = image_size
+        frames_out = NpzStreamWriter(partial, (h, w, 3))
+        made.append(partial)
+        streamer = _FrameStreamer(frames_out)
         t_jobs = time.perf_counter()
-        results, n_workers = align_all(jobs, episode_cache, workers, progress)
+        results, n_workers = align_all(jobs, episode_cache, workers, progress, streamer.offer)
         timings = {"episodes": round(time.perf_counter() - t_jobs, 3)}
+        t_write = time.perf_counter()
+        streamer.close()
         rejected = list(inputs.rejected)
         ok = []
-        for r in results:
+        for i, r in enumerate(results):
             if r["ok"]:
-                ok.append(r)
+                ok.append((i, r))
             else:
                 rejected.append({"stem": r["stem"], "stage": "conversion", "path": r["path"], "code": r["code"],
                                  "reason": r["reason"]})
 
         if ok:
-            ref_hz = float(np.median([r["report"]["frequency_hz"] for r in ok]))
+            ref_hz = float(np.median([r["report"]["frequency_hz"] for _, r in ok]))
             kept = []
-            for r in ok:
+            for i, r in ok:
                 f_hz = r["report"]["frequency_hz"]
                 dev = abs(f_hz - ref_hz) / ref_hz
                 if dev > frequency_tolerance:
@@ -302,9 +363,9 @@ def convert(
                                   f"(tolerance {frequency_tolerance:.1%})",
                     })
                 else:
-                    kept.extend({**part, "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
+                    kept.extend({**part, "tag": (i, k), "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
                                  "cached": r.get("cached", False), "in_cache": r.get("in_cache", False)}
-                                for part in r["parts"])
+                                for k, part in enumerate(r["parts"]))
             ok = kept
         if not ok:
             raise ConversionError(
@@ -318,7 +379,6 @@ def convert(
         lengths = np.array([r["n"] for r in ok], dtype=np.int64)
         episode_ends = np.cumsum(lengths).astype(np.int64)
         total = int(episode_ends[-1])
-        w, h = image_size
 
         members = [NpzMember("meta__episode_ends", episode_ends.shape, np.dtype(np.int64), data=episode_ends.tobytes())]
         for k in ("timestamp", *LOWDIM_KEYS):
@@ -329,19 +389,12 @@ def convert(
                 f_ = r["files"][k]
                 pieces.append((f_, npy_data_offset(f_), r["n"] * dtype.itemsize * (1 if k == "timestamp" else _LOWDIM_WIDTH[k]), False))
             members.append(NpzMember("data__" + k, shape, dtype, pieces))
-        row = h * w * 3
-        rgb_pieces = []
-        # Segments of one split episode share its frame file: delete it after its last piece.
-        last_use = {r["rgb_path"]: k for k, r in enumerate(ok)}
-        for k, r in enumerate(ok):
-            a, b = r["rgb_rows"]
-            # A cache entry's frames stay for the next conversion; scratch frames go once copied.
-            rgb_pieces.append((r["rgb_path"], npy_data_offset(r["rgb_path"]) + a * row, (b - a) * row,
-                               last_use[r["rgb_path"]] == k and not r["in_cache"]))
-        members.append(NpzMember("data__camera0_rgb", (total, h, w, 3), np.dtype(np.uint8), rgb_pieces))
+        # Its frames are in the file already; this entry describes the member for the metadata.
+        frames_member = NpzMember(FRAMES_MEMBER, (total, h, w, 3), np.dtype(np.uint8))
 
         stamp = datetime.now(timezone.utc)
-        meta = _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale)
+        meta = _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size,
+                         [frames_member, *members], stamp, stale)
         meta["workers"] = n_workers
         n_cached = len({r["stem"] for r in ok if r["cached"]})
         meta["cache"] = {"dir": str(episode_cache.root) if episode_cache else None,
@@ -358,9 +411,7 @@ def convert(
         info = json.dumps(_hashed_metadata(meta)).encode()
         members.append(NpzMember("meta__info_json", (len(info),), np.dtype(np.uint8), data=info))
 
-        made.append(partial)
-        t_write = time.perf_counter()
-        sha256, size = write_npz(partial, members, progress)
+        sha256, size = frames_out.finish([r["tag"] for r in ok], members, total, progress)
         shutil.rmtree(work, ignore_errors=True)
         timings["write"] = round(time.perf_counter() - t_write, 3)
 
@@ -400,6 +451,10 @@ def convert(
             except OSError:
                 pass  # a cache that cannot be pruned now is pruned by the next conversion or `dpflow cache prune`
     finally:
+        if streamer is not None:
+            streamer.cancel()
+        if frames_out is not None:
+            frames_out.close()
         for p in made:
             # Reached only on failure: remove what this call created, never a pre-existing output.
             p.unlink(missing_ok=True)

@@ -9,6 +9,7 @@ index of each frame, the packets the decoder rejected and each frame's pixel ran
 from __future__ import annotations
 
 import io
+import zlib
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -32,11 +33,15 @@ class FrameFile:
     rather than as dirty pages of this process: peak RSS does not grow with the episode.
 
     The header first declares ``capacity`` rows; :meth:`close` rewrites it, at the same length
-    (space padding, as NEP 1 allows), for the rows actually written.
+    (space padding, as NEP 1 allows), for the rows actually written. ``prefix_crc32[k]`` is the
+    zip CRC-32 (:func:`zlib.crc32`) of the first ``k`` rows' bytes (header excluded), kept while
+    writing so that the dataset writer never reads the frames again for its CRC: the CRC of rows
+    ``a:b`` is ``crc32_combine(prefix_crc32[a], prefix_crc32[b], (b - a) * row bytes)``.
     """
 
     def __init__(self, path: Path, frame_shape: tuple[int, ...], capacity: int):
         self.path, self.frame_shape, self.rows = path, frame_shape, 0
+        self.prefix_crc32 = [0]
         self._header = self._header_for(capacity)
         self._f = open(path, "xb")
         self._f.write(self._header)
@@ -53,7 +58,9 @@ class FrameFile:
         return head[:8] + (length - 10).to_bytes(2, "little") + body + b" " * (length - 11 - len(body)) + b"\n"
 
     def append(self, rgb: np.ndarray) -> None:
-        self._f.write(memoryview(np.ascontiguousarray(rgb)).cast("B"))
+        data = memoryview(np.ascontiguousarray(rgb)).cast("B")
+        self._f.write(data)
+        self.prefix_crc32.append(zlib.crc32(data, self.prefix_crc32[-1]))
         self.rows += 1
 
     def close(self) -> None:
@@ -73,7 +80,7 @@ def decode_camera(
     rgb_path: Path | None,
     path: Path,
     ts_ns: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray | None]:
     """Decode H.264 access units to RGB frames.
 
     Each packet gets ``pts`` = its message index, so every decoded frame says
@@ -93,7 +100,9 @@ def decode_camera(
     Returns:
         frames (K, H, W, 3) uint8 (a read-only memory map when ``rgb_path`` is given; rows
         in decode order), packet index (K,) int64 of each frame, the indices
-        of packets the decoder rejected, and (K, 2) uint8 per-frame (min, max) pixel values.
+        of packets the decoder rejected, (K, 2) uint8 per-frame (min, max) pixel values, and with
+        ``rgb_path`` the (K + 1,) int64 CRC-32 of the file's first k rows (:attr:`FrameFile.prefix_crc32`),
+        else None.
     """
     ctx = av.CodecContext.create(codec, "r")
     # Parallelism comes from worker processes; decoder threads did not help.
@@ -155,11 +164,13 @@ def decode_camera(
             code="undecodable",
         )
     idx = np.asarray(index, dtype=np.int64)
+    prefix_crc32 = None
     if out is not None:
         out.close()
         frames = np.load(rgb_path, mmap_mode="r")
+        prefix_crc32 = np.asarray(out.prefix_crc32, dtype=np.int64)
     else:
         frames = buf[: len(idx)]
     if np.any(np.diff(idx) <= 0):
         raise ConversionError("camera frames decoded out of capture order (B-frames?)", path, code="decode_error")
-    return frames, idx, errors, np.asarray(ranges, dtype=np.uint8).reshape(-1, 2)
+    return frames, idx, errors, np.asarray(ranges, dtype=np.uint8).reshape(-1, 2), prefix_crc32

@@ -187,6 +187,8 @@ def _write_part(ep, out_dir: Path) -> dict:
         "n": n,
         "rgb_path": str(ep.rgb_path),
         "rgb_rows": list(ep.rgb_rows),
+        # The dataset writer joins these instead of reading the frames again for the zip's CRC.
+        "rgb_crc32": ep.rgb_crc32(),
         "files": files,
         "report": ep.report,
         "ranges": ranges,
@@ -241,9 +243,12 @@ def default_workers() -> int:
     return max(1, min(cores, round(cores - busy)))
 
 
-def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list[dict]:
+def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None,
+              on_done: Callable[[int, dict], dict] | None = None) -> list[dict]:
     """Run episode jobs (in worker processes when ``workers`` > 1, handed out largest input first);
-    one summary per job, in job order.
+    one summary per job, in job order. ``on_done(i, summary)`` is called in this thread as soon as
+    job ``i`` ends (in the order they end), before the next result is waited for; what it returns
+    replaces the summary.
 
     An exception inside a job (or a worker process that dies) becomes a rejection
     of that episode with the exception's type and message; none is lost. Workers
@@ -252,6 +257,15 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
     results: list[dict | None] = [None] * len(jobs)
     done = 0
 
+    def finished(i: int, r: dict) -> None:
+        nonlocal done
+        results[i] = r
+        if on_done is not None:
+            results[i] = on_done(i, r)
+        done += 1
+        if progress:
+            progress("episodes", done, len(jobs))
+
     def failed(job: dict, exc: BaseException) -> dict:
         return {"ok": False, "stem": job["stem"], "path": job["vio_mcap"], "code": "internal_error",
                 "reason": f"{type(exc).__name__}: {exc}"}
@@ -259,12 +273,10 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
     if workers <= 1 or len(jobs) <= 1:
         for i, job in enumerate(jobs):
             try:
-                results[i] = _episode_job(job)
+                r = _episode_job(job)
             except Exception as exc:  # noqa: BLE001 - reported per episode
-                results[i] = failed(job, exc)
-            done += 1
-            if progress:
-                progress("episodes", done, len(jobs))
+                r = failed(job, exc)
+            finished(i, r)
         return results  # type: ignore[return-value]
 
     ctx = multiprocessing.get_context("forkserver")
@@ -280,20 +292,24 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None) -> list
         for fut in cf.as_completed(futures):
             i = futures[fut]
             try:
-                results[i] = fut.result()
+                r = fut.result()
             except Exception as exc:  # noqa: BLE001 - reported per episode
-                results[i] = failed(jobs[i], exc)
-            done += 1
-            if progress:
-                progress("episodes", done, len(jobs))
+                r = failed(jobs[i], exc)
+            finished(i, r)
     return results  # type: ignore[return-value]
 
 
 def align_all(jobs: list[dict], episode_cache: EpisodeCache | None, workers: int,
-               progress: Callable | None) -> tuple[list[dict], int]:
+               progress: Callable | None,
+               on_result: Callable[[int, dict], None] | None = None) -> tuple[list[dict], int]:
     """Worker summaries of ``jobs`` in order, from the cache where it holds them, else aligned
     (:func:`_run_jobs`, ``workers`` processes, 0 = :func:`default_workers`) into new cache entries
-    (or the jobs' scratch folders without a cache); and the number of worker processes used."""
+    (or the jobs' scratch folders without a cache); and the number of worker processes used.
+
+    ``on_result(i, summary)`` is called in this thread with each job's final summary (a cache
+    entry's paths once stored) as soon as it is known: cache hits first, in job order, then the
+    aligned episodes in the order they finish, so the caller can write them while others align.
+    """
     results: list[dict | None] = [None] * len(jobs)
     todo = []
     for i, job in enumerate(jobs):
@@ -307,18 +323,29 @@ def align_all(jobs: list[dict], episode_cache: EpisodeCache | None, workers: int
     n_hits = len(jobs) - len(todo)
     if progress and n_hits:
         progress("episodes", n_hits, len(jobs))
+    if on_result is not None:
+        for i, r in enumerate(results):
+            if r is not None:
+                on_result(i, r)
     n_workers = workers if workers and workers > 0 else default_workers()
     n_workers = max(1, min(n_workers, len(todo)))
     counted = (lambda stage, done, total: progress(stage, n_hits + done, len(jobs))) if progress else None
+
+    def done(k: int, r: dict) -> dict:
+        i = todo[k]
+        scratch = Path(jobs[i]["dir"])
+        if episode_cache is not None and scratch.parent == episode_cache.root:
+            if r["ok"]:
+                r = {**episode_cache.store(jobs[i], r, scratch), "in_cache": True}
+            else:
+                shutil.rmtree(scratch, ignore_errors=True)
+        results[i] = r
+        if on_result is not None:
+            on_result(i, r)
+        return r
+
     try:
-        for i, r in zip(todo, _run_jobs([jobs[i] for i in todo], n_workers, counted)):
-            scratch = Path(jobs[i]["dir"])
-            if episode_cache is not None and scratch.parent == episode_cache.root:
-                if r["ok"]:
-                    r = {**episode_cache.store(jobs[i], r, scratch), "in_cache": True}
-                else:
-                    shutil.rmtree(scratch, ignore_errors=True)
-            results[i] = r
+        _run_jobs([jobs[i] for i in todo], n_workers, counted, done)
     finally:
         if episode_cache is not None:
             for i in todo:
