@@ -226,6 +226,29 @@ def test_bad_episodes_are_rejected_with_reasons(task, tmp_path):
     assert json.loads(r.sidecar_path.read_text())["rejected"] == r.rejected
 
 
+def test_an_episode_rejected_after_its_frames_were_written_is_cut_out(converted, task, tmp_path):
+    """A 20 Hz episode second of four: its frames are appended while the later episodes align, and
+    only the median over all episodes rejects it (frequency_mismatch). The dataset then holds the
+    other three: every byte before the metadata member equals a conversion of those three alone
+    (the metadata differs: it lists the reject), the CRC-32s check and the reader maps it."""
+    result, eps = converted
+    root, _ = task
+    hz20 = samples.write_episode(root, "hz20", replace(SPEC, fps=20.0), seed=32)
+    r = convert(manifest_for([eps[0], hz20, *eps[1:]], root), tmp_path / "dataset.npz", image_size=SIZE,
+                workers=1, cache=False)
+    assert [x["code"] for x in r.rejected] == ["frequency_mismatch"] and r.n_episodes == 3
+    body, three = r.path.read_bytes(), result.path.read_bytes()
+    with zipfile.ZipFile(r.path) as zf, zipfile.ZipFile(result.path) as zf3:
+        assert zf.testzip() is None and zf.namelist() == zf3.namelist()
+        assert zf.namelist()[0] == "data__camera0_rgb.npy" and zf.namelist()[-1] == "meta__info_json.npy"
+        info_at = zf.getinfo("meta__info_json.npy").header_offset
+        assert info_at == zf3.getinfo("meta__info_json.npy").header_offset
+    assert body[:info_at] == three[:info_at]
+    assert r.sha256 == _sha(r.path)
+    rb = ReplayBuffer(r.path)
+    np.testing.assert_array_equal(rb["camera0_rgb"], ReplayBuffer(result.path)["camera0_rgb"])
+
+
 def test_all_rejected_manifest(tmp_path):
     rejected = [{"stem": f"s{k}", "path": f"/x/s{k}.mcap", "code": "vio_failed", "reason": "VIO status is 'failed'"}
                 for k in range(3)]
