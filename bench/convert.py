@@ -234,6 +234,7 @@ def _fmt(lo_med_hi: tuple[float, float, float]) -> str:
 
 def bench_floor(out: Path, rounds: int, size: str, sets: list[str], baseline: str | None = None) -> None:
     print(f"\n### dpflow convert -j 1 against the decode + resize floor ({size})\n")
+    print(f"load average before the runs: {os.getloadavg()[0]:.1f}\n")
     print("| set | frames | convert wall s | floor wall s | floor / convert (speed, x floor) "
           "| convert CPU s | floor CPU s | floor / convert, CPU | floor with a scaler per frame: wall s, CPU s "
           "| convert peak RSS MB | align / write / norm stats s |"
@@ -272,17 +273,20 @@ def bench_scaling(out: Path, rounds: int, baseline: str | None = None) -> None:
     commands.update({f"floor{n}": _floors_side_by_side(manifest, "224,224", n) for n in ns})
     if baseline:
         commands.update({f"before{n}": _conversion(out, manifest, "224,224", n, f"before{n}", exe=baseline) for n in ns})
+    load_before = os.getloadavg()[0]
     runs = interleaved(commands, rounds)
-    print(f"cores: {cores}; load average before the run: {os.getloadavg()[0]:.1f}\n")
-    print("| workers | wall s (median) | time / time of -j 1 | speed-up | parent peak RSS MB | worker peak RSS MB "
-          "| write phase s | n floors side by side: wall s | their time / one floor's |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"cores: {cores}; load average before the runs: {load_before:.1f}, after: {os.getloadavg()[0]:.1f}\n")
+    print("| workers | wall s (median) | time / time of -j 1 | speed-up | CPU s (process tree) | parent peak RSS MB "
+          "| worker peak RSS MB | align / write phase s | n floors side by side: wall s | their time / one floor's |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n in ns:
         rr = _ratio(runs, f"j{n}", "j1")
         fr = _ratio(runs, f"floor{n}", "floor1")
         print(f"| {n} | {_median(r['wall_s'] for r in runs[f'j{n}']):.2f} | {_fmt(rr)} | {1 / rr[1]:.2f} | "
+              f"{_median(r['cpu_s'] for r in runs[f'j{n}']):.2f} | "
               f"{_median(r['rss_mb'] for r in runs[f'j{n}']):.0f} | "
               f"{_median(r['worker_rss_mb'] for r in runs[f'j{n}']):.0f} | "
+              f"{_median(r['timings']['episodes'] for r in runs[f'j{n}']):.2f} / "
               f"{_median(r['timings']['write'] for r in runs[f'j{n}']):.2f} | "
               f"{_median(r['wall_s'] for r in runs[f'floor{n}']):.2f} | {_fmt(fr)} |", flush=True)
     if baseline:

@@ -13,9 +13,11 @@ Two levels:
   segments, :func:`split_segments`, or rejected). The LeRobot export reuses this
   function (with the ``reject`` gap policy).
 * :func:`convert` runs :func:`align_episode` over the accepted episodes of a
-  pairing manifest in worker processes and streams the result into one
-  uncompressed ``.npz`` (layout: formats.md section 2) while hashing it, then
-  writes the ``dataset.json`` sidecar and ``norm_stats.json``.
+  pairing manifest in worker processes and appends each episode's frames to one
+  uncompressed ``.npz`` (layout: formats.md section 2, ``data__camera0_rgb``
+  first) as soon as it and the episodes before it are aligned, then writes the
+  other members, hashes the file and writes the ``dataset.json`` sidecar and
+  ``norm_stats.json``.
 
 The output is never overwritten: it is written to ``.<name>.partial-<pid>`` in
 the destination folder, fsynced and linked into place (``os.link`` fails when

@@ -9,8 +9,13 @@ writes a placeholder of that length when the file is created, appends the frames
 as soon as they exist, and writes the real headers over the placeholder once T is known. The
 zip's CRC-32 of the member comes from the CRC-32 of each appended piece, joined without reading the
 frames again (:func:`~dpflow_core.files.crc32_combine`); the SHA-256 (hex) is computed from the
-finished file. The file is created exclusively (``xb``) and fsynced before :meth:`~NpzStreamWriter.finish`
-returns. The bytes depend on the members only: every member carries the fixed time :data:`ZIP_DATE_TIME`.
+finished file. The file is created exclusively (``x+b``: ``FileExistsError`` when it exists) and
+fsynced before :meth:`~NpzStreamWriter.finish` returns. The bytes depend on the members only: every
+member carries the fixed time :data:`ZIP_DATE_TIME`.
+
+Every zip structure is :mod:`zipfile`'s: the frames' local header is ``ZipInfo.FileHeader``, and
+their central-directory entry is written by the ``ZipFile`` that writes the other members, which
+gets the frames' ``ZipInfo`` at the head of its member list before it closes.
 
 Readers: :class:`~dpflow_core.replay_buffer.reader.ReplayBuffer`, ``numpy.load`` and :mod:`zipfile`
 (including ``testzip``'s CRC check) read the result. Zip structures: PKWARE APPNOTE 6.3 sections
@@ -209,7 +214,8 @@ class NpzStreamWriter:
             ConversionError: the kept frames are not ``rows`` rows, or the header would change length.
         """
         keep = list(keep)
-        kept = [p for p in self.pieces if p.tag in set(keep)]
+        wanted = set(keep)
+        kept = [p for p in self.pieces if p.tag in wanted]
         if [p.tag for p in kept] != keep:
             raise ValueError(f"keep must be appended pieces in their order: {keep!r}")
         fd = self._f.fileno()
