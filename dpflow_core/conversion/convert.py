@@ -8,7 +8,6 @@ then writes the rest, hashes it, computes norm stats and installs the three file
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from dpflow_core.conversion.inputs import (
     _conversion_options, _key, _topic_map, load_inputs, norm_stats_path_for, sidecar_path_for,
 )
 from dpflow_core.conversion.install import _backup_name, _install, _remove_stale, _write_json_atomic
-from dpflow_core.conversion.jobs import align_all, alignment_job
+from dpflow_core.conversion.jobs import FrameStreamer, align_all, alignment_job
 from dpflow_core.episode_cache import EpisodeCache, resolve_cache
 from dpflow_core.errors import ConversionError, DatasetError
 from dpflow_core.files import fsync_dir
@@ -120,52 +119,6 @@ def _result_from_sidecar(out: Path, sidecar: Path, norm: Path, meta: dict, reuse
         metadata=meta,
         reused=reused,
     )
-
-
-class _FrameStreamer:
-    """Appends each episode's frames to ``writer`` in manifest order as soon as that episode and
-    every one before it are aligned, on one helper thread (the kernel copies, copy_file_range(2),
-    release the GIL), so the copying overlaps the alignment of later episodes: in worker processes
-    with ``-j N``, in this process's main thread with ``-j 1``.
-
-    :meth:`offer` takes the summaries in any order; the pieces are tagged (episode index, part
-    index). A scratch frame file (not a cache entry's) is deleted once its last part is copied.
-    """
-
-    def __init__(self, writer: NpzStreamWriter):
-        self.writer = writer
-        self._pending: dict[int, dict] = {}
-        self._next = 0
-        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="dpflow-npz-frames")
-        self._copies: list[cf.Future] = []
-
-    def offer(self, i: int, r: dict) -> None:
-        """Episode ``i``'s summary (from :func:`align_all`); never raises (errors surface in :meth:`close`)."""
-        self._pending[i] = r
-        while self._next in self._pending:
-            r = self._pending.pop(self._next)
-            if r["ok"]:
-                last = {part["rgb_path"]: k for k, part in enumerate(r["parts"])}
-                for k, part in enumerate(r["parts"]):
-                    drop = last[part["rgb_path"]] == k and not r.get("in_cache", False)
-                    self._copies.append(self._pool.submit(self._append, (self._next, k), part, drop))
-            self._next += 1
-
-    def _append(self, tag: tuple[int, int], part: dict, drop: bool) -> None:
-        a, b = part["rgb_rows"]
-        row = self.writer.row_bytes
-        self.writer.append(tag, part["rgb_path"], npy_data_offset(part["rgb_path"]) + a * row, (b - a) * row,
-                           part.get("rgb_crc32"), drop=drop)
-
-    def close(self) -> None:
-        """Wait for the copies; the first error of any of them is raised here."""
-        self._pool.shutdown(wait=True)
-        for fut in self._copies:
-            fut.result()
-
-    def cancel(self) -> None:
-        """Stop: copies not started are dropped, a running one is waited for."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _reject_reasons(rejected: list[dict], limit: int = 20) -> str:
@@ -322,7 +275,7 @@ def convert(
     partial = folder / f".{out.name}.partial-{pid}"
     work = folder / f".{out.name}.work-{pid}"
     made: list[Path] = []
-    streamer: _FrameStreamer | None = None
+    streamer: FrameStreamer | None = None
     frames_out: NpzStreamWriter | None = None
     try:
         work.mkdir()
@@ -335,7 +288,7 @@ def convert(
         w, h = image_size
         frames_out = NpzStreamWriter(partial, (h, w, 3))
         made.append(partial)
-        streamer = _FrameStreamer(frames_out)
+        streamer = FrameStreamer(frames_out)
         t_jobs = time.perf_counter()
         results, n_workers = align_all(jobs, episode_cache, workers, progress, streamer.offer)
         timings = {"episodes": round(time.perf_counter() - t_jobs, 3)}

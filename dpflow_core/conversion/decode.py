@@ -94,7 +94,7 @@ def decode_camera(
     :data:`_SWS_FLAGS`) for the whole stream: bit-identical to ``VideoFrame.reformat`` per frame.
 
     With ``rgb_path`` the frames stream to that ``.npy`` file as they are decoded
-    (:class:`~dpflow_core.conversion.frames.FrameFile`) and are returned as a read-only memory map of it: nothing the
+    (:class:`FrameFile`) and are returned as a read-only memory map of it: nothing the
     size of the episode is held in this process.
 
     Returns:

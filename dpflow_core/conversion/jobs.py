@@ -3,6 +3,7 @@
 Takes the accepted episodes and the options; gives one plain-dict job per episode (picklable), runs
 :func:`~dpflow_core.conversion.align.align_episode` on each in a process pool (bounded memory: one
 episode per worker) and gives per-episode results: temporary ``.npy`` files, report, peak RSS (MB).
+:class:`FrameStreamer` appends the results' frames to the dataset in manifest order as they come.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dpflow_core.conversion.align import (
 from dpflow_core.episode_cache import EpisodeCache, episode_key
 from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.files import path_kind, pid_alive
+from dpflow_core.replay_buffer.writer import NpzStreamWriter, npy_data_offset
 from dpflow_core.recordings.topics import TopicMap
 
 
@@ -353,3 +355,49 @@ def align_all(jobs: list[dict], episode_cache: EpisodeCache | None, workers: int
                 if scratch.parent == episode_cache.root and scratch.name.startswith(".tmp-"):
                     shutil.rmtree(scratch, ignore_errors=True)
     return results, n_workers  # type: ignore[return-value]
+
+
+class FrameStreamer:
+    """Appends each episode's frames to ``writer`` in manifest order as soon as that episode and
+    every one before it are aligned, on one helper thread (the kernel copies, copy_file_range(2),
+    release the GIL), so the copying overlaps the alignment of later episodes: in worker processes
+    with ``-j N``, in this process's main thread with ``-j 1``.
+
+    :meth:`offer` takes the summaries in any order; the pieces are tagged (episode index, part
+    index). A scratch frame file (not a cache entry's) is deleted once its last part is copied.
+    """
+
+    def __init__(self, writer: NpzStreamWriter):
+        self.writer = writer
+        self._pending: dict[int, dict] = {}
+        self._next = 0
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="dpflow-npz-frames")
+        self._copies: list[cf.Future] = []
+
+    def offer(self, i: int, r: dict) -> None:
+        """Episode ``i``'s summary (from :func:`align_all`); never raises (errors surface in :meth:`close`)."""
+        self._pending[i] = r
+        while self._next in self._pending:
+            r = self._pending.pop(self._next)
+            if r["ok"]:
+                last = {part["rgb_path"]: k for k, part in enumerate(r["parts"])}
+                for k, part in enumerate(r["parts"]):
+                    drop = last[part["rgb_path"]] == k and not r.get("in_cache", False)
+                    self._copies.append(self._pool.submit(self._append, (self._next, k), part, drop))
+            self._next += 1
+
+    def _append(self, tag: tuple[int, int], part: dict, drop: bool) -> None:
+        a, b = part["rgb_rows"]
+        row = self.writer.row_bytes
+        self.writer.append(tag, part["rgb_path"], npy_data_offset(part["rgb_path"]) + a * row, (b - a) * row,
+                           part.get("rgb_crc32"), drop=drop)
+
+    def close(self) -> None:
+        """Wait for the copies; the first error of any of them is raised here."""
+        self._pool.shutdown(wait=True)
+        for fut in self._copies:
+            fut.result()
+
+    def cancel(self) -> None:
+        """Stop: copies not started are dropped, a running one is waited for."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
