@@ -130,6 +130,8 @@ def test_install_dir_puts_a_complete_folder_in_place_and_never_replaces_one(tmp_
     with pytest.raises(OSError):
         files.install_dir(other, tmp_path / "no such folder" / "run")
     assert (other / "a.bin").is_file()
+
+
 def test_crc32_combine_equals_zlib_over_the_concatenation():
     """Random parts (empty ones included): combining the parts' CRCs gives zlib.crc32 of A + B, and
     combining a prefix's CRC with a longer prefix's gives the CRC of the slice between them."""
