@@ -162,6 +162,20 @@ def _convert_cmd(manifest: Path, target: Path, size: str, workers: int, cache: b
     return cmd if cache else [*cmd, "--no-cache"]
 
 
+def _arrays_sha256(path: Path) -> str:
+    """SHA-256 over every member's array but the metadata (names sorted; shape, dtype and bytes): equal
+    for two datasets with the same arrays whatever their zip layout (after the timed run)."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    with np.load(path) as z:
+        for name in sorted(n for n in z.files if n != "meta__info_json"):
+            a = z[name]
+            digest.update(f"{name}{a.shape}{a.dtype}".encode())
+            digest.update(np.ascontiguousarray(a).tobytes())
+    return digest.hexdigest()
+
+
 def _cleanup(target: Path) -> None:
     for p in (target, target.with_suffix(".json"), target.with_name(f"{target.stem}.norm_stats.json"),
               target.with_name("norm_stats.json")):
@@ -194,7 +208,8 @@ def _conversion(out: Path, manifest: Path, size: str, workers: int, tag: str, ca
         r = _timed(_convert_cmd(manifest, target, size, workers, cache, exe), env=env)
         meta = json.loads(target.with_suffix(".json").read_text())
         r.update(frames=meta["total_steps"], timings=meta["timings_s"], workers=meta["workers"],
-                 worker_rss_mb=max(e["worker_peak_rss_mb"] for e in meta["episodes"]), sha256=meta["sha256"])
+                 worker_rss_mb=max(e["worker_peak_rss_mb"] for e in meta["episodes"]), sha256=meta["sha256"],
+                 arrays_sha256=_arrays_sha256(target))
         _cleanup(target)
         return r
     return run
@@ -238,8 +253,9 @@ def bench_floor(out: Path, rounds: int, size: str, sets: list[str], baseline: st
     print("| set | frames | convert wall s | floor wall s | floor / convert (speed, x floor) "
           "| convert CPU s | floor CPU s | floor / convert, CPU | floor with a scaler per frame: wall s, CPU s "
           "| convert peak RSS MB | align / write / norm stats s |"
-          + (" before: convert wall s, CPU s | convert / before: wall, CPU | same SHA-256 |" if baseline else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if baseline else ""))
+          + (" before: convert wall s, CPU s | convert / before: wall, CPU | same SHA-256 | same arrays |"
+             if baseline else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if baseline else ""))
     for name in sets:
         manifest = out / f"{name}.json"
         s = size
@@ -259,7 +275,8 @@ def bench_floor(out: Path, rounds: int, size: str, sets: list[str], baseline: st
               f"{_median(r['rss_mb'] for r in conv):.0f} | {t['episodes']:.2f} / {t['write']:.2f} / {t['norm_stats']:.2f} |"
               + (f" {_median(r['wall_s'] for r in runs['before']):.2f}, {_median(r['cpu_s'] for r in runs['before']):.2f} | "
                  f"{_fmt(_ratio(runs, 'convert', 'before'))}, {_fmt(_ratio(runs, 'convert', 'before', 'cpu_s'))} | "
-                 f"{'yes' if {r['sha256'] for r in conv} == {r['sha256'] for r in runs['before']} else 'NO'} |"
+                 f"{'yes' if {r['sha256'] for r in conv} == {r['sha256'] for r in runs['before']} else 'no'} | "
+                 f"{'yes' if {r['arrays_sha256'] for r in conv} == {r['arrays_sha256'] for r in runs['before']} else 'NO'} |"
                  if baseline else ""),
               flush=True)
 
@@ -289,7 +306,11 @@ def bench_scaling(out: Path, rounds: int, baseline: str | None = None) -> None:
               f"{_median(r['timings']['episodes'] for r in runs[f'j{n}']):.2f} / "
               f"{_median(r['timings']['write'] for r in runs[f'j{n}']):.2f} | "
               f"{_median(r['wall_s'] for r in runs[f'floor{n}']):.2f} | {_fmt(fr)} |", flush=True)
+    shas = {r["sha256"] for n in ns for r in runs[f"j{n}"]}
+    print(f"\ndataset SHA-256 of every -j N run: {'one and the same' if len(shas) == 1 else f'{len(shas)} different'}")
     if baseline:
+        same = {r["arrays_sha256"] for n in ns for r in runs[f"j{n}"] + runs[f"before{n}"]}
+        print(f"arrays of every run, this code and before: {'the same' if len(same) == 1 else 'DIFFERENT'}")
         print("\nbefore (the --baseline executable), same runs interleaved:\n")
         print("| workers | wall s (median) | time / time of -j 1 | write phase s | this code's time / before's |")
         print("|---|---|---|---|---|")
