@@ -164,7 +164,14 @@ def _convert_cmd(manifest: Path, target: Path, size: str, workers: int, cache: b
 
 def _arrays_sha256(path: Path) -> str:
     """SHA-256 over every member's array but the metadata (names sorted; shape, dtype and bytes): equal
-    for two datasets with the same arrays whatever their zip layout (after the timed run)."""
+    for two datasets with the same arrays whatever their zip layout. Computed in a child process
+    after the timed run: numpy reads whole members into memory, and a child spawned later would
+    start with this process's peak RSS as its own (exec keeps ``ru_maxrss``)."""
+    return subprocess.run([sys.executable, __file__, "arrays-digest", str(path)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def arrays_digest(path: Path) -> None:
     import numpy as np
 
     digest = hashlib.sha256()
@@ -173,7 +180,7 @@ def _arrays_sha256(path: Path) -> str:
             a = z[name]
             digest.update(f"{name}{a.shape}{a.dtype}".encode())
             digest.update(np.ascontiguousarray(a).tobytes())
-    return digest.hexdigest()
+    print(digest.hexdigest())
 
 
 def _cleanup(target: Path) -> None:
@@ -293,7 +300,7 @@ def bench_scaling(out: Path, rounds: int, baseline: str | None = None) -> None:
     load_before = os.getloadavg()[0]
     runs = interleaved(commands, rounds)
     print(f"cores: {cores}; load average before the runs: {load_before:.1f}, after: {os.getloadavg()[0]:.1f}\n")
-    print("| workers | wall s (median) | time / time of -j 1 | speed-up | CPU s (process tree) | parent peak RSS MB "
+    print("| workers | wall s (median) | time / time of -j 1 | speed-up | CPU s (converting process; -j N>1: without workers) | parent peak RSS MB "
           "| worker peak RSS MB | align / write phase s | n floors side by side: wall s | their time / one floor's |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for n in ns:
@@ -411,9 +418,13 @@ def main() -> None:
     pf.add_argument("--image-size", default="224,224")
     pf.add_argument("--per-frame-scaler", action="store_true", help="VideoFrame.reformat: a new swscale context per frame.")
     pf.add_argument("--part", default="0/1", help="k/n: every n-th episode from the k-th.")
+    pa = sub.add_parser("arrays-digest")
+    pa.add_argument("path", type=Path)
     args = p.parse_args()
     if args.cmd == "prepare":
         prepare(args.out)
+    elif args.cmd == "arrays-digest":
+        arrays_digest(args.path)
     elif args.cmd == "floor":
         floor(args.manifest, tuple(int(v) for v in args.image_size.split(",")), args.per_frame_scaler,
               tuple(int(v) for v in args.part.split("/")))
