@@ -154,7 +154,7 @@ def test_npz_writer_puts_the_frames_first_and_numpy_zipfile_and_the_reader_read_
 
     frames = arrays["data__camera0_rgb"]
     (a, a_off, a_n), (b, b_off, b_n) = _frame_files(tmp_path, frames, [20])
-    out = writer.NpzStreamWriter(tmp_path / "out.npz", frames.shape[1:])
+    out = writer.NpzStreamWriter(tmp_path / "out.npz", frames.shape[1:], sync_every=1)  # an fdatasync per piece
     out.append("a", a, a_off, a_n, zlib.crc32(frames[:20].tobytes()))
     out.append("b", b, b_off, b_n, drop=True)
     assert out.rows == len(frames)
@@ -224,6 +224,26 @@ def test_a_piece_cut_out_after_appending_gives_the_bytes_of_never_appending_it(t
     with np.load(tmp_path / "tail.npz") as z, zipfile.ZipFile(tmp_path / "tail.npz") as zf:
         assert zf.testzip() is None
         np.testing.assert_array_equal(z["data__camera0_rgb"], frames[ends[0]:])
+
+
+def test_a_failed_background_sync_is_raised_by_finish(tmp_path, arrays, monkeypatch):
+    """The fdatasync calls run on their own thread; an I/O error of one (which the final fsync would
+    no longer report) fails the write instead of being lost."""
+    import errno
+
+    from dpflow_core.replay_buffer import writer
+
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(writer.os, "fdatasync", failing)
+    frames = arrays["data__camera0_rgb"]
+    out = writer.NpzStreamWriter(tmp_path / "out.npz", frames.shape[1:], sync_every=1)
+    for k, (path, offset, n) in enumerate(_frame_files(tmp_path, frames, [20])):
+        out.append(k, path, offset, n)
+    with pytest.raises(OSError, match="Input/output error"):
+        out.finish([0, 1], _members(arrays), len(frames))
+    out.close()
 
 
 @pytest.mark.parametrize("frame_shape", [(48, 64, 3), (224, 224, 3), (1300, 1600, 3), (8192, 8192, 3)])

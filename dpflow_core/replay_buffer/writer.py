@@ -132,7 +132,9 @@ class NpzStreamWriter:
         path: the file to create.
         frame_shape: (H, W, 3) of one frame, pixels.
         sync_every: bytes appended between two ``fdatasync`` calls, so that the disk writes overlap
-            the appending instead of all waiting for the final ``fsync``.
+            the appending instead of all waiting for the final ``fsync``. They run on a thread of
+            their own: an append never waits for the disk (a disk slower than the appends only
+            skips syncs), and an error of one is raised by :meth:`finish`.
     """
 
     def __init__(self, path: str | Path, frame_shape: tuple[int, ...], sync_every: int = 64 << 20):
@@ -150,6 +152,8 @@ class NpzStreamWriter:
         self.end = self.head_bytes
         self.pieces: list[_Piece] = []
         self._sync_every, self._unsynced = sync_every, 0
+        self._syncer = cf.ThreadPoolExecutor(1, thread_name_prefix="dpflow-npz-sync")
+        self._syncs: list[cf.Future] = []
 
     def _head(self, rows: int, frames_crc32: int) -> bytes:
         """The member's zip local header and ``.npy`` header for ``rows`` frames whose CRC-32 is ``frames_crc32``."""
@@ -190,8 +194,8 @@ class NpzStreamWriter:
         if drop:
             os.unlink(src)
         self._unsynced += nbytes
-        if self._unsynced >= self._sync_every:
-            os.fdatasync(self._f.fileno())
+        if self._unsynced >= self._sync_every and not (self._syncs and not self._syncs[-1].done()):
+            self._syncs.append(self._syncer.submit(os.fdatasync, self._f.fileno()))
             self._unsynced = 0
 
     def finish(self, keep: Iterable[Hashable], members: list[NpzMember], rows: int,
@@ -213,6 +217,9 @@ class NpzStreamWriter:
             ValueError: ``keep`` names pieces not appended, or out of order.
             ConversionError: the kept frames are not ``rows`` rows, or the header would change length.
         """
+        self._syncer.shutdown(wait=True)
+        for fut in self._syncs:
+            fut.result()
         keep = list(keep)
         wanted = set(keep)
         kept = [p for p in self.pieces if p.tag in wanted]
@@ -257,6 +264,7 @@ class NpzStreamWriter:
 
     def close(self) -> None:
         """Close the file (after :meth:`finish`, or to give up: the caller removes it)."""
+        self._syncer.shutdown(wait=True)
         self._f.close()
 
 
