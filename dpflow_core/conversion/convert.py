@@ -286,8 +286,8 @@ def convert(
             for i, e in enumerate(inputs.episodes)
         ]
         w, h = image_size
+        made.append(partial)  # named after this process: only this call can have made it
         frames_out = NpzStreamWriter(partial, (h, w, 3))
-        made.append(partial)
         streamer = FrameStreamer(frames_out)
         t_jobs = time.perf_counter()
         results, n_workers = align_all(jobs, episode_cache, workers, progress, streamer.offer)

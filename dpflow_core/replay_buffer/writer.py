@@ -144,11 +144,15 @@ class NpzStreamWriter:
         self._info = zipfile.ZipInfo(FRAMES_MEMBER + ".npy", date_time=ZIP_DATE_TIME)
         self._info.compress_type = zipfile.ZIP_STORED
         self._info.external_attr = 0o644 << 16
-        self._f = open(self.path, "x+b")  # read back for the SHA-256 and to cut pieces out
         placeholder = self._head(0, 0)
         self.head_bytes = len(placeholder)
-        self._f.write(placeholder)
-        self._f.flush()
+        self._f = open(self.path, "x+b")  # read back for the SHA-256 and to cut pieces out
+        try:
+            self._f.write(placeholder)
+            self._f.flush()
+        except BaseException:
+            self._f.close()
+            raise
         self.end = self.head_bytes
         self.pieces: list[_Piece] = []
         self._sync_every, self._unsynced = sync_every, 0
