@@ -174,7 +174,9 @@ class EpisodeCache:
         (scratch / "input.json").write_text(json.dumps(_file_id(Path(job["vio_mcap"]))))
         final = self.entry_dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        if not install_dir(scratch, final):
+        # not fsynced: the worker would otherwise wait for the episode's frames to reach the disk; the rename
+        # keeps every reader from seeing a half-written entry (a power cut before write-back is not covered)
+        if not install_dir(scratch, final, durable=False):
             if not (final / "result.json").is_file():
                 raise OSError(f"{final}: a cache entry folder without its result.json is in the way")
             shutil.rmtree(scratch, ignore_errors=True)  # another conversion stored the same key first

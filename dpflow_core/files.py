@@ -199,7 +199,7 @@ def atomic_output(path: str | Path, mode: str = "wb", *, overwrite: bool = True,
             fh.flush()
 
 
-def install_dir(tmp: str | Path, final: str | Path) -> bool:
+def install_dir(tmp: str | Path, final: str | Path, *, durable: bool = True) -> bool:
     """Put the folder ``tmp``, written completely, in place as ``final``; never replace an existing ``final``.
 
     The folder counterpart of :func:`atomic_path`, for outputs that are several files (a downloaded
@@ -207,6 +207,10 @@ def install_dir(tmp: str | Path, final: str | Path) -> bool:
     under ``tmp`` and every folder is fsynced, ``tmp`` is renamed to ``final`` (same file system;
     ``tmp`` must be a sibling of ``final``) and the parent is fsynced, so a reader sees no folder
     or the complete one.
+
+    ``durable=False`` skips the fsyncs (the rename stays atomic): for a cache whose entries are
+    made again when missing, where waiting for the disk would cost every conversion its frames'
+    write-back time.
 
     Returns:
         True when ``tmp`` became ``final``; False when ``final`` existed already (an empty or
@@ -216,7 +220,7 @@ def install_dir(tmp: str | Path, final: str | Path) -> bool:
         OSError: the rename failed for another reason (``tmp`` left as it was).
     """
     tmp, final = Path(tmp), Path(final)
-    for folder, _dirs, files in os.walk(tmp):
+    for folder, _dirs, files in os.walk(tmp) if durable else ():
         for name in files:
             if not os.path.islink(os.path.join(folder, name)):
                 _fsync_file(Path(folder, name))
@@ -231,7 +235,8 @@ def install_dir(tmp: str | Path, final: str | Path) -> bool:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
             return False
         raise
-    fsync_dir(final.parent)
+    if durable:
+        fsync_dir(final.parent)
     return True
 
 

@@ -126,6 +126,12 @@ def test_install_dir_puts_a_complete_folder_in_place_and_never_replaces_one(tmp_
     (other / "a.bin").write_bytes(b"other")
     assert files.install_dir(other, final) is False
     assert (final / "a.bin").read_bytes() == b"a" * 5000 and (other / "a.bin").read_bytes() == b"other"
+    # durable=False (the conversion cache): the same rename, no file waits for the disk
+    synced.clear()
+    assert files.install_dir(other, tmp_path / "run-2", durable=False) is True
+    assert synced == [] and (tmp_path / "run-2" / "a.bin").read_bytes() == b"other"
+    other.mkdir()
+    (other / "a.bin").write_bytes(b"other")
     # a rename that fails for another reason is raised, nothing moved
     with pytest.raises(OSError):
         files.install_dir(other, tmp_path / "no such folder" / "run")
