@@ -271,8 +271,8 @@ def test_the_values_of_a_slurm_job_and_of_several_hosts_from_their_scale_results
     hosts = ScaleResult("hosts", "train", "train-h", False, (), run_dir="/srv/a/runs/train-h", problems=("rank 1 failed",),
                         hosts={"run_dirs": ["/srv/a/runs/train-h", "/srv/b/runs/train-h"], "exit_codes": [0, 3],
                                "failed_ranks": [1], "stopped_ranks": [], "tokens": ["t0", "t1"], "released": [True, False]},
-                        epoch=1, global_step=11)
-    value = hosts.train_result(train_spec, 0, host="a", dataset_sha256=SHA, dataset_local_path=None, hosts=["a", "b"])
+                        epoch=1, global_step=11, launch_index=0)
+    value = hosts.train_result(train_spec, host="a", dataset_sha256=SHA, dataset_local_path=None, hosts=["a", "b"])
     assert value.ranks == (RankRun(0, "a", "/srv/a/runs/train-h", 0, False, False, True),
                            RankRun(1, "b", "/srv/b/runs/train-h", 3, True, False, False))
     assert (value.scheduler, value.run_dir, value.global_step, value.epoch, value.exit_code) == ("hosts", "/srv/a/runs/train-h", 11, 1, None)
@@ -281,7 +281,7 @@ def test_the_values_of_a_slurm_job_and_of_several_hosts_from_their_scale_results
                    launch_index=1, job_id="21", token="t", settings=SlurmSettings(), nodes=1, gpus_per_node=0,
                    num_processes=1, command="srun ...", script_path="/s.sh", output_path="/o.txt", submitted_at="")
     slurm = ScaleResult("slurm", "smoke", "smoke-a", True, (), run_dir=job.run_dir, job_id="21", state="COMPLETED",
-                        exit_code="0:0", release="released", job=job)
+                        exit_code="0:0", release="released", job=job, launch_index=1)
     smoke = slurm.smoke_run(SPEC, "login01", ResumeCheckSize(2, 2), "/w/dataset.npz")
     assert (smoke.scheduler, smoke.slurm_job_id, smoke.slurm_state, smoke.slurm_exit_code) == ("slurm", "21", "COMPLETED", "0:0")
     assert (smoke.launch_index, smoke.run_dir, smoke.spec, smoke.gpu_ids) == (1, "/shared/runs/smoke-a", SPEC, ())

@@ -493,13 +493,12 @@ def _scaled_train_run(context: dg.AssetExecutionContext, config: TrainRunConfig,
         paths = list(remote_dataset.remote_paths) or [spec.dataset_path] * len(servers)
         result = run_on_lab(servers, lab, spec, paths, timeout_s=config.monitor_timeout_s or 86400.0,
                             on_event=context.log.info, on_state=on_state)
-        launch_index = result.job.launch_index if result.job is not None else load_handle(first, spec.name).launch_index
         hosts = [server.config.host for server in servers]
     metadata = _scale_metadata(result)
     if lab.mode == "slurm" and result.job is None:  # the Slurm preflight refused: nothing was submitted
         raise _failure(f"training {spec.name}: {'; '.join(result.problems)}", metadata)
     # natural exit and release are the blocking check's to judge, as on one server
-    value = result.train_result(spec, launch_index, host=remote_dataset.host, dataset_sha256=remote_dataset.sha256,
+    value = result.train_result(spec, host=remote_dataset.host, dataset_sha256=remote_dataset.sha256,
                                 dataset_local_path=remote_dataset.local_path, hosts=hosts)
     return dg.MaterializeResult(value=value, metadata=metadata)
 
