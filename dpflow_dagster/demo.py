@@ -282,8 +282,7 @@ def _print_outputs(result, ops: set[str]) -> None:
             value = result.output_for_node(name)
         except Exception:  # the step failed or did not run: its failure was printed above
             continue
-        # smoke_run and train_run still hand on plain dicts (their Slurm and several-host layouts)
-        values = value if isinstance(value, dict) else value.to_dict()
+        values = value.to_dict()
         for label, key in fields:
             if values.get(key) is not None:
                 console.print(f"  {name:16s} {label}: {values[key]}")

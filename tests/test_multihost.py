@@ -26,6 +26,7 @@ from scale_helpers import dpflow, readme_lab
 
 from dpflow_core.errors import RemoteError
 from dpflow_core.files import sha256_file
+from dpflow_core.runs import TrainResult
 from dpflow_core.server.lab import lab_servers
 
 pytestmark = pytest.mark.sshd
@@ -155,6 +156,9 @@ def test_killing_one_rank_fails_the_run_and_leaves_nothing_on_either_host(two_ho
     out = json.loads(next(ln for ln in stdout.splitlines() if ln.startswith("DPFLOW_JSON ")).split(" ", 1)[1])
     assert out["failed_ranks"] == [1] and out["stopped_ranks"] == [0] and out["released"] == [True, True]
     assert out["exit_codes"][1] not in (None, 0)
+    ranks = TrainResult.from_dict(out["train_run"]).ranks  # what the train_run asset hands on
+    assert [(r.rank, r.failed, r.stopped, r.released) for r in ranks] == [(0, False, True, True), (1, True, False, True)]
+    assert [r.exit_code for r in ranks] == out["exit_codes"] and [r.run_dir for r in ranks] == out["run_dirs"]
     assert any(p.startswith("rank 1 on ") and "the run failed" in p for p in out["problems"])
     assert _token_processes(out["tokens"]) == []
     assert all(os.path.exists(f"/proc/{h.sshd.pid}") for h in two_hosts.hosts)  # only the run's processes were stopped

@@ -21,6 +21,7 @@ from dpflow_core.export import LeRobotExport, OpenpiNormStatsFile
 from dpflow_core.export.umi import UmiExport
 from dpflow_core.pairing import PairedEpisodes
 from dpflow_core.runs import ReportedCheck, ResumeCheckSize, SmokeRun, TrainResult, smoke_spec
+from dpflow_core.runs.monitor import RankRun
 from dpflow_core.server.upload import RemoteDataset
 from partitioned import materialize as materialize_task
 
@@ -86,6 +87,19 @@ def _results(tmp_path: Path) -> list:
                     in_run_check=ReportedCheck(True, {"epochs": 3, "problems": ""})),
         _checkpoint(tmp_path),
         _evaluation(),
+        SmokeRun(run_name=SPEC.name, run_dir="/shared/runs/smoke-a", host="login01", config_name="demo",
+                 train_command=SPEC.train_command, dataset_remote_path=SPEC.dataset_path, dataset_sha256=SHA,
+                 frequency_hz=29.97, spec=SPEC, resume_check=ResumeCheckSize(2, 2), launch_index=0, scheduler="slurm",
+                 slurm_job_id="17", slurm_state="COMPLETED", slurm_exit_code="0:0", dataset_local_path="/w/dataset.npz"),
+        TrainResult(run_name="train-s", run_dir="/shared/runs/train-s", launch_index=0, host="login01", exit_code=None,
+                    global_step=39, epoch=1, train_loss=None, dataset_sha256=SHA, dataset_local_path="/w/dataset.npz",
+                    scheduler="slurm", dataset_remote_path="/shared/pick/dataset.npz", frequency_hz=10.0,
+                    slurm_job_id="18", slurm_state="FAILED", slurm_exit_code="1:0"),
+        TrainResult(run_name="train-h", run_dir="/srv/runs/train-h", launch_index=0, host="10.0.0.1", exit_code=None,
+                    global_step=None, epoch=None, train_loss=None, dataset_sha256=SHA, dataset_local_path=None,
+                    scheduler="hosts", dataset_remote_path="/srv/pick/dataset.npz", frequency_hz=10.0,
+                    ranks=(RankRun(0, "10.0.0.1", "/srv/runs/train-h", 0, False, False, True),
+                           RankRun(1, "10.0.0.2", "/srv/runs/train-h", None, True, True, False))),
     ]
 
 
@@ -112,7 +126,7 @@ def test_nested_and_typed_fields_come_back_typed(tmp_path):
     assert evaluation.beats_baseline and evaluation.required_mse == pytest.approx(0.08)
 
 
-@pytest.mark.parametrize("index", range(10))
+@pytest.mark.parametrize("index", range(13))
 def test_a_dict_missing_a_field_is_refused_naming_it(tmp_path, index):
     result = _results(tmp_path)[index]
     required = [f.name for f in dataclasses.fields(result)
@@ -136,9 +150,12 @@ def test_a_dict_missing_a_field_is_refused_naming_it(tmp_path, index):
     (RemoteDataset, "frequency_hz", "30", "RemoteDataset.frequency_hz must be a number, got '30'"),
     (PairedEpisodes, "accepted", 2.0, "PairedEpisodes.accepted must be an integer, got 2.0"),
     (TrainResult, "in_run_check", {"passed": "yes", "metadata": {}}, "ReportedCheck.passed must be true or false"),
+    (TrainResult, "ranks", [{"rank": 0, "run_dir": "/r"}], "RankRun: field 'host' is missing"),
+    (TrainResult, "slurm_job_id", 18, "TrainResult.slurm_job_id must be a string, got 18"),
+    (SmokeRun, "launch_index", "0", "SmokeRun.launch_index must be an integer, got '0'"),
 ])
 def test_a_bad_value_is_refused_naming_the_field(tmp_path, cls, field, value, says):
-    [result] = [r for r in _results(tmp_path) if type(r) is cls]
+    result = next(r for r in _results(tmp_path) if type(r) is cls)
     data = {**result.to_dict(), field: value}
     with pytest.raises(ResultError, match="^" + says.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         cls.from_dict(data)
@@ -223,3 +240,109 @@ def test_an_instance_with_an_old_materialization_runs_the_next_asset(tmp_path):
     assert expected.read_bytes() == path.read_bytes()
     with (io / "remote_dataset" / "pick_place").open("rb") as f:
         assert pickle.load(f) == value  # today's value: the typed result
+
+
+def test_smoke_and_train_values_of_a_slurm_job_or_several_hosts_stored_by_the_previous_version():
+    """The dicts ``smoke_run`` and ``train_run`` stored on a Slurm cluster and on several hosts (their layouts)."""
+    layout = {"run_dir": "/shared/runs/x", "launch_index": 0, "host": "login01", "dataset_remote_path": SPEC.dataset_path,
+              "dataset_sha256": SHA, "frequency_hz": 10, "dataset_local_path": "/w/dataset.npz"}
+    smoke = SmokeRun.coerce({**layout, "run_name": "smoke-a", "scheduler": "slurm", "slurm_job_id": "17",
+                             "config_name": "demo", "train_command": SPEC.train_command, "spec": SPEC.to_dict(),
+                             "resume_check": {"epochs": 2, "steps": 2}})
+    assert (smoke.scheduler, smoke.slurm_job_id, smoke.launch_index, smoke.gpu_ids) == ("slurm", "17", 0, ())
+    assert (smoke.slurm_state, smoke.dataset_local_path, smoke.frequency_hz) == (None, "/w/dataset.npz", 10.0)
+    train = {**layout, "run_name": "train-s", "global_step": 39, "epoch": 1, "train_loss": None, "in_run_check": None}
+    slurm = TrainResult.coerce({**train, "scheduler": "slurm", "slurm_job_id": "18", "exit_code": "0:0"})
+    assert (slurm.scheduler, slurm.slurm_job_id, slurm.slurm_exit_code, slurm.exit_code) == ("slurm", "18", "0:0", None)
+    assert (slurm.global_step, slurm.epoch, slurm.dataset_remote_path, slurm.ranks) == (39, 1, SPEC.dataset_path, ())
+    hosts = TrainResult.coerce({**train, "scheduler": "hosts", "slurm_job_id": None, "exit_code": None})
+    assert (hosts.scheduler, hosts.slurm_exit_code, hosts.exit_code, hosts.ranks) == ("hosts", None, None, ())
+    assert TrainResult.from_dict(slurm.to_dict()) == slurm  # today's form keeps the two exit codes apart
+    with pytest.raises(ResultError, match="^TrainResult.launch_index must not be null"):
+        TrainResult.coerce({**train, "launch_index": None, "scheduler": "slurm", "exit_code": "0:0"})
+
+
+def test_the_values_of_a_slurm_job_and_of_several_hosts_from_their_scale_results():
+    from dpflow_core.runs.scale import ScaleResult
+    from dpflow_core.runs.slurm import SlurmJob
+    from dpflow_core.server import SlurmSettings
+
+    train_spec = dataclasses.replace(SPEC, name="train-h", kind="train")
+    hosts = ScaleResult("hosts", "train", "train-h", False, (), run_dir="/srv/a/runs/train-h", problems=("rank 1 failed",),
+                        hosts={"run_dirs": ["/srv/a/runs/train-h", "/srv/b/runs/train-h"], "exit_codes": [0, 3],
+                               "failed_ranks": [1], "stopped_ranks": [], "tokens": ["t0", "t1"], "released": [True, False]},
+                        epoch=1, global_step=11, launch_index=0)
+    value = hosts.train_result(train_spec, host="a", dataset_sha256=SHA, dataset_local_path=None, hosts=["a", "b"])
+    assert value.ranks == (RankRun(0, "a", "/srv/a/runs/train-h", 0, False, False, True),
+                           RankRun(1, "b", "/srv/b/runs/train-h", 3, True, False, False))
+    assert (value.scheduler, value.run_dir, value.global_step, value.epoch, value.exit_code) == ("hosts", "/srv/a/runs/train-h", 11, 1, None)
+    assert (value.dataset_remote_path, value.frequency_hz, value.slurm_job_id) == (SPEC.dataset_path, 29.97, None)
+    job = SlurmJob(spec=SPEC, run_dir="/shared/runs/smoke-a", state_dir="/shared/runs/smoke-a/dpflow/launch-1",
+                   launch_index=1, job_id="21", token="t", settings=SlurmSettings(), nodes=1, gpus_per_node=0,
+                   num_processes=1, command="srun ...", script_path="/s.sh", output_path="/o.txt", submitted_at="")
+    slurm = ScaleResult("slurm", "smoke", "smoke-a", True, (), run_dir=job.run_dir, job_id="21", state="COMPLETED",
+                        exit_code="0:0", release="released", job=job, launch_index=1)
+    smoke = slurm.smoke_run(SPEC, "login01", ResumeCheckSize(2, 2), "/w/dataset.npz")
+    assert (smoke.scheduler, smoke.slurm_job_id, smoke.slurm_state, smoke.slurm_exit_code) == ("slurm", "21", "COMPLETED", "0:0")
+    assert (smoke.launch_index, smoke.run_dir, smoke.spec, smoke.gpu_ids) == (1, "/shared/runs/smoke-a", SPEC, ())
+    assert SmokeRun.from_dict(json.loads(json.dumps(smoke.to_dict()))) == smoke
+
+
+def test_a_train_run_stored_by_the_previous_version_feeds_checkpoint_and_natural_exit(tmp_path):
+    """``train_run`` stored by the previous version (a pickled dict) is read by today's ``checkpoint`` and
+    ``natural_exit``; and ``smoke_run`` of a Slurm job by ``resume_continuity``."""
+    from test_runs import FAKE_TRAINER
+
+    from dpflow_core.runs import RunSpec, launch_run
+    from dpflow_core.server import GpuServer, ServerConfig
+    from dpflow_dagster.defs import training as at
+    from dpflow_dagster.resources import GpuServerResource, ProductPathIOManager
+
+    remote_dataset = dg.AssetSpec("remote_dataset", partitions_def=at.smoke_run.partitions_def)  # not run here
+
+    trainer, dataset = tmp_path / "fake_train.py", tmp_path / "dataset.npz"
+    trainer.write_text(FAKE_TRAINER)
+    dataset.write_bytes(b"stand-in dataset")
+    spec = RunSpec(name="train-old", kind="train", dataset_path=str(dataset), frequency_hz=30.0, config_name="tiny",
+                   epochs=2, max_train_steps=3, train_command=str(trainer))
+    with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"))) as server:
+        handle = launch_run(server, spec, method="setsid")
+        assert server.wait_detached(handle.detached, 60.0).exit_code == 0
+    old_train = {
+        "run_name": "train-old", "run_dir": handle.run_dir, "launch_index": 0, "host": None, "exit_code": 0,
+        "global_step": 5, "epoch": 1, "train_loss": 0.5, "dataset_sha256": SHA, "dataset_local_path": None,
+        "in_run_check": None,
+    }
+    old_smoke = {
+        "run_name": "smoke-a", "run_dir": "/shared/runs/smoke-a", "launch_index": 0, "host": None, "scheduler": "slurm",
+        "slurm_job_id": "17", "dataset_remote_path": SPEC.dataset_path, "dataset_sha256": SHA, "frequency_hz": 29.97,
+        "dataset_local_path": None, "config_name": "demo", "train_command": SPEC.train_command, "spec": SPEC.to_dict(),
+        "resume_check": {"epochs": 2, "steps": 2},
+    }
+    io = tmp_path / "io"
+    for name, old in (("train_run", old_train), ("smoke_run", old_smoke)):
+        (io / name).mkdir(parents=True)
+        (io / name / "pick_place").write_bytes(pickle.dumps(old))  # ProductPathIOManager's layout
+    selection = (dg.AssetSelection.assets(at.checkpoint) | dg.AssetSelection.checks(at.train_run_natural_exit)
+                 | dg.AssetSelection.checks(at.smoke_run_resume_continuity))
+    result = materialize_task(
+        [remote_dataset, at.smoke_run, at.train_run, at.checkpoint, at.train_run_natural_exit, at.smoke_run_resume_continuity],
+        "pick_place", selection=selection,
+        resources={"io_manager": ProductPathIOManager(base_dir=str(io)),
+                   "gpu_server": GpuServerResource(data_root=str(tmp_path / "server"))},
+        run_config=dg.RunConfig(ops={"checkpoint": at.CheckpointConfig(output_dir=str(tmp_path / "ckpt"),
+                                                                       stable_interval_s=0.1)}),
+    )
+    assert result.success
+    [meta] = [e.step_materialization_data.materialization.metadata for e in result.get_asset_materialization_events()]
+    assert meta["train_run/run_name"].value == "train-old" and meta["train_run/run_dir"].value == handle.run_dir
+    assert (meta["global_step"].value, meta["epoch"].value, meta["train_loss"].value) == (5, 1, 0.5)
+    assert meta["dataset_sha256"].value == SHA and meta["run_finished"].value is True
+    value = result.output_for_node("checkpoint")
+    assert value.run_name == "train-old" and value.dataset_local_path is None
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["natural_exit"].passed and checks["natural_exit"].metadata["last_global_step"].value == 5
+    assert checks["natural_exit"].metadata["reported_from_run"].value is False
+    continuity = checks["resume_continuity"]
+    assert not continuity.passed and continuity.severity == dg.AssetCheckSeverity.WARN
+    assert continuity.description.startswith("not checked on a Slurm cluster")

@@ -14,6 +14,7 @@ from test_runs import FAKE_TRAINER
 from typer.testing import CliRunner
 
 from dpflow_core.cli import app
+from dpflow_core.runs import SmokeRun, TrainResult
 
 TMUX_SOCKET = tmux_socket("runs-cli")
 runner = CliRunner()
@@ -60,13 +61,23 @@ def test_smoke_prints_the_verdicts_and_fails_on_a_leftover(env):
     assert code == 1
     assert "[PASS] smoke run" in out and "[FAIL] released: CPU run: GPU release not checked (no GPU present); leftover processes: pid" in out and "(sleep 300)" in out
     assert "cleanup: terminated ['pid" in out
+    code, out = invoke("smoke", env["dataset"], "--run-name", "cli-json", "--json", *common)
+    assert code == 0, out
+    value = SmokeRun.from_dict(json.loads(out)["smoke_run"])  # what the smoke_run asset hands on
+    assert (value.run_name, value.run_dir, value.gpu_ids, value.launch_index) == ("cli-json", f"{env['root']}/runs/cli-json", (), 0)
+    assert value.spec.train_command == env["trainer"] and value.frequency_hz == 30.0 and value.scheduler == "single"
 
 
 @pytest.mark.slow
 def test_train_then_checkpoint_then_an_oom_run(env):
     common = ["--remote-dir", env["root"], "--train-command", env["trainer"], "--frequency", "30"]
-    code, out = invoke("train", env["dataset"], "--run-name", "cli-train", "--epochs", 2, "--max-train-steps", 3, "--poll", 0.2, *common)
+    code, out = invoke("train", env["dataset"], "--run-name", "cli-train", "--epochs", 2, "--max-train-steps", 3, "--poll", 0.2,
+                       "--json", *common)
     assert code == 0, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("DPFLOW_JSON "))
+    value = TrainResult.from_dict(json.loads(line.split(" ", 1)[1])["train_run"])  # what the train_run asset hands on
+    assert (value.run_name, value.launch_index, value.exit_code, value.global_step, value.epoch) == ("cli-train", 0, 0, 5, 1)
+    assert value.run_dir == f"{env['root']}/runs/cli-train" and value.dataset_remote_path == env["dataset"]
     assert "launched cli-train\n" in out and "  tmux session:   cli-train\n" in out
     assert f"  run directory:  {env['root']}/runs/cli-train\n" in out
     assert f"  W&B directory:  {env['root']}/runs/cli-train/wandb\n" in out

@@ -23,7 +23,7 @@ from synthetic_dataset import conversion_value, write_synthetic_dataset
 from dpflow_core.errors import RemoteError
 from dpflow_core.files import sha256_file
 from dpflow_core.logs import parse_log_text
-from dpflow_core.runs import RunSpec
+from dpflow_core.runs import RunSpec, TrainResult
 from dpflow_core.runs.slurm import SLURM_RECORD, cancel_job, job_state, load_job, submit_run, wait_job
 from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, slurm_preflight
 from dpflow_core.server.lab import lab_servers
@@ -202,6 +202,7 @@ def test_readme_slurm_lab_smoke_trains_on_two_nodes_saves_and_resumes(slurm_clus
     bad_file.write_text(yaml.safe_dump(bad))
     proc, smoke = dpflow("scale", "smoke", "--lab", str(bad_file), path, "--config-name", "tiny", "--json", "--run-name", "readme-smoke")
     assert proc.returncode == 1 and smoke["passed"] is False and smoke["job_id"] is None, proc.stdout[-3000:]
+    assert smoke["smoke_run"] is None  # nothing ran: no value to hand on
     assert [c[:2] for c in smoke["checks"]][0] == ["preflight partition", False] and "nosuch: not found" in smoke["checks"][0][2]
     assert "[FAIL] preflight partition: nosuch: not found" in proc.stdout
     assert not (tmp_path / "shared" / "runs" / "readme-smoke").exists()
@@ -222,6 +223,9 @@ def test_readme_slurm_lab_smoke_trains_on_two_nodes_saves_and_resumes(slurm_clus
     proc, second = dpflow(*train, "--epochs", "2", "--resume")
     assert proc.returncode == 0 and second["passed"], proc.stdout[-3000:] + proc.stderr[-3000:]
     assert second["run_dir"] == first["run_dir"] and second["job_id"] != first["job_id"]
+    value = TrainResult.from_dict(second["train_run"])  # what the train_run asset hands on
+    assert (value.launch_index, value.slurm_job_id, value.slurm_state, value.slurm_exit_code) == (1, second["job_id"], "COMPLETED", "0:0")
+    assert (value.run_dir, value.epoch, value.global_step, value.scheduler) == (first["run_dir"], 1, 3, "slurm")
     last = torch.load(run_dir / "checkpoints/latest.ckpt", weights_only=False, map_location="cpu")
     assert (last["epoch"], last["global_step"]) == (2, 4) and last["num_processes"] == 2
     steps = [r for r in parse_log_text((run_dir / "logs.json.txt").read_text()) if not r.get("epoch_summary")]

@@ -89,9 +89,11 @@ def smoke_cmd(
 ) -> None:
     """Smoke run: one GPU (or CPU), few steps, offline, no checkpoints; then the release check."""
     from dpflow_core.runs import (
-        DEFAULT_TRAIN_COMMAND, check_resume_continuity, default_run_name, require_gpus, resolve_config_name, run_smoke,
-        smoke_spec,
+        DEFAULT_TRAIN_COMMAND, ResumeCheckSize, SmokeRun, check_resume_continuity, default_run_name, require_gpus,
+        resolve_config_name, run_smoke, smoke_spec,
     )
+
+    size = ResumeCheckSize(epochs=2, steps=3)  # the resume-continuity check's runs
 
     with _server.GpuServer(server_config) as server:
         inventory = server.gpu_inventory()
@@ -105,9 +107,12 @@ def smoke_cmd(
             gpu_ids=() if gpu_id is None else (gpu_id,),
         )
         result = run_smoke(server, spec, timeout_s=timeout)
-        continuity = check_resume_continuity(server, spec) if resume_check and result.passed else None
+        continuity = (check_resume_continuity(server, spec, epochs=size.epochs, steps_per_epoch=size.steps)
+                      if resume_check and result.passed else None)
     if as_json:
-        out = {"smoke": result.metadata(), "release": result.release.to_dict(), "oom_advice": list(result.oom_advice)}
+        out = {"smoke": result.metadata(), "release": result.release.to_dict(), "oom_advice": list(result.oom_advice),
+               # what the smoke_run asset hands on (None for a failed run)
+               "smoke_run": SmokeRun.of(spec, result, server_config.host, size).to_dict() if result.passed else None}
         if continuity is not None:
             out["resume_continuity"] = continuity.metadata() | {"passed": continuity.passed}
         typer.echo(json.dumps(out, indent=2, default=str))
@@ -150,12 +155,13 @@ def train_cmd(
     detach: bool = typer.Option(False, "--detach", help="Launch (or find) the run and return without waiting."),
     poll: float = typer.Option(5.0, "--poll", help="Seconds between log polls."),
     stall_timeout: float = typer.Option(900.0, "--stall-timeout", help="Seconds without a new log line (after the first step) that count as a stall."),
+    as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON line (prefix DPFLOW_JSON): the train_run value and the natural-exit check."),
     server_config: ServerConfig = None,
 ) -> None:
     """Training in a detached tmux session named after the run; follows it, then the natural-exit check."""
     from dpflow_core.runs import (
-        CPU_RUN_NOTE, DEFAULT_TRAIN_COMMAND, RunSpec, active_or_new_run_name, check_natural_exit, launch_or_attach, monitor_run,
-        require_gpus, resolve_config_name,
+        CPU_RUN_NOTE, DEFAULT_TRAIN_COMMAND, RunSpec, TrainResult, active_or_new_run_name, check_natural_exit,
+        launch_or_attach, monitor_run, require_gpus, resolve_config_name,
     )
 
     requested_gpus = _gpu_ids(gpu_ids)
@@ -187,12 +193,17 @@ def train_cmd(
         monitored = monitor_run(server, handle, poll_s=poll, stall_timeout_s=stall_timeout, on_progress=progress)
         typer.echo(f"monitor: {monitored.status}: {monitored.message}")
         report = check_natural_exit(server, handle)
+    trained = TrainResult.of(handle, monitored, host=server_config.host, dataset_sha256=sha, dataset_local_path=None,
+                             dataset_remote_path=path, frequency_hz=freq)
     _verdict("natural exit", report.passed, "; ".join(report.problems) or
              f"exit 0, epoch {report.last_epoch}, global_step {report.last_global_step}, {report.checkpoint.describe()}")
     if not handle.gpu_ids:
         _verdict("GPU release", False, CPU_RUN_NOTE, blocking=False)
     for step in report.oom_advice:
         typer.echo(f"  {step}")
+    if as_json:
+        out = {"train_run": trained.to_dict(), "natural_exit": report.metadata() | {"passed": report.passed}}
+        typer.echo("DPFLOW_JSON " + json.dumps(out, default=str))
     if not report.passed:
         raise typer.Exit(1)
 

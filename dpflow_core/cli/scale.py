@@ -93,15 +93,30 @@ def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps
                      batch_size, resume, override, logging_mode, train_command)
         typer.echo(f"{kind} run {spec.name} ({lab.mode}, {len(servers)} server(s))")
         result = run_on_lab(servers, lab, spec, upload.paths, timeout_s=timeout, on_event=typer.echo)
+    value = _value(result, lab, spec, upload.sha256, str(dataset.resolve()))
     for name, passed, detail in result.checks:
         _verdict(name, passed, detail)
     for step in result.oom_advice:
         typer.echo(f"  {step}")
-    out = {**result.to_dict(), "dataset": upload.paths[0], "sha256": upload.sha256}
+    out = {**result.to_dict(), "dataset": upload.paths[0], "sha256": upload.sha256,
+           f"{kind}_run": value.to_dict() if value is not None else None}
     if as_json:
         typer.echo("DPFLOW_JSON " + json.dumps(out))
     if not result.passed:
         raise typer.Exit(1)
+
+
+def _value(result, lab: LabServers, spec, sha256: str, local_path: str):
+    """What the ``smoke_run`` / ``train_run`` asset hands on for this run (None when nothing ran)."""
+    from dpflow_core.runs import ResumeCheckSize
+
+    if result.launch_index is None:
+        return None
+    host = lab.servers[0].host
+    if spec.kind == "smoke":
+        return result.smoke_run(spec, host, ResumeCheckSize(epochs=2, steps=2), local_path)
+    return result.train_result(spec, host=host, dataset_sha256=sha256, dataset_local_path=local_path,
+                               hosts=[c.host for c in lab.servers])
 
 
 _LAB = typer.Option(..., "--lab", help="lab.yaml whose server: section names the cluster or the servers.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Callable, Literal
 
 from dpflow_core.errors import RemoteError
@@ -60,16 +61,54 @@ class ReportedCheck(StageResult):
 
 
 @dataclass(frozen=True)
-class TrainResult(StageResult):
-    """A followed training run: the value of the ``train_run`` asset (``to_dict``/``from_dict``).
+class RankRun(StageResult):
+    """One machine's part of a run over several hosts (``gpu_server.hosts``), in :class:`TrainResult`.
 
     Attributes:
-        run_name, run_dir: the run and its directory on the server; launch_index: 0, or k for the k-th resume.
-        host: the server's host (None for the local machine).
-        exit_code: the recorded exit status (None when none was recorded).
-        global_step, epoch, train_loss: the last logged figures (None before the first).
-        dataset_sha256: SHA-256 of the dataset it trained on; dataset_local_path: that dataset here.
-        in_run_check: the trainer's own completion check, when it reported one.
+        rank: the machine rank (0: the main process's machine).
+        host: that server's host (None for the local machine).
+        run_dir: the run directory there.
+        exit_code: the exit status its wrapper recorded (None: none recorded).
+        failed: this rank failed (a non-zero exit, or vanished); stopped: ended by dpflow because another rank failed.
+        released: its release check passed (no process left, GPU memory back).
+    """
+
+    rank: int
+    host: str | None
+    run_dir: str
+    exit_code: int | None
+    failed: bool
+    stopped: bool
+    released: bool
+
+
+@dataclass(frozen=True)
+class TrainResult(StageResult):
+    """A followed training run: the value of the ``train_run`` asset (``to_dict``/``from_dict``), one type for
+    every layout (one server, a Slurm cluster, several hosts).
+
+    Attributes:
+        run_name, run_dir: the run and its directory on the server (several hosts: rank 0's);
+            launch_index: 0, or k for the k-th resume.
+        host: the server's host (None for the local machine; several hosts: the first's).
+        exit_code: the exit status the run's wrapper recorded on one server (None when none was recorded,
+            and on a Slurm cluster or several hosts: see ``slurm_exit_code`` and ``ranks``).
+        global_step, epoch: the last logged figures, steps and epochs (None before the first);
+            train_loss: the last logged training loss (None before the first; not followed on a cluster).
+        dataset_sha256: SHA-256 (hex) of the dataset it trained on; dataset_local_path: that dataset here.
+        in_run_check: the trainer's own completion check, when it reported one (Dagster Pipes, one server).
+        scheduler: ``single`` (one server), ``slurm`` or ``hosts``.
+        dataset_remote_path: the dataset on the server (several hosts: the first's copy);
+            frequency_hz: the dataset frequency passed to the trainer, Hz (None in values stored before).
+        slurm_job_id, slurm_state, slurm_exit_code: the Slurm job, its final state (``COMPLETED``, ...) and
+            ``status:signal`` from ``sacct`` (None without Slurm, or when unknown).
+        ranks: several hosts: each machine's part, rank order (empty otherwise).
+
+    ``from_dict`` needs the ten fields from ``run_name`` to ``dataset_local_path`` (what ``train_run``
+    stored before its value was typed, in every layout); the others then take their defaults. A value
+    stored by ``train_run`` on a Slurm cluster before carried Slurm's ``status:signal`` string as
+    ``exit_code``: it is read as ``slurm_exit_code``. Made by :meth:`of` (one server) and
+    :meth:`dpflow_core.runs.scale.ScaleResult.train_result` (Slurm, several hosts).
     """
 
     run_name: str
@@ -83,18 +122,38 @@ class TrainResult(StageResult):
     dataset_sha256: str
     dataset_local_path: str | None
     in_run_check: ReportedCheck | None = None
+    scheduler: str = "single"
+    dataset_remote_path: str | None = None
+    frequency_hz: float | None = None
+    slurm_job_id: str | None = None
+    slurm_state: str | None = None
+    slurm_exit_code: str | None = None
+    ranks: tuple[RankRun, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrainResult":
+        """The result ``data`` describes (:meth:`StageResult.from_dict`), a Slurm value stored before included.
+
+        Raises:
+            ResultError: as :meth:`StageResult.from_dict`, naming ``TrainResult`` and the field.
+        """
+        if isinstance(data, Mapping) and isinstance(data.get("exit_code"), str):
+            data = {**data, "exit_code": None, "slurm_exit_code": data.get("slurm_exit_code") or data["exit_code"]}
+        return super().from_dict(data)
 
     @classmethod
     def of(
         cls, handle: RunHandle, monitored: MonitorResult, *, host: str | None, dataset_sha256: str,
         dataset_local_path: str | None, in_run_check: ReportedCheck | None = None,
+        dataset_remote_path: str | None = None, frequency_hz: float | None = None,
     ) -> "TrainResult":
-        """The run ``handle`` as monitoring left it (``monitored``)."""
+        """The run ``handle`` on one server as monitoring left it (``monitored``, :func:`monitor_run`)."""
         return cls(
             run_name=handle.name, run_dir=handle.run_dir, launch_index=handle.launch_index, host=host,
             exit_code=monitored.exit_code, global_step=monitored.progress.global_step, epoch=monitored.progress.epoch,
             train_loss=monitored.progress.train_loss, dataset_sha256=dataset_sha256,
             dataset_local_path=dataset_local_path, in_run_check=in_run_check,
+            dataset_remote_path=dataset_remote_path, frequency_hz=frequency_hz,
         )
 
 

@@ -4,7 +4,8 @@ Shared by ``dpflow scale smoke|train`` (:mod:`dpflow_core.cli.scale`) and the ``
 ``smoke_run`` and ``train_run`` assets (:mod:`dpflow_dagster.defs`), so both drive a cluster the
 same way. Takes the connected servers of a :class:`~dpflow_core.server.lab.LabServers` (one for
 ``single`` and ``slurm``, one per host in rank order for ``hosts``) and a
-:class:`~dpflow_core.runs.spec.RunSpec`; gives a :class:`ScaleResult`.
+:class:`~dpflow_core.runs.spec.RunSpec`; gives a :class:`ScaleResult`, whose
+:meth:`~ScaleResult.smoke_run` and :meth:`~ScaleResult.train_result` are the assets' typed values.
 
 * :func:`upload_to_lab`: the dataset uploaded and verified by SHA-256 where the runs read it: on
   the one server, through the login node to the cluster's shared file system (``slurm``), or to
@@ -30,6 +31,8 @@ from dpflow_core.server.lab import LabServers
 from dpflow_core.server.upload import UploadResult, upload_dataset
 from dpflow_core.runs.slurm import JobState, SlurmJob, cancel_job, submit_run, wait_job
 from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, run_slurm_smoke, slurm_preflight
+from dpflow_core.runs.monitor import RankRun, TrainResult
+from dpflow_core.runs.smoke import ResumeCheckSize, SmokeResult, SmokeRun, run_smoke
 from dpflow_core.runs.spec import CPU_CONFIG_NAME, GPU_CONFIG_NAME, RunSpec
 
 #: (name, passed, detail) of one check, in the order it ran.
@@ -123,6 +126,8 @@ class ScaleResult:
         epoch, global_step: the last ones the trainer logged (training runs; None when unknown).
         hosts: ``hosts`` only: ``run_dirs``, ``exit_codes``, ``failed_ranks``, ``stopped_ranks``,
             ``tokens`` and ``released`` (one per rank).
+        launch_index: the launch that ran (0, or k for the k-th resume; None when nothing ran).
+        smoke: ``hosts`` smoke run: the first host's :class:`~dpflow_core.runs.smoke.SmokeResult`.
     """
 
     mode: str
@@ -141,6 +146,8 @@ class ScaleResult:
     hosts: dict[str, Any] = field(default_factory=dict)
     epoch: int | None = None
     global_step: int | None = None
+    launch_index: int | None = None
+    smoke: SmokeResult | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready summary (``dpflow scale --json``)."""
@@ -152,6 +159,52 @@ class ScaleResult:
                        oom_advice=list(self.oom_advice))
         out.update(self.hosts)
         return out
+
+    def smoke_run(self, spec: RunSpec, host: str | None, resume_check: ResumeCheckSize,
+                  dataset_local_path: str | None = None) -> SmokeRun:
+        """The value of the ``smoke_run`` asset for this smoke run ``spec`` on a Slurm cluster (:func:`slurm_smoke`)
+        or on the first of several hosts (:func:`hosts_smoke`, as on one server); ``host``: that machine's host.
+
+        Raises:
+            RunError: ``not_submitted``: nothing ran (the Slurm preflight refused).
+        """
+        if self.smoke is not None:
+            return SmokeRun.of(spec, self.smoke, host, resume_check, dataset_local_path)
+        if self.job is None:
+            raise RunError(f"smoke run {spec.name}: no Slurm job ran: {'; '.join(self.problems)}", code="not_submitted")
+        return SmokeRun(
+            run_name=self.run_name, run_dir=self.run_dir or self.job.run_dir, host=host, config_name=spec.config_name,
+            train_command=spec.train_command, dataset_remote_path=spec.dataset_path, dataset_sha256=spec.dataset_sha256,
+            frequency_hz=spec.frequency_hz, spec=spec, resume_check=resume_check, launch_index=self.job.launch_index,
+            scheduler=self.mode, slurm_job_id=self.job_id, slurm_state=self.state, slurm_exit_code=self.exit_code,
+            dataset_local_path=dataset_local_path,
+        )
+
+    def train_result(self, spec: RunSpec, *, host: str | None, dataset_sha256: str, dataset_local_path: str | None,
+                     hosts: Sequence[str | None] = ()) -> TrainResult:
+        """The value of the ``train_run`` asset for this training run ``spec`` on a Slurm cluster or several
+        hosts; ``host``: the login node's or the first host's; ``hosts``: each machine's host, rank order.
+
+        Raises:
+            RunError: ``not_submitted``: nothing ran (the Slurm preflight refused).
+        """
+        if self.launch_index is None:
+            raise RunError(f"training {spec.name}: nothing ran: {'; '.join(self.problems)}", code="not_submitted")
+        ranks: tuple[RankRun, ...] = ()
+        if self.mode == "hosts" and self.hosts:
+            h = self.hosts
+            ranks = tuple(
+                RankRun(rank=i, host=hosts[i] if i < len(hosts) else None, run_dir=run_dir, exit_code=h["exit_codes"][i],
+                        failed=i in h["failed_ranks"], stopped=i in h["stopped_ranks"], released=bool(h["released"][i]))
+                for i, run_dir in enumerate(h["run_dirs"])
+            )
+        return TrainResult(
+            run_name=self.run_name, run_dir=self.run_dir or "", launch_index=self.launch_index, host=host, exit_code=None,
+            global_step=self.global_step, epoch=self.epoch, train_loss=None, dataset_sha256=dataset_sha256,
+            dataset_local_path=dataset_local_path, scheduler=self.mode, dataset_remote_path=spec.dataset_path,
+            frequency_hz=spec.frequency_hz, slurm_job_id=self.job_id, slurm_state=self.state,
+            slurm_exit_code=self.exit_code, ranks=ranks,
+        )
 
 
 def slurm_config_name(config_name: str, settings: SlurmSettings) -> str:
@@ -181,7 +234,7 @@ def slurm_smoke(server: GpuServer, spec: RunSpec, *, timeout_s: float = 900.0) -
     return ScaleResult("slurm", "smoke", spec.name, smoke.passed and smoke.release.passed, tuple(checks),
                        run_dir=smoke.job.run_dir, job_id=smoke.job.job_id, state=state.state if state else None,
                        exit_code=state.exit_code if state else None, problems=smoke.problems, release=smoke.release.message,
-                       job=smoke.job)
+                       job=smoke.job, launch_index=smoke.job.launch_index)
 
 
 def slurm_train(
@@ -218,18 +271,17 @@ def slurm_train(
     return ScaleResult("slurm", "train", spec.name, report.passed and release.passed, tuple(checks), run_dir=job.run_dir,
                        job_id=job.job_id, state=state.state if state else None, exit_code=state.exit_code if state else None,
                        problems=report.problems, release=release.message, oom_advice=report.oom_advice, job=job,
-                       epoch=trainer.last_epoch, global_step=trainer.last_global_step)
+                       epoch=trainer.last_epoch, global_step=trainer.last_global_step, launch_index=job.launch_index)
 
 
 def hosts_smoke(servers: Sequence[GpuServer], spec: RunSpec, *, timeout_s: float = 900.0) -> ScaleResult:
     """The smoke run on the first host (one machine, rule 6), then its release check."""
-    from dpflow_core.runs.smoke import run_smoke
-
     smoke = run_smoke(servers[0], spec, timeout_s=timeout_s)
     checks = ((f"smoke run on {servers[0].config.describe()}", smoke.passed, "; ".join(smoke.problems)),
               ("released", smoke.release.passed, smoke.release.message))
     return ScaleResult("hosts", "smoke", spec.name, smoke.passed and smoke.release.passed, checks,
-                       run_dir=smoke.handle.run_dir, problems=smoke.problems, release=smoke.release.message)
+                       run_dir=smoke.handle.run_dir, problems=smoke.problems, release=smoke.release.message,
+                       launch_index=smoke.handle.launch_index, smoke=smoke)
 
 
 def hosts_train(
@@ -263,7 +315,7 @@ def hosts_train(
     natural = result.natural_exit
     return ScaleResult("hosts", "train", spec.name, result.passed, tuple(checks), run_dir=run.handles[0].run_dir,
                        problems=result.problems, hosts=hosts, epoch=natural.last_epoch if natural else None,
-                       global_step=natural.last_global_step if natural else None)
+                       global_step=natural.last_global_step if natural else None, launch_index=run.handles[0].launch_index)
 
 
 def run_on_lab(

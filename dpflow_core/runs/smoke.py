@@ -83,20 +83,30 @@ class ResumeCheckSize(StageResult):
 
 @dataclass(frozen=True)
 class SmokeRun(StageResult):
-    """A smoke run that passed: the value of the ``smoke_run`` asset (``to_dict``/``from_dict``).
+    """A smoke run that passed: the value of the ``smoke_run`` asset (``to_dict``/``from_dict``), one type
+    for every layout (one server, a Slurm cluster; several hosts smoke on the first host as on one server).
 
     :class:`SmokeResult` is the run's whole outcome (processes, release, output); this is what the
     checks after it need to find the run again and to repeat it for the resume check.
 
     Attributes:
-        run_name, run_dir: the run and its directory on the server.
+        run_name, run_dir: the run and its directory on the server (Slurm: on the cluster's shared file system).
         host: the server's host (None for the local machine).
         config_name, train_command: the trainer config and command template it ran.
-        gpu_ids: the GPU it used (empty: CPU).
-        dataset_remote_path, dataset_sha256: the dataset on the server and its SHA-256.
+        dataset_remote_path, dataset_sha256: the dataset on the server and its SHA-256 (hex).
         frequency_hz: the dataset frequency passed to the trainer, Hz.
         spec: the full :class:`RunSpec`.
         resume_check: the size of the resume-continuity check's runs.
+        gpu_ids: the GPU it used (empty: CPU, and a Slurm job, whose GPUs Slurm chose).
+        launch_index: the launch it was (0 for a new run; None: the latest, as values stored before had it).
+        scheduler: ``single`` (one server, or the first of several hosts) or ``slurm``.
+        slurm_job_id, slurm_state, slurm_exit_code: the Slurm job, its final state (``COMPLETED``, ...) and
+            ``status:signal`` from ``sacct`` (None without Slurm, or when unknown).
+        dataset_local_path: the same dataset on this machine.
+
+    ``from_dict`` needs the ten fields from ``run_name`` to ``resume_check`` (what ``smoke_run`` stored
+    before its value was typed, in either layout); the others then take their defaults. Made by
+    :meth:`of` (one server) and :meth:`dpflow_core.runs.scale.ScaleResult.smoke_run` (Slurm).
     """
 
     run_name: str
@@ -104,20 +114,31 @@ class SmokeRun(StageResult):
     host: str | None
     config_name: str
     train_command: str
-    gpu_ids: tuple[int, ...]
     dataset_remote_path: str
     dataset_sha256: str | None
     frequency_hz: float
     spec: RunSpec
     resume_check: ResumeCheckSize
+    gpu_ids: tuple[int, ...] = ()
+    launch_index: int | None = None
+    scheduler: str = "single"
+    slurm_job_id: str | None = None
+    slurm_state: str | None = None
+    slurm_exit_code: str | None = None
+    dataset_local_path: str | None = None
 
     @classmethod
-    def of(cls, spec: RunSpec, result: SmokeResult, host: str | None, resume_check: ResumeCheckSize) -> "SmokeRun":
-        """The smoke run ``spec`` that gave ``result``, on ``host``."""
+    def of(
+        cls, spec: RunSpec, result: SmokeResult, host: str | None, resume_check: ResumeCheckSize,
+        dataset_local_path: str | None = None,
+    ) -> "SmokeRun":
+        """The smoke run ``spec`` that gave ``result`` (:func:`run_smoke`) on ``host``."""
         return cls(
             run_name=spec.name, run_dir=result.handle.run_dir, host=host, config_name=spec.config_name,
-            train_command=spec.train_command, gpu_ids=tuple(result.handle.gpu_ids), dataset_remote_path=spec.dataset_path,
+            train_command=spec.train_command, dataset_remote_path=spec.dataset_path,
             dataset_sha256=spec.dataset_sha256, frequency_hz=spec.frequency_hz, spec=spec, resume_check=resume_check,
+            gpu_ids=tuple(result.handle.gpu_ids), launch_index=result.handle.launch_index,
+            dataset_local_path=dataset_local_path,
         )
 
 

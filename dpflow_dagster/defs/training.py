@@ -2,7 +2,9 @@
 
 The values of ``checkpoint`` and ``evaluation`` are the typed results of the core
 (:class:`~dpflow_core.checkpoints.DownloadedCheckpoint`, :class:`~dpflow_core.evaluation.EvaluationResult`);
-``smoke_run`` and ``train_run`` still pass dicts (one layout per scheduler: single server, Slurm, several hosts).
+and those of ``smoke_run`` and ``train_run`` are :class:`~dpflow_core.runs.smoke.SmokeRun` and
+:class:`~dpflow_core.runs.monitor.TrainResult` (one type for every scheduler: single server, Slurm, several
+hosts). Each input also reads the plain dict an earlier dpflow version stored (``from_dict``).
 
 Each asset wraps one :mod:`dpflow_core` function (the ``dpflow smoke``, ``train``,
 ``checkpoint`` and ``evaluate`` commands call the same ones):
@@ -49,7 +51,11 @@ from dpflow_core.errors import DpflowError
 from dpflow_core.evaluation import EvaluationResult, evaluate_checkpoint, evaluation_dir_for
 from dpflow_core.runs import (
     DEFAULT_TRAIN_COMMAND,
+    ReportedCheck,
+    ResumeCheckSize,
     RunSpec,
+    SmokeRun,
+    TrainResult,
     check_natural_exit,
     check_released,
     check_resume_continuity,
@@ -134,13 +140,8 @@ def _scale_metadata(result: ScaleResult) -> dict[str, Any]:
     return metadata
 
 
-def _scale_value(result: ScaleResult, remote_dataset: RemoteDataset, launch_index: int) -> dict:
-    return {
-        "run_name": result.run_name, "run_dir": result.run_dir, "launch_index": launch_index,
-        "host": remote_dataset.host, "scheduler": result.mode, "slurm_job_id": result.job_id,
-        "dataset_remote_path": remote_dataset.remote_path, "dataset_sha256": remote_dataset.sha256,
-        "frequency_hz": remote_dataset.frequency_hz, "dataset_local_path": remote_dataset.local_path,
-    }
+def _resume_check(config: "SmokeRunConfig") -> ResumeCheckSize:
+    return ResumeCheckSize(epochs=config.resume_check_epochs, steps=config.resume_check_steps)
 
 
 # ------------------------------------------------------------------------ smoke_run
@@ -178,7 +179,7 @@ class SmokeRunConfig(dg.Config):
 def smoke_run(
     context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: stage_value(RemoteDataset),
     gpu_server: GpuServerResource,
-) -> dg.Output[dict]:
+) -> dg.Output[SmokeRun]:
     """Run :func:`dpflow_core.runs.run_smoke` on ``remote_dataset`` (a one-node Slurm job with ``scheduler:
     slurm``); fail unless it exited 0 on its own with a finite loss and wrote no checkpoint."""
     remote_dataset = RemoteDataset.coerce(remote_dataset)
@@ -223,24 +224,12 @@ def smoke_run(
         metadata["oom_advice"] = dg.MetadataValue.md(_lines(result.oom_advice))
     if not result.passed:
         raise _failure(f"smoke run {spec.name} failed: {'; '.join(result.problems)}", metadata)
-    value = {
-        "run_name": spec.name,
-        "run_dir": result.handle.run_dir,
-        "host": remote_dataset.host,
-        "config_name": spec.config_name,
-        "train_command": spec.train_command,
-        "gpu_ids": list(result.handle.gpu_ids),
-        "dataset_remote_path": spec.dataset_path,
-        "dataset_sha256": spec.dataset_sha256,
-        "frequency_hz": spec.frequency_hz,
-        "spec": spec.to_dict(),
-        "resume_check": {"epochs": config.resume_check_epochs, "steps": config.resume_check_steps},
-    }
+    value = SmokeRun.of(spec, result, remote_dataset.host, _resume_check(config), remote_dataset.local_path)
     return dg.Output(value, metadata=metadata)
 
 
 def _slurm_smoke_run(context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: RemoteDataset,
-                     gpu_server: GpuServerResource, lab) -> dg.Output[dict]:
+                     gpu_server: GpuServerResource, lab) -> dg.Output[SmokeRun]:
     with _failure_on_error(), gpu_server.connect() as server:
         spec = smoke_spec(
             config.run_name or default_run_name(remote_dataset.sha256, "smoke"),
@@ -258,10 +247,7 @@ def _slurm_smoke_run(context: dg.AssetExecutionContext, config: SmokeRunConfig, 
     # the release is the blocking check's to judge, as on one server
     if result.job is None or result.problems:
         raise _failure(f"smoke run {spec.name} failed: {'; '.join(result.problems)}", metadata)
-    value = _scale_value(result, remote_dataset, result.job.launch_index) | {
-        "config_name": spec.config_name, "train_command": spec.train_command, "spec": spec.to_dict(),
-        "resume_check": {"epochs": config.resume_check_epochs, "steps": config.resume_check_steps},
-    }
+    value = result.smoke_run(spec, remote_dataset.host, _resume_check(config), remote_dataset.local_path)
     return dg.Output(value, metadata=metadata)
 
 
@@ -273,13 +259,14 @@ def _slurm_smoke_run(context: dg.AssetExecutionContext, config: SmokeRunConfig, 
     "and its GPUs show their memory back at the pre-run level; a CPU run is a WARN: 'CPU run: GPU release not checked'.",
 )
 def smoke_run_released(
-    context: dg.AssetCheckExecutionContext, smoke_run: dict, gpu_server: GpuServerResource
+    context: dg.AssetCheckExecutionContext, smoke_run: stage_value(SmokeRun), gpu_server: GpuServerResource
 ) -> dg.AssetCheckResult:
     """Pass only when the check at the run's end and a second look now both find nothing left (on a Slurm
     cluster: the job gone from the queue with no step left, :func:`check_slurm_released`)."""
-    if smoke_run.get("scheduler") == "slurm":
+    run = SmokeRun.coerce(smoke_run)
+    if run.scheduler == "slurm":
         with gpu_server.connect() as server:
-            job = load_job(server, smoke_run["run_name"], smoke_run["launch_index"])
+            job = load_job(server, run.run_name, run.launch_index)
             now = check_slurm_released(server, job, wait_s=5.0)
         return dg.AssetCheckResult(
             passed=now.passed, severity=dg.AssetCheckSeverity.ERROR, description=now.message,
@@ -287,7 +274,7 @@ def smoke_run_released(
                       "leftover_pids": ", ".join(map(str, now.leftover_pids)) or "none"},
         )
     with gpu_server.connect() as server:
-        handle = load_handle(server, smoke_run["run_name"])
+        handle = load_handle(server, run.run_name)
         at_end = load_release_report(server, handle)
         now = check_released(server, handle, wait_s=5.0, cleanup=True)
     passed = now.passed and (at_end is None or at_end.passed)
@@ -312,10 +299,11 @@ def smoke_run_released(
     "uninterrupted one: same global steps and epochs, same LR, same losses.",
 )
 def smoke_run_resume_continuity(
-    context: dg.AssetCheckExecutionContext, smoke_run: dict, gpu_server: GpuServerResource
+    context: dg.AssetCheckExecutionContext, smoke_run: stage_value(SmokeRun), gpu_server: GpuServerResource
 ) -> dg.AssetCheckResult:
     """Run :func:`dpflow_core.runs.check_resume_continuity` with the smoke run's dataset and trainer."""
-    if smoke_run.get("scheduler") == "slurm":
+    run = SmokeRun.coerce(smoke_run)
+    if run.scheduler == "slurm":
         # its runs start on the server itself: on a cluster that is the login node, where nothing may train
         return dg.AssetCheckResult(
             passed=False, severity=dg.AssetCheckSeverity.WARN,
@@ -323,11 +311,9 @@ def smoke_run_resume_continuity(
             "(resume on the cluster: dpflow scale train --resume)",
             metadata=check_partition_metadata(context),
         )
-    base = RunSpec.from_dict(smoke_run["spec"])
     with gpu_server.connect() as server:
-        report = check_resume_continuity(
-            server, base, epochs=int(smoke_run["resume_check"]["epochs"]), steps_per_epoch=int(smoke_run["resume_check"]["steps"])
-        )
+        report = check_resume_continuity(server, run.spec, epochs=run.resume_check.epochs,
+                                         steps_per_epoch=run.resume_check.steps)
     description = "; ".join(report.problems + report.mismatches) or (
         f"{report.compared} records from global_step {report.resume_step} continue the uninterrupted run"
     )
@@ -382,7 +368,7 @@ class TrainRunConfig(dg.Config):
 def train_run(
     context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: stage_value(RemoteDataset),
     gpu_server: GpuServerResource,
-) -> dg.MaterializeResult[dict]:
+) -> dg.MaterializeResult[TrainResult]:
     """Launch (or re-attach to) the training run and follow it until it ends: its Dagster Pipes messages
     (built-in trainer, :mod:`dpflow_dagster.pipes`) or its ``logs.json.txt`` (a foreign trainer, a re-attach).
     On a Slurm cluster or several hosts: :func:`dpflow_core.runs.scale.run_on_lab`, followed until it ends."""
@@ -467,22 +453,14 @@ def train_run(
         metadata["stopped_processes"] = "; ".join(result.stopped.terminated + result.stopped.killed) or "none"
     if result.status in ("nan", "stalled", "timeout"):
         raise _failure(f"training {handle.name}: {result.status}: {result.message}", metadata)
-    value = {
-        "run_name": handle.name,
-        "run_dir": handle.run_dir,
-        "launch_index": handle.launch_index,
-        "host": remote_dataset.host,
-        "exit_code": result.exit_code,
-        "global_step": result.progress.global_step,
-        "epoch": result.progress.epoch,
-        "train_loss": result.progress.train_loss,
-        "dataset_sha256": remote_dataset.sha256,
-        "dataset_local_path": remote_dataset.local_path,
-        "in_run_check": None if in_run_check is None else {
-            "passed": bool(in_run_check.passed),
-            "metadata": {k: getattr(v, "value", v) for k, v in (in_run_check.metadata or {}).items()},
-        },
-    }
+    value = TrainResult.of(
+        handle, result, host=remote_dataset.host, dataset_sha256=remote_dataset.sha256,
+        dataset_local_path=remote_dataset.local_path, dataset_remote_path=spec.dataset_path,
+        frequency_hz=spec.frequency_hz, in_run_check=None if in_run_check is None else ReportedCheck(
+            passed=bool(in_run_check.passed),
+            metadata={k: getattr(v, "value", v) for k, v in (in_run_check.metadata or {}).items()},
+        ),
+    )
     return dg.MaterializeResult(
         value=value, metadata=metadata,
         data_version=reported.data_version if reported is not None else None,
@@ -490,7 +468,7 @@ def train_run(
 
 
 def _scaled_train_run(context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: RemoteDataset,
-                      gpu_server: GpuServerResource, lab) -> dg.MaterializeResult[dict]:
+                      gpu_server: GpuServerResource, lab) -> dg.MaterializeResult[TrainResult]:
     last_observation = [0.0]
 
     def on_state(state) -> None:
@@ -515,24 +493,22 @@ def _scaled_train_run(context: dg.AssetExecutionContext, config: TrainRunConfig,
         paths = list(remote_dataset.remote_paths) or [spec.dataset_path] * len(servers)
         result = run_on_lab(servers, lab, spec, paths, timeout_s=config.monitor_timeout_s or 86400.0,
                             on_event=context.log.info, on_state=on_state)
-        launch_index = result.job.launch_index if result.job is not None else load_handle(first, spec.name).launch_index
+        hosts = [server.config.host for server in servers]
     metadata = _scale_metadata(result)
     if lab.mode == "slurm" and result.job is None:  # the Slurm preflight refused: nothing was submitted
         raise _failure(f"training {spec.name}: {'; '.join(result.problems)}", metadata)
     # natural exit and release are the blocking check's to judge, as on one server
-    value = _scale_value(result, remote_dataset, launch_index) | {
-        "exit_code": result.exit_code, "global_step": result.global_step, "epoch": result.epoch, "train_loss": None,
-        "in_run_check": None,
-    }
+    value = result.train_result(spec, host=remote_dataset.host, dataset_sha256=remote_dataset.sha256,
+                                dataset_local_path=remote_dataset.local_path, hosts=hosts)
     return dg.MaterializeResult(value=value, metadata=metadata)
 
 
-def _scaled_natural_exit(context: dg.AssetCheckExecutionContext, train_run: dict,
+def _scaled_natural_exit(context: dg.AssetCheckExecutionContext, train_run: TrainResult,
                          gpu_server: GpuServerResource) -> dg.AssetCheckResult:
     metadata: dict[str, Any] = dict(check_partition_metadata(context))
-    if train_run["scheduler"] == "slurm":
+    if train_run.scheduler == "slurm":
         with gpu_server.connect() as server:
-            job = load_job(server, train_run["run_name"], train_run.get("launch_index"))
+            job = load_job(server, train_run.run_name, train_run.launch_index)
             report: Any = check_slurm_exit(server, job)
         metadata.update({"slurm_job_id": job.job_id, **report.metadata()})
         if not report.passed:
@@ -542,7 +518,7 @@ def _scaled_natural_exit(context: dg.AssetCheckExecutionContext, train_run: dict
         done = f"{report.state.describe() if report.state else ''}, after the configured epochs with a loadable latest.ckpt"
     else:
         with gpu_server.connect_all() as servers:
-            report = check_multihost_exit(servers, train_run["run_name"])
+            report = check_multihost_exit(servers, train_run.run_name)
         metadata.update(report.metadata())
         done = f"every rank exited 0 ({len(report.exit_codes)} machines), after the configured epochs with a loadable latest.ckpt"
     return dg.AssetCheckResult(passed=report.passed, severity=dg.AssetCheckSeverity.ERROR,
@@ -557,27 +533,28 @@ def _scaled_natural_exit(context: dg.AssetCheckExecutionContext, train_run: dict
     "config asked, latest.ckpt present and loadable. A run stopped by a signal or killed fails with the evidence.",
 )
 def train_run_natural_exit(
-    context: dg.AssetCheckExecutionContext, train_run: dict, gpu_server: GpuServerResource
+    context: dg.AssetCheckExecutionContext, train_run: stage_value(TrainResult), gpu_server: GpuServerResource
 ) -> dg.AssetCheckResult:
     """Judge the run's completion with :func:`dpflow_core.runs.check_natural_exit` (a Slurm job:
     :func:`check_slurm_exit`; several hosts: :func:`check_multihost_exit`)."""
-    if train_run.get("scheduler", "single") != "single":
-        return _scaled_natural_exit(context, train_run, gpu_server)
+    run = TrainResult.coerce(train_run)
+    if run.scheduler != "single":
+        return _scaled_natural_exit(context, run, gpu_server)
     with gpu_server.connect() as server:
-        handle = load_handle(server, train_run["run_name"], train_run.get("launch_index"))
+        handle = load_handle(server, run.run_name, run.launch_index)
         report = check_natural_exit(server, handle)
     metadata: dict[str, Any] = {**check_partition_metadata(context), **report.metadata()}
     problems = list(report.problems)
-    in_run = train_run.get("in_run_check")
+    in_run = run.in_run_check
     metadata["reported_from_run"] = in_run is not None
     if in_run is not None:
         # the trainer's own verdict (epochs reached, latest.ckpt loads), sent over Dagster Pipes; the exit
         # status and the files are judged here as for any trainer
-        metadata.update({f"in_run/{k}": v for k, v in in_run["metadata"].items()
+        metadata.update({f"in_run/{k}": v for k, v in in_run.metadata.items()
                          if isinstance(v, (str, int, float, bool))})
-        if not in_run["passed"]:
-            problems.append(f"the trainer reported: {in_run['metadata'].get('problems', 'failed')}")
-    passed = report.passed and (in_run is None or in_run["passed"])
+        if not in_run.passed:
+            problems.append(f"the trainer reported: {in_run.metadata.get('problems', 'failed')}")
+    passed = report.passed and (in_run is None or in_run.passed)
     if not passed:
         metadata["output_tail"] = dg.MetadataValue.text(report.output_tail[-3000:])
     if report.oom_advice:
@@ -610,14 +587,16 @@ class CheckpointConfig(dg.Config):
     "downloaded and SHA-256 verified on both ends.",
 )
 def checkpoint(
-    context: dg.AssetExecutionContext, config: CheckpointConfig, train_run: dict, gpu_server: GpuServerResource
+    context: dg.AssetExecutionContext, config: CheckpointConfig, train_run: stage_value(TrainResult),
+    gpu_server: GpuServerResource,
 ) -> dg.MaterializeResult[DownloadedCheckpoint]:
     """Download with :func:`dpflow_core.checkpoints.download_checkpoint`."""
+    run = TrainResult.coerce(train_run)
     if config.choose not in ("latest", "best"):
         raise _failure(f"choose must be 'latest' or 'best', got {config.choose!r}")
     with _failure_on_error(), gpu_server.connect() as server:
         result = download_checkpoint(
-            server, train_run["run_name"], choose=config.choose, dest_root=config.output_dir or None,
+            server, run.run_name, choose=config.choose, dest_root=config.output_dir or None,
             stable_interval_s=config.stable_interval_s,
         )
     context.log.info(f"{result.remote_path} -> {result.local_path} ({result.size_bytes} bytes)")
@@ -633,15 +612,14 @@ def checkpoint(
         "run_finished": result.run_finished,
         "already_present": result.already_present,
         "record": dg.MetadataValue.path(result.record_path),
-        "dataset_sha256": train_run.get("dataset_sha256") or "",
-        "train_run/run_name": train_run["run_name"],
-        "train_run/run_dir": dg.MetadataValue.path(train_run["run_dir"]),
-        **_numbers(global_step=train_run.get("global_step"), epoch=train_run.get("epoch"),
-                   train_loss=train_run.get("train_loss")),
-        **dataset_lineage(train_run.get("dataset_local_path")),
+        "dataset_sha256": run.dataset_sha256 or "",
+        "train_run/run_name": run.run_name,
+        "train_run/run_dir": dg.MetadataValue.path(run.run_dir),
+        **_numbers(global_step=run.global_step, epoch=run.epoch, train_loss=run.train_loss),
+        **dataset_lineage(run.dataset_local_path),
     }
     return dg.MaterializeResult(
-        value=dataclasses.replace(result, dataset_local_path=train_run.get("dataset_local_path")), metadata=metadata,
+        value=dataclasses.replace(result, dataset_local_path=run.dataset_local_path), metadata=metadata,
         data_version=dg.DataVersion(result.local_sha256),
     )
 
