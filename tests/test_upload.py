@@ -283,9 +283,12 @@ def test_cli_upload_takes_the_server_from_a_lab_yaml(sshd_server, dataset, tmp_p
         "host": sshd_server.host, "port": sshd_server.port, "user": sshd_server.user, "key_file": str(sshd_server.key_path),
         "known_hosts": str(sshd_server.known_hosts), "data_root": str(data_root), "python": sys.executable,
     }}))
+    # the lab.yaml wins over the DPFLOW_SERVER_* variables a lab sets for Dagster
+    env = {**os.environ, "DPFLOW_SERVER_ROOT": str(tmp_path / "elsewhere"), "DPFLOW_SERVER_HOST": "other.example"}
     out = subprocess.run(_dpflow("upload", str(dataset), "--lab", str(lab)), cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, env=env)
     assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "elsewhere").exists()
     digest = _sha(dataset)
     assert out.stdout.startswith(f"verified sha256 {digest}  ") and f"{sshd_server.user}@{sshd_server.host}" in out.stdout
     assert (data_root / "pick_place" / digest[:16] / "dataset.npz").read_bytes() == dataset.read_bytes()
@@ -293,7 +296,7 @@ def test_cli_upload_takes_the_server_from_a_lab_yaml(sshd_server, dataset, tmp_p
     # one source of the server: --lab with a connection flag is refused before connecting
     both = subprocess.run(_dpflow("upload", str(dataset), "--lab", str(lab), "--host", "elsewhere"), cwd=REPO,
                           capture_output=True, text=True, timeout=60)
-    assert both.returncode == 2 and "--host (or its DPFLOW_* variable) would change it" in both.stderr
+    assert both.returncode == 2 and "--host would change it: give one or the other" in both.stderr
     # a Slurm section is `dpflow scale`'s
     lab.write_text(yaml.safe_dump({"server": {"scheduler": "slurm", "slurm": {"nodes": 2}}}))
     slurm = subprocess.run(_dpflow("upload", str(dataset), "--lab", str(lab)), cwd=REPO, capture_output=True, text=True,

@@ -70,21 +70,39 @@ LAB_OPTION = ("lab", Optional[Path], _option(None, "--lab", help="lab.yaml whose
 _DEFAULTS = {"port": 22, "trust_on_first_use": False}
 
 
+def _from_environment(option, value) -> bool:
+    """Whether a flag's value is its environment variable's (``DPFLOW_SERVER_*``), not a flag on the command line."""
+    import os
+
+    env = os.environ.get(option.envvar) if option.envvar else None
+    if env is None:
+        return False
+    if isinstance(value, bool):
+        return env.strip().lower() in (("1", "true", "yes", "on", "t", "y") if value else ("0", "false", "no", "off", "f", "n"))
+    if isinstance(value, Path):
+        return Path(env) == value
+    return str(value) == env.strip()
+
+
 def server_config_from_lab(lab: Path, flags: dict) -> ServerConfig:
     """The one server of a lab.yaml's ``server:`` section (the same keys as ``dpflow demo --config``).
 
+    The lab.yaml wins over the ``DPFLOW_SERVER_*`` environment variables (which the Dagster side
+    reads); a connection flag given on the command line as well is refused.
+
     Raises:
-        typer.BadParameter: a connection flag (or its environment variable) is given as well, or the
-            file is missing or not YAML; RemoteError: a bad ``server:`` section, or a Slurm or hosts
+        typer.BadParameter: a connection flag is given as well, or the file is missing or not YAML; RemoteError: a bad ``server:`` section, or a Slurm or hosts
             section (those run through ``dpflow scale``).
     """
     from dpflow_core.cli.scale import load_lab
 
-    given = [name for name, value in flags.items() if value is not None and value != _DEFAULTS.get(name)]
+    options = {name: option for name, _, option in CONNECTION_OPTIONS}
+    given = [name for name, value in flags.items()
+             if value is not None and value != _DEFAULTS.get(name) and not _from_environment(options[name], value)]
     if given:
         opts = ", ".join(f"--{n.replace('_', '-')}" for n in given)
-        raise typer.BadParameter(f"--lab {lab} names the server; {opts} (or its DPFLOW_* variable) would change it: "
-                                 "give one or the other", param_hint="--lab")
+        raise typer.BadParameter(f"--lab {lab} names the server; {opts} would change it: give one or the other",
+                                 param_hint="--lab")
     servers = load_lab(lab)
     if servers.mode != "single":
         raise RemoteError(f"{lab}: its server: section is a {'Slurm cluster' if servers.mode == 'slurm' else 'set of hosts'}; "
