@@ -112,9 +112,10 @@ def pytest_configure(config):
 #: last while the other worker has nothing left to do. The rest keep their order. (Without
 #: ``--no-loadscope-reorder`` xdist would sort the modules by their number of tests instead.)
 SLOW_MODULES_FIRST = (
-    "test_demo_e2e.py", "test_pipes_ssh.py", "test_slurm.py", "test_upstream_trainer.py", "test_browser.py",
-    "test_assets_training.py", "test_runs_trainer.py", "test_multihost.py", "test_train_run.py", "test_runs_cli.py",
-    "test_runs_ssh.py", "test_multi_task.py", "test_run_monitoring.py", "test_preflight.py", "test_slurm_endings.py",
+    "test_demo_e2e.py", "test_browser.py", "test_upstream_trainer.py", "test_multihost.py", "test_train_run.py",
+    "test_pipes_ssh.py", "test_runs_trainer.py", "test_runs_cli.py", "test_slurm.py", "test_runs_ssh.py",
+    "test_assets_training.py", "test_slurm_endings.py", "test_runs.py", "test_preflight.py", "test_upload.py",
+    "test_run_monitoring.py", "test_multi_task.py", "test_gpu_expected.py",
 )
 
 

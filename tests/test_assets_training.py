@@ -1,14 +1,17 @@
-"""The training stage as Dagster assets on the local transport: the whole chain with the built-in
-trainer, a leaking smoke run blocked by its check, and re-attaching to a running training."""
+"""The training stage as Dagster assets on the local transport: the definitions, a leaking smoke run
+blocked by its check, and re-attaching to a running training.
+
+The whole chain with the built-in trainer (smoke run, resume continuity, training, checkpoint,
+evaluation, and the lineage each records) is asserted on the second task of the README's main job,
+tests/test_demo_e2e.py (:func:`_assert_training_chain_record`): the same assets, trained once for both.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import dagster as dg
 import pytest
-from synthetic_dataset import write_synthetic_dataset
 from test_runs import FAKE_TRAINER
 
 from conftest import kill_tmux_server, tmux_socket
@@ -53,25 +56,6 @@ def materialize(assets, tmp_path: Path, run_config: dg.RunConfig, raise_on_error
     return dg.materialize(assets, resources=resources, run_config=run_config, raise_on_error=raise_on_error, **kwargs)
 
 
-def write_sidecar(dataset: Path, recordings: Path) -> list[tuple[str, str, Path]]:
-    """A ``dataset.json`` beside ``dataset`` listing two recorded episodes as conversion does; returns
-    (stem, role, file) of each input file."""
-    recordings.mkdir(parents=True)
-    files, episodes = [], []
-    for k, stem in enumerate(("pick_0000", "pick_0001")):
-        entry = {}
-        for role, suffix in (("raw_mcap", ".mcap"), ("vio_mcap", "_vio.mcap"), ("vio_json", "_vio.json")):
-            path = recordings / f"{stem}{suffix}"
-            path.write_bytes(f"{stem} {role} {k}".encode() * (k + 1))
-            entry[role] = {"path": str(path), "size_bytes": path.stat().st_size, "sha256": sha256_file(path)}
-            files.append((stem, role, path))
-        episodes.append({"stem": stem, "files": entry})
-    manifest = dataset.parent.parent / "manifests" / "pick-0123456789ab.json"
-    inputs = {"manifests": [str(manifest)], "root": str(recordings), "episodes": episodes}
-    dataset.with_suffix(".json").write_text(json.dumps({"sha256": sha256_file(dataset), "inputs": inputs}))
-    return files
-
-
 def checks_by_name(result: dg.ExecuteInJobResult) -> dict:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
@@ -96,61 +80,6 @@ def test_definitions():
                         "sha256_match": True, "beats_baseline": True}
     field = at.TrainRunConfig.model_fields["num_processes"]
     assert field.default == 0 and "one per free GPU" in field.description
-
-
-@pytest.mark.slow
-def test_smoke_train_checkpoint_evaluation_with_the_builtin_trainer(tmp_path):
-    dataset = write_synthetic_dataset(tmp_path / "data" / "dataset.npz", n_episodes=8, episode_length=40, image_size=(32, 32), frequency_hz=10.0)
-    recordings = write_sidecar(dataset, tmp_path / "recordings")
-    run_config = dg.RunConfig(ops={
-        "smoke_run": at.SmokeRunConfig(run_name="smoke-a", config_name="demo", resume_check_steps=2),
-        "train_run": at.TrainRunConfig(run_name="train-a", config_name="demo", epochs=3, max_train_steps=8, batch_size=16, poll_s=0.5),
-        "checkpoint": at.CheckpointConfig(output_dir=str(tmp_path / "checkpoints"), stable_interval_s=0.2),
-        "evaluation": at.EvaluationConfig(max_samples_per_episode=12),
-    })
-    result = materialize([stub_remote_dataset(dataset, 10.0), *at.defs.assets, *at.defs.asset_checks], tmp_path, run_config, raise_on_error=False)
-    failed = {e.step_key: e.event_specific_data.error.message for e in result.all_events if e.is_step_failure}
-    assert set(failed) <= {"evaluation_beats_baseline"}, failed
-    meta = materializations(result)
-    # A briefly trained absolute-pose policy need not beat holding the pose; the blocking check must
-    # say what the evaluation measured, and the run fails exactly when it fails.
-    beats = meta["evaluation"]["beats_baseline"].value
-    assert result.success == beats
-    assert meta["smoke_run"]["finite_losses"].value == 3 and meta["smoke_run"]["gpu_ids"].value == "cpu"
-    assert meta["train_run"]["global_step"].value == 23 and meta["train_run"]["attached"].value is False
-    assert meta["checkpoint"]["sha256"].value == meta["checkpoint"]["remote_sha256"].value
-    ev = {k: meta["evaluation"][k].value for k in ("policy_mse", "mean_mse", "hold_mse", "baseline_mse", "required_mse")}
-    assert ev["baseline_mse"] == min(ev["mean_mse"], ev["hold_mse"]) and ev["required_mse"] == pytest.approx(0.8 * ev["baseline_mse"])
-    assert beats == (ev["policy_mse"] < ev["required_mse"]) and meta["evaluation"]["n_episodes"].value == 2
-    assert meta["evaluation"]["trajectories"].value.startswith("![predicted vs recorded actions](data:image/png;base64,")
-    assert Path(meta["evaluation"]["loss_curve_png"].value).is_file()
-
-    # lineage: from the checkpoint (and the evaluation) to the run, the dataset and each input file's hash
-    for name in ("checkpoint", "evaluation"):
-        m = meta[name]
-        assert m["train_run/run_name"].value == "train-a"
-        assert m["lineage/dataset_sha256"].value == sha256_file(dataset)
-        assert m["lineage/manifest"].value == str(tmp_path / "manifests" / "pick-0123456789ab.json")
-        rows = m["lineage/recordings"].value.splitlines()
-        assert rows[:2] == ["| stem | role | file | bytes | sha256 |", "|---|---|---|---|---|"]
-        assert rows[2:] == [
-            f"| {stem} | {role} | {path.name} | {path.stat().st_size} | `{sha256_file(path)}` |"
-            for stem, role, path in recordings
-        ]
-    assert meta["checkpoint"]["train_run/run_dir"].value == str(tmp_path / "server" / "runs" / "train-a")
-    assert meta["checkpoint"]["global_step"].value == 23 and isinstance(meta["checkpoint"]["train_loss"].value, float)
-
-    checks = checks_by_name(result)
-    assert {name: c.passed for name, c in checks.items()} == {
-        "released": False, "resume_continuity": True, "natural_exit": True, "sha256_match": True, "beats_baseline": beats,
-    }
-    assert checks["beats_baseline"].metadata["hold_mse"].value == ev["hold_mse"]
-    # a CPU run: a WARN that says so, never a plain pass (and it does not block train_run)
-    assert checks["released"].severity == dg.AssetCheckSeverity.WARN
-    assert checks["released"].description.startswith("CPU run: GPU release not checked")
-    assert checks["released"].metadata["now/gpu"].value == "CPU run: GPU release not checked"
-    assert checks["natural_exit"].metadata["last_global_step"].value == 23
-    assert checks["resume_continuity"].metadata["records_compared"].value == 3
 
 
 @pytest.fixture()

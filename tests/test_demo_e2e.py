@@ -86,17 +86,23 @@ def _latest(instance: dg.DagsterInstance, key: str, task: str | None = None) -> 
     return {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
 
 
+def _check_evaluations(instance: dg.DagsterInstance) -> dict:
+    """(asset, check name) -> the asset check evaluation of the newest run."""
+    run = instance.get_runs(limit=1)[0]
+    records = instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
+    return {
+        (e.asset_key.to_user_string(), e.check_name): e
+        for e in (r.event_log_entry.dagster_event.event_specific_data for r in records)
+    }
+
+
 def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str, runs_before: int = 0) -> bool:
     """The newest run (after ``runs_before`` others) is ``task``'s and passed every step and check, each
     result recorded for ``task``; each product is where its ``path`` metadata says; hashes agree."""
     runs = instance.get_runs()
     assert len(runs) == runs_before + 1
     assert runs[0].tags.get("dagster/partition") == task
-    records = instance.get_records_for_run(runs[0].run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
-    evaluations = {
-        (e.asset_key.to_user_string(), e.check_name): e
-        for e in (r.event_log_entry.dagster_event.event_specific_data for r in records)
-    }
+    evaluations = _check_evaluations(instance)
     checks = {k: e.passed for k, e in evaluations.items()}
     for asset in ("dataset_npz", "remote_dataset", "smoke_run", "train_run", "checkpoint", "evaluation"):
         assert any(a == asset for a, _ in checks), f"no check of {asset} ran: {sorted(checks)}"
@@ -141,6 +147,63 @@ def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str
     return beats
 
 
+def _assert_training_chain_record(instance: dg.DagsterInstance, out: Path, task: str, episodes, beats: bool) -> None:
+    """What the training assets recorded for ``task``'s tiny run (TINY_LAB, the smoke run's defaults), with the
+    built-in trainer on the local server: the figures each asset reports, the checks' metadata, and the
+    lineage from the checkpoint and the evaluation back to each input file (read here from the files).
+
+    (The assets' own chain test, tests/test_assets_training.py, used to train a second time for this.)
+    """
+    meta = {name: _latest(instance, name, task) for name in ("smoke_run", "train_run", "checkpoint", "evaluation")}
+    # smoke run: 3 batches (SmokeRunConfig's default), on the CPU
+    assert meta["smoke_run"]["finite_losses"] == 3 and meta["smoke_run"]["gpu_ids"] == "cpu"
+    # training: 2 epochs x 4 batches (TINY_LAB), launched here, not re-attached
+    assert meta["train_run"]["global_step"] == 7 and meta["train_run"]["attached"] is False
+    assert meta["checkpoint"]["sha256"] == meta["checkpoint"]["remote_sha256"]
+    assert meta["checkpoint"]["global_step"] == 7 and isinstance(meta["checkpoint"]["train_loss"], float)
+    run_name = meta["train_run"]["run_name"]
+    assert Path(meta["checkpoint"]["train_run/run_dir"]) == out / "server" / "runs" / run_name
+
+    ev = {k: meta["evaluation"][k] for k in ("policy_mse", "mean_mse", "hold_mse", "baseline_mse", "required_mse")}
+    assert ev["baseline_mse"] == min(ev["mean_mse"], ev["hold_mse"]) and ev["required_mse"] == pytest.approx(0.8 * ev["baseline_mse"])
+    assert beats == (ev["policy_mse"] < ev["required_mse"]) == meta["evaluation"]["beats_baseline"]
+    # 4 episodes, task tiny's val_ratio 0.25 and val_min_episodes 2: two held out
+    assert meta["evaluation"]["n_episodes"] == 2
+    assert meta["evaluation"]["trajectories"].startswith("![predicted vs recorded actions](data:image/png;base64,")
+    assert Path(meta["evaluation"]["loss_curve_png"]).is_file()
+
+    # lineage: from the checkpoint (and the evaluation) to the run, the dataset and each input file's hash
+    [dataset] = out.glob(f"datasets/{task}/*/dataset.npz")
+    [manifest] = out.glob(f"manifests/{task}-*.json")
+    # (the raw .mcap is validated and sized but not hashed: conversion never reads it, dpflow_core.pairing.FileEntry)
+    expected_rows = [
+        f"| {e.stem} | {role} | {path.name} | {path.stat().st_size} | `{None if role == 'raw_mcap' else sha256_file(path)}` |"
+        for e in sorted(episodes, key=lambda e: e.stem)
+        for role, path in (("raw_mcap", e.raw_mcap), ("vio_mcap", e.vio_mcap), ("vio_json", e.vio_json))
+    ]
+    for name in ("checkpoint", "evaluation"):
+        m = meta[name]
+        assert m["train_run/run_name"] == run_name
+        assert m["lineage/dataset_sha256"] == sha256_file(dataset)
+        assert Path(m["lineage/manifest"]).resolve() == manifest.resolve()
+        rows = m["lineage/recordings"].splitlines()
+        assert rows[:2] == ["| stem | role | file | bytes | sha256 |", "|---|---|---|---|---|"]
+        assert rows[2:] == expected_rows
+
+    checks = _check_evaluations(instance)
+    expected_checks = {
+        ("smoke_run", "released"): False, ("smoke_run", "resume_continuity"): True, ("train_run", "natural_exit"): True,
+        ("checkpoint", "sha256_match"): True, ("evaluation", "beats_baseline"): beats,
+    }
+    assert {k: checks[k].passed for k in expected_checks if k in checks} == expected_checks
+    released = checks[("smoke_run", "released")]
+    assert released.metadata["now/gpu"].value == "CPU run: GPU release not checked"
+    assert checks[("evaluation", "beats_baseline")].metadata["hold_mse"].value == ev["hold_mse"]
+    assert checks[("train_run", "natural_exit")].metadata["last_global_step"].value == 7
+    # 2 batches of the resumed epoch and its summary line (SmokeRunConfig's resume_check_steps 2)
+    assert checks[("smoke_run", "resume_continuity")].metadata["records_compared"].value == 3
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # two demo runs; about 10 min each on a loaded 2-core machine
 def test_main_job_on_sample_recordings_then_a_second_task_from_another_writer(tmp_path):
@@ -177,6 +240,7 @@ def test_main_job_on_sample_recordings_then_a_second_task_from_another_writer(tm
     }))
     proc, instance, out = _run_demo(tmp_path, "--recordings", str(task), "--config", str(_tiny_lab(tmp_path)))
     beats = _assert_pipeline_products(instance, out, "cup_stack", runs_before=1)
+    _assert_training_chain_record(instance, out, "cup_stack", episodes, beats)
     assert ("every step and blocking check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
     assert ("train longer" in proc.stdout) == (not beats)  # a failed gate says what to do
     assert sorted(p.relative_to(out) for p in (out / "recordings").rglob("*")) == recordings_before, \

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-from synthetic_dataset import write_synthetic_dataset
 from conftest import kill_tmux_server, tmux_socket, train_in_process
 from test_runs import FAKE_TRAINER
 from typer.testing import CliRunner
@@ -110,17 +109,18 @@ def test_train_without_run_name_reattaches_to_the_running_training_of_the_datase
     assert os.listdir(Path(env["root"]) / "runs") == [name]  # no second run
 
 
-def test_evaluate_exit_status_follows_the_gate_and_fails_for_an_untrained_policy(tmp_path):
-    dataset = write_synthetic_dataset(tmp_path / "dataset.npz", n_episodes=8, episode_length=40, image_size=(32, 32))
-    trained = train_in_process(dataset, tmp_path / "trained", "training.num_epochs=3", "training.max_train_steps=8", "dataloader.batch_size=16")
-    code, out = invoke("evaluate", trained, "--dataset", dataset, "--samples-per-episode", 8)
+def test_evaluate_exit_status_follows_the_gate_and_fails_for_an_untrained_policy(tmp_path, tiny_checkpoint):
+    # the session's briefly trained checkpoint (read-only: the results go to a folder of this test)
+    dataset, results = tiny_checkpoint.dataset, tmp_path / "evaluation"
+    code, out = invoke("evaluate", tiny_checkpoint.checkpoint, "--dataset", dataset, "--samples-per-episode", 8, "-o", results)
     # A briefly trained absolute-pose policy need not beat holding the pose: the verdict, the exit
     # status and evaluation.json must agree, with the four figures printed.
-    saved = json.loads((trained.parent / "evaluation" / "evaluation.json").read_text())
+    saved = json.loads((results / "evaluation.json").read_text())
     assert code == (0 if saved["beats_baseline"] else 1), out
     assert f"[{'PASS' if saved['beats_baseline'] else 'FAIL'}] beats baselines: policy MSE {saved['policy_mse']:.6g}" in out
     assert f"hold {saved['hold_mse']:.6g}, constant velocity {saved['constant_velocity_mse']:.6g}" in out
-    assert "| **MSE** |" in out and (trained.parent / "evaluation" / "trajectories.png").is_file()
+    assert "| **MSE** |" in out and (results / "trajectories.png").is_file()
+    assert not (tiny_checkpoint.checkpoint.parent / "evaluation").exists()
     untrained = train_in_process(
         dataset, tmp_path / "untrained", "optimizer.lr=0.0", "policy.noise_scheduler.prediction_type=epsilon",
         "training.num_epochs=1", "training.max_train_steps=1",

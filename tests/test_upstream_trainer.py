@@ -54,11 +54,17 @@ def umi_checkout(tmp_path_factory) -> Path:
     return repo
 
 
-@pytest.fixture(params=["local", "ssh"])
-def config(request, tmp_path, umi_checkout) -> ServerConfig:
+def server_config(request, tmp_path: Path, umi_checkout: Path, transport: str) -> ServerConfig:
+    """The lab's server over ``transport`` ("local" or "ssh", the test sshd), its repository the UMI checkout.
+
+    Each test runs over one transport: every run pays a trainer launch and a checkpoint probe (torch
+    imported in each), and what differs between the transports (commands, files, the probe) is the
+    same for every test. Over SSH: the passing resume continuity and one failing restore; locally:
+    the complete run, the completion check and the other failing restore.
+    """
     values = dict(data_root=str(tmp_path / "server"), python=sys.executable, repo_path=str(umi_checkout),
                   tmux_socket=TMUX_SOCKET)
-    if request.param == "local":
+    if transport == "local":
         return ServerConfig.local(**values)
     # This machine has no GPU: the SSH server's GPU requirement is switched off explicitly.
     return request.getfixturevalue("sshd_server").server_config(**values, expect_gpu=False)
@@ -78,10 +84,8 @@ def _spec(name: str, dataset: str, *extra: str) -> RunSpec:
     )
 
 
-def test_upstream_train_py_runs_to_a_complete_checkpoint(tmp_path, umi_checkout, dataset):
-    config = ServerConfig.local(data_root=str(tmp_path / "server"), python=sys.executable, repo_path=str(umi_checkout),
-                                tmux_socket=TMUX_SOCKET)
-    with GpuServer(config) as server:
+def test_upstream_train_py_runs_to_a_complete_checkpoint(request, tmp_path, umi_checkout, dataset):
+    with GpuServer(server_config(request, tmp_path, umi_checkout, "local")) as server:
         handle = launch_run(server, _spec("umi-ok", dataset))
         assert handle.spec.train_command == UPSTREAM_TRAIN_COMMAND
         assert f"train.py --config-name={UMI_CONFIG} " in handle.command
@@ -110,8 +114,8 @@ def test_upstream_train_py_runs_to_a_complete_checkpoint(tmp_path, umi_checkout,
     assert payload["cfg"].training.num_epochs == 2 and payload["cfg"].name == UMI_CONFIG
 
 
-def test_checkpoint_without_optimizer_state_fails_the_completion_check(config, dataset):
-    with GpuServer(config) as server:
+def test_checkpoint_without_optimizer_state_fails_the_completion_check(request, tmp_path, umi_checkout, dataset):
+    with GpuServer(server_config(request, tmp_path, umi_checkout, "local")) as server:
         handle = launch_run(server, _spec("umi-no-optimizer", dataset, "standin.drop=optimizer"))
         assert monitor_run(server, handle, poll_s=0.2, stall_timeout_s=120, timeout_s=300).ok
         report = check_natural_exit(server, handle)
@@ -146,8 +150,8 @@ def _continuity(server, dataset, *extra):
     return check_resume_continuity(server, base, epochs=2, steps_per_epoch=3, timeout_s=300)
 
 
-def test_resume_continuity_of_the_upstream_trainer(config, dataset):
-    with GpuServer(config) as server:
+def test_resume_continuity_of_the_upstream_trainer(request, tmp_path, umi_checkout, dataset):
+    with GpuServer(server_config(request, tmp_path, umi_checkout, "ssh")) as server:
         report = _continuity(server, dataset)
         full = parse_log_text(server.read_text(f"{load_handle(server, report.full_run).run_dir}/logs.json.txt"))
         cont = parse_log_text(server.read_text(f"{load_handle(server, report.resumed_run).run_dir}/logs.json.txt"))
@@ -164,11 +168,7 @@ def test_resume_continuity_of_the_upstream_trainer(config, dataset):
 @pytest.mark.parametrize("fault, transport", [("standin.restore=model,ema_model", "ssh"),
                                               ("standin.reset_global_step=true", "local")])
 def test_resume_continuity_fails_when_the_restore_loses_state(request, tmp_path, umi_checkout, dataset, fault, transport):
-    values = dict(data_root=str(tmp_path / "server"), python=sys.executable, repo_path=str(umi_checkout),
-                  tmux_socket=TMUX_SOCKET)
-    config = (ServerConfig.local(**values) if transport == "local"
-              else request.getfixturevalue("sshd_server").server_config(**values, expect_gpu=False))
-    with GpuServer(config) as server:
+    with GpuServer(server_config(request, tmp_path, umi_checkout, transport)) as server:
         report = _continuity(server, dataset, fault)
     assert not report.passed
     text = "; ".join(report.mismatches)
