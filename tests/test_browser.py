@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from browser import REPO, chromium_page, start_dagster_dev, stop_dagster_dev  # noqa: F401  (fixture)
 from dpflow_core.recordings.samples import SampleSpec, write_task
@@ -86,9 +87,20 @@ def test_materialize_dataset_assets_from_the_ui(dagster_dev, chromium_page, tmp_
 
     page.goto(f"{dev.url}/asset-groups")
     _skip_newsletter(page)
-    page.locator("div.CodeMirror").first.click()
-    page.keyboard.type(" or ".join(f"key:{name}" for name in selected))
-    page.keyboard.press("Enter")
+    query = " or ".join(f"key:{name}" for name in selected)
+    for attempt in range(3):
+        # the handler dismisses the dialog before a click, but keys typed while it opens go to it:
+        # then the selection is typed again once it has gone
+        page.locator("div.CodeMirror").first.click()
+        page.keyboard.press("Control+A")
+        page.keyboard.type(query)
+        page.keyboard.press("Enter")
+        try:
+            page.get_by_text(selected[0], exact=True).first.wait_for(state="visible", timeout=20_000)
+            break
+        except PlaywrightTimeoutError:
+            if attempt == 2:
+                raise
     for name in selected:
         page.get_by_text(name, exact=True).first.wait_for(state="visible")
     page.screenshot(path=str(tmp_path / "asset_graph.png"))

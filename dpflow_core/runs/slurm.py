@@ -223,7 +223,9 @@ def job_script(server: GpuServer, job: SlurmJob, overrides: list[str]) -> str:
     if spec.dataset_sha256:
         check = f"echo {q(spec.dataset_sha256 + '  ' + spec.dataset_path)} | sha256sum -c --quiet --strict"
         check += ' || { echo "dpflow: dataset SHA-256 mismatch or missing on $(hostname)" >&2; exit 1; }'
-        lines.append(f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c {q(check)} || exit {_DATASET_MISMATCH}")
+        # the batch shell says it too: srun may end the other nodes' tasks before it relays the failing node's line
+        lines.append(f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c {q(check)} || "
+                     f"{{ echo 'dpflow: dataset SHA-256 check failed on a node' >&2; exit {_DATASET_MISMATCH}; }}")
     lines += [
         'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'addr=$(scontrol show node "$first" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")',
