@@ -387,6 +387,23 @@ def test_validate_passes_a_converted_dataset(converted, tmp_path):
     assert all(ln.startswith("PASS") for ln in lines[:-1]) and lines[-1].endswith("all blocking checks passed")
 
 
+def test_validate_of_a_file_that_is_no_dataset_says_so_once(tmp_path):
+    from dpflow_core.dataset import CHECKS
+
+    bad = tmp_path / "recording.mcap"
+    bad.write_bytes(b"\x89MCAP0\r\n" + b"\0" * 64)
+    proc = _validate(str(bad))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    *verdicts, summary = proc.stdout.splitlines()
+    # one line per verdict (the blocking checks, then the warning), each naming its checks and the one reason
+    assert [ln.split()[0] for ln in verdicts] == ["FAIL", "WARN"]
+    assert all(": dataset does not open: not a readable .npz (zip) file" in ln for ln in verdicts)
+    named = [name for ln in verdicts for name in ln.split(None, 1)[1].split(": ", 1)[0].split(", ")]
+    assert sorted(named) == sorted(CHECKS)
+    failed = verdicts[0].split(None, 1)[1].split(": ", 1)[0]
+    assert summary == f"{bad}: {len(failed.split(', '))} blocking check(s) failed: {failed}"
+
+
 def test_validate_fails_a_changed_byte_with_the_reason(converted, tmp_path):
     result, _ = converted
     npz = _copy_dataset(result, tmp_path / "byte")

@@ -46,9 +46,16 @@ def validate_cmd(
                                "checks": [{"name": r.name, "passed": r.passed, "severity": r.severity,
                                            "description": r.description} for r in results]}, indent=2))
     else:
+        # checks that failed for one reason (a file that does not open fails every check) share one line
+        lines: list[tuple[str, list[str], str]] = []
         for r in results:
             verdict = "PASS" if r.passed else ("FAIL" if r.severity == "error" else "WARN")
-            typer.echo(f"{verdict}  {r.name}: {r.description}")
+            if lines and lines[-1][0] == verdict and lines[-1][2] == r.description and not r.passed:
+                lines[-1][1].append(r.name)
+            else:
+                lines.append((verdict, [r.name], r.description))
+        for verdict, names, description in lines:
+            typer.echo(f"{verdict}  {', '.join(names)}: {description}")
         typer.echo(f"{dataset}: " + ("all blocking checks passed" if not failed else
                                       f"{len(failed)} blocking check(s) failed: {', '.join(r.name for r in failed)}"))
     if failed:
