@@ -233,9 +233,10 @@ class NpzStreamWriter:
         at, frames_crc = self.head_bytes, 0
         for p in kept:
             if p.offset != at:
-                # Frames of a piece left out: move the later ones down over it (forward copy, dst < src).
-                for done in range(0, p.nbytes, _COPY_CHUNK):
-                    os.pwrite(fd, os.pread(fd, min(_COPY_CHUNK, p.nbytes - done), p.offset + done), at + done)
+                # Frames of a piece left out: move the later ones down over it. dst < src, so the
+                # block-by-block forward copy is safe; overlapping ranges of one file are EINVAL to
+                # copy_file_range(2), which makes _copy_range read and write instead.
+                _copy_range(fd, fd, p.offset, at, p.nbytes, str(self.path))
             frames_crc = crc32_combine(frames_crc, p.crc32, p.nbytes)
             at += p.nbytes
         n_rows = (at - self.head_bytes) // self.row_bytes
