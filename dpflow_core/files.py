@@ -12,6 +12,7 @@ byte strings without reading them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
@@ -230,8 +231,6 @@ def install_dir(tmp: str | Path, final: str | Path, *, durable: bool = True) -> 
     try:
         os.rename(tmp, final)  # refuses a non-empty final (ENOTEMPTY/EEXIST): another writer was first
     except OSError as exc:
-        import errno
-
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
             return False
         raise

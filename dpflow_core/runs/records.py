@@ -13,11 +13,11 @@ import json
 import posixpath
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Sequence
 
 from dpflow_core.server.preflight import repo_state
 from dpflow_core.server import GpuInventory, GpuServer
-from dpflow_core.runs.spec import CPU_RUN_NOTE, RECORD_NAME, TOKEN_ENV, _run_env, utc_now
+from dpflow_core.runs.spec import CPU_RUN_NOTE, RECORD_NAME, TOKEN_ENV, RunSpec, _run_env, utc_now
 from dpflow_core.runs.state import RunHandle
 
 
@@ -203,27 +203,37 @@ def reproducibility_record(server: GpuServer, handle: RunHandle, inventory: GpuI
     the launch time. :func:`finalize_record` adds the end time and exit status.
     """
 
-    repo = repo_state(server, server.config.repo_path)
-    host = server.run("uname -n").stdout.strip()
     return {
-        "run_name": handle.name,
-        "kind": handle.spec.kind,
-        "server": server.config.describe(),
-        "hostname": host,
-        "run_dir": handle.run_dir,
-        "launch_index": handle.launch_index,
-        "repo": dataclasses.asdict(repo),
-        "dataset": {"path": handle.spec.dataset_path, "sha256": handle.spec.dataset_sha256, "frequency_hz": handle.spec.frequency_hz},
+        **launch_record(server, handle.spec, run_dir=handle.run_dir, launch_index=handle.launch_index,
+                        command=handle.command, overrides=handle.overrides, started_at=handle.started_at),
         "gpu_ids": list(handle.gpu_ids),
         "gpu_release": "checked after the run" if handle.gpu_ids else CPU_RUN_NOTE,
         "nvidia_smi": inventory.to_dict(),
+        "environment": {k: v for k, v in _run_env(handle.run_dir, handle.token, handle.spec).items() if k != TOKEN_ENV},
+    }
+
+
+def launch_record(server: GpuServer, spec: RunSpec, *, run_dir: str, launch_index: int, command: str,
+                  overrides: Sequence[str], started_at: str) -> dict[str, Any]:
+    """What every launch's record holds, on one server or a cluster: the run, the server and its host name,
+    the repository's git state (``repo_path``), the dataset (path, SHA-256, frequency in Hz), ``pip
+    freeze`` of the training interpreter, the command and overrides, the start time (UTC ISO 8601);
+    ``ended_at`` and ``exit_code`` None until the run is finalized."""
+    return {
+        "run_name": spec.name,
+        "kind": spec.kind,
+        "server": server.config.describe(),
+        "hostname": server.run("uname -n").stdout.strip(),
+        "run_dir": run_dir,
+        "launch_index": launch_index,
+        "repo": dataclasses.asdict(repo_state(server, server.config.repo_path)),
+        "dataset": {"path": spec.dataset_path, "sha256": spec.dataset_sha256, "frequency_hz": spec.frequency_hz},
         "pip_freeze": _pip_freeze(server),
         "python": server.config.python,
-        "command": handle.command,
-        "train_command_template": handle.spec.train_command,
-        "overrides": list(handle.overrides),
-        "environment": {k: v for k, v in _run_env(handle.run_dir, handle.token, handle.spec).items() if k != TOKEN_ENV},
-        "started_at": handle.started_at,
+        "command": command,
+        "train_command_template": spec.train_command,
+        "overrides": list(overrides),
+        "started_at": started_at,
         "ended_at": None,
         "exit_code": None,
     }

@@ -45,11 +45,10 @@ from typing import Any, Callable, Mapping
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.server import GpuServer, SlurmSettings
 from dpflow_core.runs.command import _main_process_port, render_train_command
-from dpflow_core.runs.records import _pip_freeze, probe_checkpoint
+from dpflow_core.runs.records import launch_record, probe_checkpoint
 from dpflow_core.runs.spec import (
     CHECKPOINT_DIR, LATEST_CKPT, LOG_NAME, OUTPUT_LOG, RECORD_NAME, RunSpec, _run_env, run_dir_for, utc_now,
 )
-from dpflow_core.server.preflight import repo_state
 from dpflow_core.runs.state import _mkdir_exclusive, _state_dir, launch_indices
 
 
@@ -311,28 +310,13 @@ def slurm_record(server: GpuServer, job: SlurmJob) -> dict[str, Any]:
     the ``srun`` command, overrides, the job id and its Slurm settings, the submission time (UTC ISO
     8601). :func:`finalize_slurm_record` adds the job's final state, exit code and end time.
     """
-    repo = repo_state(server, server.config.repo_path)
     return {
-        "run_name": job.name,
-        "kind": job.spec.kind,
-        "server": server.config.describe(),
+        **launch_record(server, job.spec, run_dir=job.run_dir, launch_index=job.launch_index, command=job.command,
+                        overrides=job.spec.overrides(job.run_dir), started_at=job.submitted_at),
         "scheduler": "slurm",
-        "hostname": server.run("uname -n").stdout.strip(),
-        "run_dir": job.run_dir,
-        "launch_index": job.launch_index,
-        "repo": dataclasses.asdict(repo),
-        "dataset": {"path": job.spec.dataset_path, "sha256": job.spec.dataset_sha256, "frequency_hz": job.spec.frequency_hz},
         "slurm_job_id": job.job_id,
         "slurm": {"job_id": job.job_id, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node,
                   "num_processes": job.num_processes, "settings": dataclasses.asdict(job.settings)},
-        "pip_freeze": _pip_freeze(server),
-        "python": server.config.python,
-        "command": job.command,
-        "train_command_template": job.spec.train_command,
-        "overrides": list(job.spec.overrides(job.run_dir)),
-        "started_at": job.submitted_at,
-        "ended_at": None,
-        "exit_code": None,
         "slurm_state": None,
     }
 
