@@ -42,12 +42,29 @@ def server_config(request, transport, tmp_path):
     return request.getfixturevalue("sshd_server").server_config(data_root=str(data_root), python=sys.executable)
 
 
+def _random_npz(path: Path, n_bytes: int) -> Path:
+    """An uncompressed npz of ``n_bytes`` in all, random data (upload checks the archive's CRC-32s),
+    with the sidecar that records its SHA-256, as conversion writes it."""
+    import io
+
+    import numpy as np
+
+    def npz(payload: int) -> bytes:
+        buf = io.BytesIO()
+        np.savez(buf, data=np.frombuffer(os.urandom(payload), dtype=np.uint8))
+        return buf.getvalue()
+
+    path.write_bytes(npz(2 * n_bytes - len(npz(n_bytes))))
+    assert path.stat().st_size == n_bytes
+    path.with_suffix(".json").write_text(json.dumps({"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}))
+    return path
+
+
 @pytest.fixture
 def dataset(tmp_path) -> Path:
     path = tmp_path / "pick_place" / "dataset.npz"
     path.parent.mkdir()
-    path.write_bytes(os.urandom(SIZE))
-    return path
+    return _random_npz(path, SIZE)
 
 
 def _sha(path: Path) -> str:
@@ -86,7 +103,7 @@ def test_upload_is_content_addressed_verified_and_idempotent(server_config, data
 
         other = tmp_path / "other" / "dataset.npz"
         other.parent.mkdir()
-        other.write_bytes(os.urandom(1000))
+        _random_npz(other, 1000)
         second = upload_dataset(server, other, task="pick_place", method=method)
         assert second.verified and os.path.dirname(second.remote_path) != os.path.dirname(expected_path)
         assert Path(expected_path).read_bytes() == dataset.read_bytes()  # never overwritten

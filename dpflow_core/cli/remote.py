@@ -228,7 +228,7 @@ def upload_cmd(
         f"{result.method}, {result.bytes_sent} bytes sent"
         + (f", resumed from {result.resumed_from_bytes}" if result.resumed_from_bytes else "")
     )
-    typer.echo(f"verified sha256 {result.sha256}  {where}  ({result.size_bytes} bytes; {how})")
+    typer.echo(f"{result.summary()}  {where}  ({result.size_bytes} bytes; {how})")
 
 
 def _print_report(report) -> None:

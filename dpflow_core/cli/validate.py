@@ -1,8 +1,10 @@
 """`dpflow validate`: the blocking checks of a converted dataset, from the command line.
 
 The same checks, by the same function (:func:`dpflow_core.dataset.validate_dataset`), as the
-``dataset_npz_checks`` Dagster multi-check, plus the file's SHA-256 against its ``dataset.json``
-sidecar (:func:`dpflow_core.dataset.check_recorded_sha256`) when the sidecar is there.
+``dataset_npz_checks`` Dagster multi-check, plus every member against the archive's own CRC-32
+(:func:`dpflow_core.replay_buffer.integrity.check_archive`, no sidecar needed) and the file's SHA-256
+against its ``dataset.json`` sidecar (:func:`dpflow_core.dataset.check_recorded_sha256`) when the
+sidecar is there.
 """
 
 from __future__ import annotations
@@ -30,13 +32,19 @@ def validate_cmd(
     """Check a dataset.npz; print each verdict; exit 1 when a blocking (error) check fails."""
     from dpflow_core.cli.dataset import _parse_size
     from dpflow_core.conversion import sidecar_path_for
-    from dpflow_core.dataset import MIN_TRAIN_LENGTH, check_recorded_sha256, validate_dataset
+    from dpflow_core.dataset import MIN_TRAIN_LENGTH, CheckResult, check_recorded_sha256, validate_dataset
+    from dpflow_core.replay_buffer.integrity import check_archive
 
     if min_train_length is None:
         min_train_length = MIN_TRAIN_LENGTH
     size = _parse_size(image_size) if image_size else None
     results = validate_dataset(dataset, image_size=size, min_train_length=min_train_length,
                                max_short_episodes=max_short_episodes)
+    if dataset.is_file():
+        # The archive's own CRC-32s: a changed byte in any member is found with or without a sidecar.
+        archive = check_archive(dataset)
+        results.append(CheckResult("archive_crc32", archive.ok, "error", archive.describe(),
+                                   {"damaged": {d.member: d.reason for d in archive.damaged}, "error": archive.error}))
     sidecar = sidecar_path_for(dataset)
     if sidecar.exists():
         results.append(check_recorded_sha256(dataset, sidecar))

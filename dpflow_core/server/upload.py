@@ -39,6 +39,7 @@ from typing import Callable, Literal
 from dpflow_core.errors import DatasetError, InvalidNameError, RemoteError
 from dpflow_core.names import validate_name
 from dpflow_core.files import sha256_file
+from dpflow_core.replay_buffer.integrity import check_archive
 from dpflow_core.server.gpu_server import GpuServer
 from dpflow_core.server.paths import disk_margin_bytes, remote_dataset_name, remote_dataset_path
 from dpflow_core.server.preflight import preflight
@@ -192,6 +193,9 @@ class UploadResult:
         quarantined: earlier files moved aside (a corrupted final file found on arrival,
             or this upload's mismatching result).
         preflight: the preflight report taken before the transfer, when requested.
+        recorded_sha256: the SHA-256 recorded before the upload (at conversion) that the local file
+            was checked against; None when nothing recorded one.
+        archive_crc32_checked: the local file's members were checked against their own CRC-32s.
     """
 
     local_path: str
@@ -208,11 +212,30 @@ class UploadResult:
     verification: Sha256Verification
     quarantined: tuple[str, ...] = ()
     preflight: object | None = field(default=None, repr=False)
+    recorded_sha256: str | None = None
+    archive_crc32_checked: bool = False
 
     @property
     def verified(self) -> bool:
         """True when the remote file's SHA-256 and size equal the local ones."""
         return self.verification.match
+
+    @property
+    def provenance_verified(self) -> bool:
+        """True when the copy is verified and the local file equals a SHA-256 recorded before the
+        upload: only then is the file on the server known to be what conversion wrote."""
+        return self.verified and self.recorded_sha256 == self.sha256
+
+    def summary(self) -> str:
+        """One line for people: ``verified sha256 <hex>`` only when :attr:`provenance_verified`;
+        otherwise ``copied sha256 <hex> (unverified: ...)`` saying what was and was not checked."""
+        if self.provenance_verified:
+            return f"verified sha256 {self.sha256}"
+        if not self.verified:
+            return f"MISMATCH sha256 {self.sha256}: {self.verification.describe()}"
+        checked = "its members' own CRC-32s are intact" if self.archive_crc32_checked else "its contents were not checked"
+        return (f"copied sha256 {self.sha256} (unverified: no SHA-256 was recorded for this file before the upload; "
+                f"the copy equals the local file and {checked})")
 
     def to_remote_dataset(self, frequency_hz: float) -> "RemoteDataset":
         """The dataset as it now sits, verified, on the server (``frequency_hz``: its measured frequency, Hz)."""
@@ -226,6 +249,7 @@ class UploadResult:
         data = asdict(self)
         data["preflight"] = self.preflight.to_dict() if self.preflight is not None else None
         data["verified"] = self.verified
+        data["provenance_verified"] = self.provenance_verified
         return data
 
 
@@ -323,6 +347,7 @@ def upload_dataset(
     bwlimit_kbps: int | None = None,
     progress: ProgressCallback | None = None,
     with_preflight: bool = False,
+    check_archive_crc: bool = True,
 ) -> UploadResult:
     """Upload ``dataset_path`` to its content-addressed path and verify it by SHA-256.
 
@@ -344,13 +369,18 @@ def upload_dataset(
         progress: called with (bytes done, total bytes) during the transfer.
         with_preflight: run :func:`dpflow_core.server.preflight.preflight` first and attach
             the report (it also refuses when the dataset does not fit).
+        check_archive_crc: read the local file as a zip archive and check every member against its
+            own CRC-32 (:func:`~dpflow_core.replay_buffer.integrity.check_archive`, in the same read
+            as the SHA-256), so a damaged file is refused even when no SHA-256 was recorded for it.
 
     Returns:
         UploadResult; ``result.verified`` is False on a SHA-256 mismatch (the file
         is then quarantined, never at ``remote_path``). Callers must treat that as failure.
 
     Raises:
-        DatasetError: the local file is missing or its SHA-256 differs from ``expected_sha256``.
+        DatasetError: the local file is missing (``dataset_missing``), its SHA-256 differs from
+            ``expected_sha256`` (``sha256_changed``), it is no readable zip (``archive_unreadable``)
+            or a member's bytes disagree with its CRC-32 (``archive_damaged``, naming the member).
         InvalidNameError: unsafe task name (before anything connects).
         RemoteError: ``insufficient_disk`` when the dataset does not fit with margin;
             ``transfer_failed`` when rsync or SFTP fails; connection errors.
@@ -361,14 +391,28 @@ def upload_dataset(
     if method not in ("auto", "rsync", "stream"):
         raise RemoteError(f"unknown upload method {method!r} (auto, rsync or stream)", code="bad_config")
     if not local.is_file():
-        raise DatasetError("dataset file does not exist", path=local)
+        raise DatasetError("dataset file does not exist", path=local, code="dataset_missing")
     size = local.stat().st_size
-    digest = sha256_file(local)
+    if check_archive_crc:
+        try:
+            archive = check_archive(local)
+        except OSError as exc:
+            raise DatasetError(f"cannot read the dataset: {exc.strerror or exc}", path=local, code="unreadable") from exc
+        digest = archive.sha256
+    else:
+        archive, digest = None, sha256_file(local)
     if expected_sha256 is not None and digest != expected_sha256:
+        damage = f"; {archive.describe()}" if archive is not None and not archive.ok else ""
         raise DatasetError(
             f"SHA-256 of the dataset is {digest}, but {expected_sha256} was recorded when it was "
-            "written: the file changed since conversion",
+            f"written: the file changed since conversion{damage}",
             path=local, code="sha256_changed",
+        )
+    if archive is not None and not archive.ok:
+        raise DatasetError(
+            f"{archive.describe()}; the file is damaged, nothing was uploaded"
+            + ("" if expected_sha256 is not None else " (no SHA-256 was recorded for it: its own CRC-32s caught this)"),
+            path=local, code="archive_damaged" if archive.error is None else "archive_unreadable",
         )
     report = None
     if with_preflight:
@@ -382,7 +426,7 @@ def upload_dataset(
         return UploadResult(
             local_path=str(local), remote_path=final, sha256=digest, size_bytes=size, host=server.host,
             task=task, duration_s=time.monotonic() - started, quarantined=tuple(quarantined),
-            preflight=report, **kw,
+            preflight=report, recorded_sha256=expected_sha256, archive_crc32_checked=archive is not None, **kw,
         )
 
     if server.size(final) is not None:
