@@ -1,0 +1,305 @@
+"""``dpflow serve``: one checkpoint behind openpi's websocket policy protocol.
+
+The protocol (:mod:`dpflow_core.serving.protocol`): metadata on connect, then per
+client frame an observation answered by one action chunk. Requests come in two kinds:
+
+- *streams* (a robot): per key ``{"timestamp": (N,) s, "value": (N, ...)}``, aligned
+  by :func:`~dpflow_core.serving.timing.align_observation` as training aligned samples;
+- *aligned* (a rollout that already holds the ``n_obs_steps`` history, as
+  :class:`~dpflow_core.serving.client.RemotePolicy` sends it): per key the
+  ``(To, ...)`` arrays :meth:`~dpflow_core.inference.Policy.predict_action` takes,
+  optionally ``timestamp`` ``(To,)``.
+
+Optional request fields: ``now_s`` (the client's clock when it sent the request;
+streams without it are judged at the server's ``time.time()``, aligned requests are
+then not age-checked), ``noise_seed`` (int: the initial noise of a
+``torch.Generator`` seeded so, as in-process), ``frame`` (``"tcp"``, the default, or
+``"dataset"``). The answer is the dict ``predict_action`` returns (absolute poses,
+gripper widths, ``action`` and ``timestamp``, the actions' target times) plus
+``n_action_steps``, ``frame`` and ``server_timing`` (milliseconds: ``decode``,
+``preprocess``, ``queue``, ``inference``, ``postprocess``, ``total``; the client
+adds the network time as the round trip less ``total``).
+
+Concurrency: the event loop only reads, decodes and sends; alignment runs in the
+default thread pool, and every inference runs on one worker thread, first come
+first served. A client waits at most for the inferences queued before its own; the
+others' network and decoding never block it (openpi's own server runs inference on
+its event loop, so a second client waits for the first, openpi #717).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import math
+import shlex
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpflow_core.serving.protocol import pack, unpack
+from dpflow_core.serving.settings import ServeSettings
+from dpflow_core.serving.timing import MAX_AGE_S, ObservationError, StaleObservationError, align_observation, stream_keys
+from dpflow_core.train.data import GRIPPER_KEY, POS_KEY, ROT_KEY, ROT_WRT_START_KEY, START_POSE_KEY
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "openpi-websocket"
+
+
+def serve_command(checkpoint: str | Path, settings: ServeSettings = ServeSettings()) -> str:
+    """The shell command that serves ``checkpoint`` (what the Dagster ``checkpoint`` asset shows)."""
+    return f"dpflow serve {shlex.quote(str(checkpoint))} --host {settings.host} --port {int(settings.port)}"
+
+
+def policy_metadata(policy, checkpoint_sha256: str, image_shapes: Mapping[str, Any], max_age_s: float) -> dict[str, Any]:
+    """What the server sends on connect: shapes, steps, rates, latencies and identities (plain values).
+
+    Keys: ``server``, ``protocol``, ``checkpoint`` (path), ``checkpoint_sha256``,
+    ``dataset_sha256``, ``dataset_path``, ``observation`` (per key ``{"shape": per
+    sample, "dtype", "kind": "stream" | "constant"}``), ``n_obs_steps``,
+    ``horizon``, ``n_action_steps``, ``obs_down_sample_steps``,
+    ``action_down_sample_steps``, ``frequency_hz``, ``obs_dt_s``, ``action_dt_s``,
+    ``latency_s`` (the trained camera/robot/gripper observation latencies),
+    ``obs_latency_shift_s`` (per low-dimensional key, seconds it is read after the
+    frame), ``action_keys``, ``frames`` (``["tcp", "dataset"]``), ``tx_cam_tcp``,
+    ``max_age_s``.
+    """
+    from dpflow_core import __version__
+
+    spec = policy.spec
+    rgb_keys, lowdim_keys = stream_keys(spec)
+    obs: dict[str, Any] = {k: {"shape": [int(v) for v in image_shapes[k]], "dtype": "uint8", "kind": "stream"}
+                           for k in rgb_keys}
+    widths = {POS_KEY: 3, ROT_KEY: 3, GRIPPER_KEY: 1}
+    for key in lowdim_keys:
+        obs[key] = {"shape": [widths.get(key, -1)], "dtype": "float64", "kind": "stream"}
+    if ROT_WRT_START_KEY in spec.lowdim_keys:
+        obs[START_POSE_KEY] = {"shape": [6], "dtype": "float64", "kind": "constant"}
+    task = policy.cfg.get("task", {}) if hasattr(policy.cfg, "get") else {}
+    latency = {name: float(task.get(f"{name}_obs_latency", 0.0) or 0.0) for name in ("camera", "robot", "gripper")}
+    freq = float(policy.frequency_hz)
+    return {
+        "server": f"dpflow {__version__}",
+        "protocol": PROTOCOL,
+        "checkpoint": str(policy.path),
+        "checkpoint_sha256": checkpoint_sha256,
+        "dataset_sha256": str(policy.dataset.get("sha256") or ""),
+        "dataset_path": str(policy.dataset.get("path") or ""),
+        "observation": obs,
+        "n_obs_steps": int(spec.n_obs_steps),
+        "horizon": int(spec.horizon),
+        "n_action_steps": int(policy.network.n_action_steps),
+        "obs_down_sample_steps": int(spec.obs_down_sample_steps),
+        "action_down_sample_steps": int(spec.action_down_sample_steps),
+        "frequency_hz": freq,
+        "obs_dt_s": spec.obs_down_sample_steps / freq,
+        "action_dt_s": float(policy.action_dt_s),
+        "latency_s": latency,
+        "obs_latency_shift_s": {k: spec.latency(k) / freq for k in lowdim_keys},
+        "action_keys": [POS_KEY, ROT_KEY, GRIPPER_KEY],
+        "frames": ["tcp", "dataset"],
+        "tx_cam_tcp": [list(map(float, r)) for r in spec.tx_cam_tcp],
+        "max_age_s": float(max_age_s),
+    }
+
+
+class PolicyServer:
+    """Serves one :class:`~dpflow_core.inference.Policy` over the protocol (see the module docstring).
+
+    Args:
+        policy: the loaded policy.
+        metadata: from :func:`policy_metadata`.
+        image_shapes: per image key ``(H, W, 3)`` trained on.
+        max_age_s: oldest anchor frame accepted, seconds before ``now_s``.
+        clock: the server's time in seconds (``time.time``) for stream requests without ``now_s``.
+    """
+
+    def __init__(self, policy, metadata: Mapping[str, Any], image_shapes: Mapping[str, Any],
+                 max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.time):
+        self.policy = policy
+        self.metadata = dict(metadata)
+        self.image_shapes = {k: tuple(int(n) for n in v) for k, v in image_shapes.items()}
+        self.max_age_s = float(max_age_s)
+        self.clock = clock
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpflow-inference")
+        self._requests = 0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ request handling
+    def preprocess(self, request: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``(obs for predict_action, options)`` of a decoded request.
+
+        Raises:
+            ObservationError: malformed; StaleObservationError: too old for its ``now_s``.
+        """
+        if not isinstance(request, Mapping):
+            raise ObservationError(f"a request must be a map of observation keys, got {type(request).__name__}")
+        opts = {"frame": request.get("frame", "tcp"), "noise_seed": request.get("noise_seed")}
+        if opts["frame"] not in ("tcp", "dataset"):
+            raise ObservationError(f"frame must be 'tcp' or 'dataset', got {opts['frame']!r}")
+        seed = opts["noise_seed"]
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ObservationError(f"noise_seed must be a non-negative integer, got {seed!r}")
+        now = request.get("now_s")
+        if now is not None and (not isinstance(now, (int, float, np.number)) or not math.isfinite(float(now))):
+            raise ObservationError(f"now_s must be a finite number of seconds, got {now!r}")
+        rgb_keys, lowdim_keys = stream_keys(self.policy.spec)
+        kinds = {k: isinstance(request.get(k), Mapping) for k in rgb_keys + lowdim_keys if k in request}
+        if any(kinds.values()):
+            if not all(kinds.values()):
+                raise ObservationError(
+                    "a request sends either streams ({'timestamp', 'value'} per key) or aligned (To, ...) arrays, "
+                    f"not both: streams {sorted(k for k, s in kinds.items() if s)}, "
+                    f"arrays {sorted(k for k, s in kinds.items() if not s)}"
+                )
+            when = self.clock() if now is None else float(now)
+            return align_observation(request, self.policy, when, self.max_age_s, self.image_shapes), opts
+        obs = {k: request[k] for k in [*rgb_keys, *lowdim_keys, START_POSE_KEY, "timestamp"] if k in request}
+        for key in rgb_keys:
+            a = obs.get(key)
+            if isinstance(a, np.ndarray) and a.ndim >= 3 and tuple(a.shape[-3:]) != self.image_shapes[key]:
+                raise ObservationError(f"{key} frames are {tuple(a.shape[-3:])}, the policy was trained on {self.image_shapes[key]}")
+        if now is not None and "timestamp" in obs:
+            anchor = float(np.max(np.asarray(obs["timestamp"], dtype=np.float64)[..., -1]))
+            if float(now) - anchor > self.max_age_s:
+                raise StaleObservationError(
+                    f"the newest frame was captured at {anchor:.6f} s, {float(now) - anchor:.3f} s before now_s: "
+                    f"older than the {self.max_age_s:g} s accepted"
+                )
+        return obs, opts
+
+    def infer(self, obs: Mapping[str, np.ndarray], opts: Mapping[str, Any]) -> dict[str, Any]:
+        """``predict_action`` on the worker thread, with the request's noise seed."""
+        import torch
+
+        generator = None
+        if opts.get("noise_seed") is not None:
+            device = next(self.policy.network.parameters()).device
+            generator = torch.Generator(device=device).manual_seed(int(opts["noise_seed"]))
+        try:
+            with torch.no_grad():
+                return self.policy.predict_action(obs, generator=generator, frame=opts["frame"])
+        except ValueError as exc:  # predict_action's shape, dtype and key checks
+            raise ObservationError(str(exc)) from exc
+
+    async def handle(self, websocket) -> None:
+        """One connection: metadata, then request -> answer until the client leaves."""
+        import websockets
+
+        peer = websocket.remote_address
+        log.info("client %s connected", peer)
+        loop = asyncio.get_running_loop()
+        try:
+            await websocket.send(pack(self.metadata))
+            async for message in websocket:
+                t0 = time.perf_counter()
+                try:
+                    request = unpack(message)
+                    t1 = time.perf_counter()
+                    obs, opts = await asyncio.to_thread(self.preprocess, request)
+                    t2 = time.perf_counter()
+                    timing: dict[str, float] = {}
+                    answer = await loop.run_in_executor(self._worker, self._timed_infer, obs, opts, timing)
+                    t3 = time.perf_counter()
+                    answer |= {"n_action_steps": int(self.metadata["n_action_steps"]), "frame": opts["frame"]}
+                    answer["server_timing"] = {
+                        "decode_ms": (t1 - t0) * 1e3,
+                        "preprocess_ms": (t2 - t1) * 1e3,
+                        "queue_ms": (timing["start"] - t2) * 1e3,
+                        "inference_ms": (timing["end"] - timing["start"]) * 1e3,
+                    }
+                    t4 = time.perf_counter()
+                    answer["server_timing"] |= {"postprocess_ms": (t4 - t3) * 1e3, "total_ms": (t4 - t0) * 1e3}
+                    payload = pack(answer)  # its few microseconds fall in the client's network share
+                except ObservationError as exc:
+                    log.info("client %s: %s", peer, exc)
+                    await websocket.send(f"error ({exc.code}): {exc}")
+                    continue
+                except Exception as exc:  # the server must outlive any one request
+                    log.exception("client %s: request failed", peer)
+                    await websocket.send(f"error (internal): {type(exc).__name__}: {exc}")
+                    continue
+                await websocket.send(payload)
+                with self._lock:
+                    self._requests += 1
+        except websockets.ConnectionClosed:
+            pass
+        log.info("client %s left", peer)
+
+    def _timed_infer(self, obs, opts, timing: dict[str, float]) -> dict[str, Any]:
+        timing["start"] = time.perf_counter()
+        try:
+            return self.infer(obs, opts)
+        finally:
+            timing["end"] = time.perf_counter()
+
+    @property
+    def requests_served(self) -> int:
+        """Answers sent so far (errors not counted)."""
+        with self._lock:
+            return self._requests
+
+    async def run(self, host: str, port: int, ready: Callable[[str, int], None] | None = None,
+                  stop: asyncio.Event | None = None) -> None:
+        """Listen on ``host:port`` until ``stop`` is set (forever when None); ``ready(host, port)`` once bound.
+
+        ``GET /healthz`` answers 200 (as openpi's server) without opening a websocket.
+        """
+        import websockets.asyncio.server as ws_server
+
+        def health(connection, request):
+            if request.path == "/healthz":
+                return connection.respond(http.HTTPStatus.OK, "OK\n")
+            return None
+
+        async with ws_server.serve(self.handle, host, port, compression=None, max_size=None,
+                                   process_request=health) as server:
+            bound = server.sockets[0].getsockname()
+            if ready is not None:
+                ready(bound[0], int(bound[1]))
+            await (stop.wait() if stop is not None else asyncio.Future())
+        self._worker.shutdown(wait=True)
+
+
+def load_server(checkpoint: str | Path, device: str = "cpu", max_age_s: float = MAX_AGE_S) -> PolicyServer:
+    """Load ``checkpoint`` (:func:`~dpflow_core.inference.load_policy`), hash it, and build its server.
+
+    Raises:
+        RunError: the checkpoint is missing, unreadable or incomplete (see ``load_policy``).
+    """
+    from dpflow_core.files import sha256_file
+    from dpflow_core.inference import load_policy
+    from dpflow_core.train.checkpoint import load_checkpoint
+
+    policy = load_policy(checkpoint, device=device)
+    shape_meta = load_checkpoint(checkpoint, require_complete=False)["shape_meta"]
+    image_shapes = {k: tuple(v) for k, v in shape_meta["rgb"].items()}
+    metadata = policy_metadata(policy, sha256_file(checkpoint), image_shapes, max_age_s)
+    return PolicyServer(policy, metadata, image_shapes, max_age_s=max_age_s)
+
+
+def serve(checkpoint: str | Path, settings: ServeSettings = ServeSettings(),
+          ready: Callable[[str, int], None] | None = None) -> None:
+    """Serve ``checkpoint`` with ``settings`` until interrupted (what ``dpflow serve`` runs).
+
+    ``ready(host, port)`` is called once the socket is bound. A host other than
+    loopback exposes the policy to the network without authentication: logged as a warning.
+
+    Raises:
+        RunError: the checkpoint cannot be loaded (see :func:`load_server`).
+        OSError: the address cannot be bound (in use, not this machine's).
+    """
+    if not settings.loopback:
+        log.warning("serving on %s: reachable from other machines, with no authentication", settings.host)
+    import torch
+
+    torch.set_num_threads(int(settings.threads))
+    server = load_server(checkpoint, device=settings.device, max_age_s=settings.max_age_s)
+    asyncio.run(server.run(settings.host, settings.port, ready=ready))
