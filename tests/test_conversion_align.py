@@ -26,7 +26,7 @@ def _write_vio(path: Path, frames_bgr, frame_ns, pose_ns, pos, quat, valid, grip
     """Write a minimal ``_vio.mcap`` (camera, pose, gripper) from explicit streams."""
     msgs = das_messages()
     t = DAS_DEFAULT
-    units = samples._encode_h264(list(frames_bgr), fps, 15)
+    units = samples.encode_h264(list(frames_bgr), fps, 15)
     records = []
     for seq, (ts, (data, _)) in enumerate(zip(frame_ns, units)):
         records.append((int(ts) + 5_000_000, t.camera, msgs.CompressedImage(
@@ -41,7 +41,7 @@ def _write_vio(path: Path, frames_bgr, frame_ns, pose_ns, pos, quat, valid, grip
         records.append((int(ts) + 1_000_000, t.gripper, msgs.MagneticEncoderMeasurement(
             header=samples._header(msgs, t.gripper, seq, ts, 50.0), value=float(w))))
     records.sort(key=lambda r: r[0])
-    samples._write_mcap(path, records)
+    samples.write_mcap(path, records)
     return path
 
 

@@ -175,7 +175,7 @@ class _Scene:
         return np.clip(frame.astype(np.int16) + noise, 0, 255).astype(np.uint8)
 
 
-def _encode_h264(frames_bgr: list[np.ndarray], fps: float, gop_size: int) -> list[tuple[bytes, bool]]:
+def encode_h264(frames_bgr: list[np.ndarray], fps: float, gop_size: int) -> list[tuple[bytes, bool]]:
     """Encode frames to H.264 Annex-B access units, one per frame: [(bytes, is_keyframe)]."""
     h, w = frames_bgr[0].shape[:2]
     ctx = av.CodecContext.create("libx264", "w")
@@ -197,7 +197,7 @@ def _encode_h264(frames_bgr: list[np.ndarray], fps: float, gop_size: int) -> lis
     return out
 
 
-def _header(msgs, topic: str, seq: int, ts_ns: int, hz: float, inputs: tuple[str, ...] = ()):
+def device_header(msgs, topic: str, seq: int, ts_ns: int, hz: float, inputs: tuple[str, ...] = ()):
     return msgs.Header(
         module_name=topic.strip("/").split("/")[-2] if topic.count("/") > 1 else topic,
         sequence_num=seq,
@@ -228,7 +228,6 @@ def write_episode(
     Returns:
         The written paths and the ground truth of the recording.
     """
-    msgs = das_messages()
     rng = np.random.default_rng(seed)
     task_dir = Path(task_dir)
     task_dir.mkdir(parents=True, exist_ok=True)
@@ -246,7 +245,7 @@ def write_episode(
     cam_keep = (t_s >= spec.camera_start_delay_s) & (t_s <= spec.seconds - spec.camera_end_early_s - 0.5 / spec.fps)
     cam_idx = [i for i in np.flatnonzero(cam_keep) if i not in set(spec.missing_frames)]
     frames = [scene.render(pos[i], rotvec[i], width[i]) for i in cam_idx]
-    units = _encode_h264(frames, spec.fps, spec.gop_size) if frames else []
+    units = encode_h264(frames, spec.fps, spec.gop_size) if frames else []
     camera = list(zip(cam_idx, units))
     if spec.drop_first_idr and camera:
         camera = camera[1:]
@@ -261,61 +260,14 @@ def write_episode(
     i_n = int(spec.seconds * spec.imu_hz)
     i_t_ns = t0 + np.round(np.arange(i_n) * 1e9 / spec.imu_hz).astype(np.int64) - 11_000_000
 
-    raw: list[tuple[int, str, object]] = []
-    for seq, (i, (data, _key)) in enumerate(camera):
-        ts = int(frame_t_ns[i])
-        raw.append((ts + int(rng.integers(8, 25)) * 1_000_000, topics.camera,
-                    msgs.CompressedImage(header=_header(msgs, topics.camera, seq, ts, spec.fps),
-                                         frame_id="camera0", data=data, format="h264")))
-        if topics.camera_info:
-            raw.append((ts + 1_000_000, topics.camera_info,
-                        msgs.CameraCalibration(header=_header(msgs, topics.camera_info, seq, ts, spec.fps),
-                                               frame_id="camera0", width=spec.width, height=spec.height,
-                                               distortion_model="kannala_brandt",
-                                               D=[-0.01, 0.002, 0.0, 0.0],
-                                               K=[spec.width * 0.45, 0, spec.width / 2, 0, spec.width * 0.45, spec.height / 2, 0, 0, 1])))
-    for seq, (ts, w) in enumerate(zip(g_t_ns, g_width)):
-        raw.append((int(ts) + int(rng.integers(1, 5)) * 1_000_000, topics.gripper,
-                    msgs.MagneticEncoderMeasurement(header=_header(msgs, topics.gripper, seq, ts, spec.gripper_hz), value=float(w))))
-    gyro = rng.normal(0, 0.02, (i_n, 3))
-    acc = rng.normal(0, 0.05, (i_n, 3)) + np.array([0, 0, 9.81])
-    for seq, ts in enumerate(i_t_ns):
-        raw.append((int(ts) + 2_000_000, topics.imu,
-                    msgs.Imu(header=_header(msgs, topics.imu, seq, ts, spec.imu_hz),
-                             angular_velocity=dict(zip("xyz", gyro[seq])), linear_acceleration=dict(zip("xyz", acc[seq])))))
-
-    pose_msgs: list[tuple[int, str, object]] = []
-    for seq, i in enumerate(pose_idx):
-        ts = int(frame_t_ns[i])
-        valid = not any(a <= t_s[i] < b for a, b in spec.pose_invalid)
-        score = float(np.clip(rng.normal(0.92, 0.03), 0, 1)) if valid else float(rng.uniform(0.0, 0.3))
-        p = msgs.PoseInFrame(header=_header(msgs, topics.pose, seq, ts, spec.fps, (f"{topics.camera}#{seq}",)),
-                             frame_id="world", pose_valid=valid, score=score)
-        p.pose.position.x, p.pose.position.y, p.pose.position.z = pos[i]
-        p.pose.orientation.x, p.pose.orientation.y, p.pose.orientation.z, p.pose.orientation.w = quat[i]
-        pose_msgs.append((ts + int(rng.integers(30, 45)) * 1_000_000, topics.pose, p))
-
-    raw.sort(key=lambda r: r[0])
-    vio = sorted(raw + pose_msgs, key=lambda r: r[0])
-    if spec.pose_out_of_order:
-        pose_positions = [k for k, r in enumerate(vio) if r[1] == topics.pose]
-        for k in pose_positions[5 : 5 + 6 * spec.pose_out_of_order : 6]:
-            nxt = next(j for j in pose_positions if j > k)
-            vio[k], vio[nxt] = vio[nxt], vio[k]
-
-    raw_path, vio_path, json_path = (task_dir / f"{stem}.mcap", task_dir / f"{stem}_vio.mcap", task_dir / f"{stem}_vio.json")
-    for path, records in ((raw_path, raw), (vio_path, vio)):
-        _write_mcap(path, records)
-    status = {
-        "status": spec.vio_status,
-        "input_file": raw_path.name,
-        "output_file": vio_path.name,
-        "frame_count": len(camera),
-        "pose_count": len(pose_msgs),
-        "valid_pose_ratio": round(float(np.mean([m[2].pose_valid for m in pose_msgs])) if pose_msgs else 0.0, 4),
-        "vio_version": "sample-1.0",
-    }
-    write_text_atomic(json_path, json.dumps(status, indent=2))
+    pose_valid = np.array([not any(a <= t_s[i] < b for a, b in spec.pose_invalid) for i in pose_idx], dtype=bool)
+    camera_ts = np.array([frame_t_ns[i] for i, _ in camera], dtype=np.int64)
+    raw_path, vio_path, json_path = write_recording(
+        task_dir, stem, rng, spec, topics,
+        camera_ts_ns=camera_ts, access_units=[u for _, (u, _k) in camera],
+        gripper_ts_ns=g_t_ns, gripper_width_m=g_width, imu_ts_ns=i_t_ns, imu=None,
+        pose_ts_ns=frame_t_ns[pose_idx], position_m=pos[pose_idx], quat_xyzw=quat[pose_idx], pose_valid=pose_valid,
+    )
     return SampleEpisode(
         stem=stem,
         raw_mcap=raw_path,
@@ -330,7 +282,96 @@ def write_episode(
     )
 
 
-def _write_mcap(path: Path, records: list[tuple[int, str, object]]) -> None:
+def write_recording(
+    task_dir: Path,
+    stem: str,
+    rng: np.random.Generator,
+    spec: SampleSpec,
+    topics: TopicMap,
+    *,
+    camera_ts_ns: np.ndarray,
+    access_units: list[bytes],
+    gripper_ts_ns: np.ndarray,
+    gripper_width_m: np.ndarray,
+    imu_ts_ns: np.ndarray,
+    imu: tuple[np.ndarray, np.ndarray] | None,
+    pose_ts_ns: np.ndarray,
+    position_m: np.ndarray,
+    quat_xyzw: np.ndarray,
+    pose_valid: np.ndarray,
+) -> tuple[Path, Path, Path]:
+    """Write the sampled streams of one episode as Matrix Studio does: ``<STEM>.mcap``, ``<STEM>_vio.mcap``
+    (the same plus the pose track) and ``<STEM>_vio.json``; returns their paths.
+
+    Every stream keeps its own capture times (``*_ts_ns``, int64 ns in the header); ``log_time`` adds
+    an arrival delay drawn from ``rng``. ``access_units``: one H.264 Annex-B access unit per camera
+    frame. ``imu``: ``(gyro (I, 3) rad/s, accel (I, 3) m/s^2)`` in the device frame, or None for sensor
+    noise only (the random-motion samples have no consistent IMU). ``spec`` gives the rates, the image
+    size of ``camera_info``, ``pose_out_of_order`` and ``vio_status``.
+    """
+    msgs = das_messages()
+    raw: list[tuple[int, str, object]] = []
+    for seq, (ts, data) in enumerate(zip(camera_ts_ns, access_units)):
+        ts = int(ts)
+        raw.append((ts + int(rng.integers(8, 25)) * 1_000_000, topics.camera,
+                    msgs.CompressedImage(header=device_header(msgs, topics.camera, seq, ts, spec.fps),
+                                         frame_id="camera0", data=data, format="h264")))
+        if topics.camera_info:
+            raw.append((ts + 1_000_000, topics.camera_info,
+                        msgs.CameraCalibration(header=device_header(msgs, topics.camera_info, seq, ts, spec.fps),
+                                               frame_id="camera0", width=spec.width, height=spec.height,
+                                               distortion_model="kannala_brandt",
+                                               D=[-0.01, 0.002, 0.0, 0.0],
+                                               K=[spec.width * 0.45, 0, spec.width / 2, 0, spec.width * 0.45, spec.height / 2, 0, 0, 1])))
+    for seq, (ts, w) in enumerate(zip(gripper_ts_ns, gripper_width_m)):
+        raw.append((int(ts) + int(rng.integers(1, 5)) * 1_000_000, topics.gripper,
+                    msgs.MagneticEncoderMeasurement(header=device_header(msgs, topics.gripper, seq, ts, spec.gripper_hz), value=float(w))))
+    i_n = len(imu_ts_ns)
+    if imu is None:
+        gyro = rng.normal(0, 0.02, (i_n, 3))
+        acc = rng.normal(0, 0.05, (i_n, 3)) + np.array([0, 0, 9.81])
+    else:
+        gyro, acc = imu
+    for seq, ts in enumerate(imu_ts_ns):
+        raw.append((int(ts) + 2_000_000, topics.imu,
+                    msgs.Imu(header=device_header(msgs, topics.imu, seq, ts, spec.imu_hz),
+                             angular_velocity=dict(zip("xyz", gyro[seq])), linear_acceleration=dict(zip("xyz", acc[seq])))))
+
+    pose_msgs: list[tuple[int, str, object]] = []
+    for seq, (ts, valid) in enumerate(zip(pose_ts_ns, pose_valid)):
+        ts, valid = int(ts), bool(valid)
+        score = float(np.clip(rng.normal(0.92, 0.03), 0, 1)) if valid else float(rng.uniform(0.0, 0.3))
+        p = msgs.PoseInFrame(header=device_header(msgs, topics.pose, seq, ts, spec.fps, (f"{topics.camera}#{seq}",)),
+                             frame_id="world", pose_valid=valid, score=score)
+        p.pose.position.x, p.pose.position.y, p.pose.position.z = position_m[seq]
+        p.pose.orientation.x, p.pose.orientation.y, p.pose.orientation.z, p.pose.orientation.w = quat_xyzw[seq]
+        pose_msgs.append((ts + int(rng.integers(30, 45)) * 1_000_000, topics.pose, p))
+
+    raw.sort(key=lambda r: r[0])
+    vio = sorted(raw + pose_msgs, key=lambda r: r[0])
+    if spec.pose_out_of_order:
+        pose_positions = [k for k, r in enumerate(vio) if r[1] == topics.pose]
+        for k in pose_positions[5 : 5 + 6 * spec.pose_out_of_order : 6]:
+            nxt = next(j for j in pose_positions if j > k)
+            vio[k], vio[nxt] = vio[nxt], vio[k]
+
+    raw_path, vio_path, json_path = (task_dir / f"{stem}.mcap", task_dir / f"{stem}_vio.mcap", task_dir / f"{stem}_vio.json")
+    for path, records in ((raw_path, raw), (vio_path, vio)):
+        write_mcap(path, records)
+    status = {
+        "status": spec.vio_status,
+        "input_file": raw_path.name,
+        "output_file": vio_path.name,
+        "frame_count": len(access_units),
+        "pose_count": len(pose_msgs),
+        "valid_pose_ratio": round(float(np.mean([m[2].pose_valid for m in pose_msgs])) if pose_msgs else 0.0, 4),
+        "vio_version": "sample-1.0",
+    }
+    write_text_atomic(json_path, json.dumps(status, indent=2))
+    return raw_path, vio_path, json_path
+
+
+def write_mcap(path: Path, records: list[tuple[int, str, object]]) -> None:
     with atomic_output(path, "wb") as f:
         writer = Writer(f)
         for log_time, topic, msg in records:
