@@ -166,6 +166,11 @@ class PolicyServer:
             a = obs.get(key)
             if isinstance(a, np.ndarray) and a.ndim >= 3 and tuple(a.shape[-3:]) != self.image_shapes[key]:
                 raise ObservationError(f"{key} frames are {tuple(a.shape[-3:])}, the policy was trained on {self.image_shapes[key]}")
+        for key in lowdim_keys:
+            want = self.metadata["observation"][key]["shape"][0]
+            a = obs.get(key)
+            if isinstance(a, np.ndarray) and want > 0 and (a.ndim not in (2, 3) or a.shape[-1] != want):
+                raise ObservationError(f"{key} must be (To, {want}) or (B, To, {want}), got {a.shape}")
         if now is not None and "timestamp" in obs:
             anchor = float(np.max(np.asarray(obs["timestamp"], dtype=np.float64)[..., -1]))
             if float(now) - anchor > self.max_age_s:
