@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 scripts/system-packages.sh
 scripts/setup.sh
 scripts/setup-lerobot.sh
+scripts/setup-openpi-client.sh
 exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"

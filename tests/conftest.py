@@ -39,6 +39,7 @@ INSTALL = {
     "netns": "apt-get install -y iproute2, and run the tests as root",
     "lerobot 0.4.4": "scripts/setup-lerobot.sh (makes .venv-lerobot-0.4)",
     "lerobot 0.3.3": "scripts/setup-lerobot.sh (makes .venv-lerobot-0.3)",
+    "openpi-client": "scripts/setup-openpi-client.sh (makes .venv-openpi-client)",
 }
 
 
