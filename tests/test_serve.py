@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +22,14 @@ import torch
 from scipy.spatial.transform import Rotation
 
 from conftest import REPO, VENV_BIN, require_service
-from dpflow_core.serving import ObservationError, StaleObservationError, actions_to_execute, align_observation
+from dpflow_core.serving import (
+    ObservationError,
+    ServeSettings,
+    StaleObservationError,
+    actions_to_execute,
+    align_observation,
+    serve_command,
+)
 from dpflow_core.train.data import (
     GRIPPER_KEY,
     POS_KEY,
@@ -123,8 +131,9 @@ def served(tiny_checkpoint, tmp_path_factory):
     """``dpflow serve`` on the tiny checkpoint: yields ``(process, port)``; stopped by its PID."""
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as err:
-        proc = subprocess.Popen([str(VENV_BIN / "dpflow"), "serve", str(tiny_checkpoint.checkpoint), "--port", "0"],
-                                stdout=subprocess.PIPE, stderr=err, text=True)
+        command = shlex.split(serve_command(tiny_checkpoint.checkpoint, ServeSettings(port=0)))  # as Dagster shows it
+        assert command[:2] == ["dpflow", "serve"]
+        proc = subprocess.Popen([str(VENV_BIN / "dpflow"), *command[1:]], stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("serving "), f"dpflow serve did not start: {line!r}\n{log.read_text()}"

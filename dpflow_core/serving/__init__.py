@@ -27,5 +27,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "RemotePolicy": "client",
     "ServingError": "client",
     "serve": "server",
-    "serve_command": "server",
+    "serve_command": "settings",
 })

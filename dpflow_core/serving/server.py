@@ -33,7 +33,6 @@ import asyncio
 import http
 import logging
 import math
-import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -51,11 +50,6 @@ from dpflow_core.train.data import GRIPPER_KEY, POS_KEY, ROT_KEY, ROT_WRT_START_
 log = logging.getLogger(__name__)
 
 PROTOCOL = "openpi-websocket"
-
-
-def serve_command(checkpoint: str | Path, settings: ServeSettings = ServeSettings()) -> str:
-    """The shell command that serves ``checkpoint`` (what the Dagster ``checkpoint`` asset shows)."""
-    return f"dpflow serve {shlex.quote(str(checkpoint))} --host {settings.host} --port {int(settings.port)}"
 
 
 def policy_metadata(policy, checkpoint_sha256: str, image_shapes: Mapping[str, Any], max_age_s: float) -> dict[str, Any]:

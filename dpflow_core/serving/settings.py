@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def is_loopback(host: str) -> bool:
@@ -53,3 +55,8 @@ class ServeSettings:
     @property
     def loopback(self) -> bool:
         return is_loopback(self.host)
+
+
+def serve_command(checkpoint: str | Path, settings: ServeSettings = ServeSettings()) -> str:
+    """The shell command that serves ``checkpoint`` with ``settings`` (the Dagster ``checkpoint`` asset shows it)."""
+    return f"dpflow serve {shlex.quote(str(checkpoint))} --host {settings.host} --port {int(settings.port)}"

@@ -49,6 +49,7 @@ from pydantic import Field
 from dpflow_core.checkpoints import DownloadedCheckpoint, download_checkpoint, verify_checkpoint
 from dpflow_core.errors import DpflowError
 from dpflow_core.evaluation import EvaluationResult, evaluate_checkpoint, evaluation_dir_for
+from dpflow_core.serving.settings import serve_command
 from dpflow_core.runs import (
     DEFAULT_TRAIN_COMMAND,
     ReportedCheck,
@@ -613,6 +614,7 @@ def checkpoint(
         "already_present": result.already_present,
         "record": dg.MetadataValue.path(result.record_path),
         "dataset_sha256": run.dataset_sha256 or "",
+        "serve_command": serve_command(result.local_path),
         "train_run/run_name": run.run_name,
         "train_run/run_dir": dg.MetadataValue.path(run.run_dir),
         **_numbers(global_step=run.global_step, epoch=run.epoch, train_loss=run.train_loss),
