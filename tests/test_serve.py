@@ -380,3 +380,15 @@ def test_actions_to_execute_drops_the_past():
     np.testing.assert_array_equal(actions_to_execute(times, now_s=10.25, exec_latency_s=0.01), [3, 4, 5, 6, 7])
     np.testing.assert_array_equal(actions_to_execute(times, now_s=9.0), np.arange(8))
     assert len(actions_to_execute(times, now_s=11.0)) == 0
+
+
+def test_settings_bind_loopback_by_default_and_refuse_bad_values():
+    from dpflow_core.serving.settings import is_loopback
+
+    assert ServeSettings().host == "127.0.0.1" and ServeSettings().loopback
+    assert [is_loopback(h) for h in ("localhost", "127.0.0.2", "::1", "0.0.0.0", "192.168.1.5", "robot.lab")] == [
+        True, True, True, False, False, False]
+    with pytest.raises(ValueError, match="port must be in 0..65535"):
+        ServeSettings(port=70000)
+    with pytest.raises(ValueError, match="max_age_s must be a positive"):
+        ServeSettings(max_age_s=0)
