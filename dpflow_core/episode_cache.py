@@ -34,7 +34,7 @@ DEFAULT_MAX_BYTES = 20 << 30
 #: The job fields that change an episode's aligned arrays (``frequency_tolerance`` is applied
 #: across episodes afterwards, so it is not part of an episode's key).
 _KEY_FIELDS = ("stem", "sha256", "size_bytes", "image_size", "topics", "invalid_pose_policy", "min_overlap_fraction",
-               "max_gap_s", "gap_policy", "min_segment_frames", "min_pose_score")
+               "max_gap_s", "gap_policy", "min_segment_frames", "min_pose_score", "content_checks")
 
 
 def default_cache_dir() -> Path:

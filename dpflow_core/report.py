@@ -12,6 +12,8 @@ episode of a pairing manifest this module reads the ``<STEM>_vio.mcap`` once
 - camera frames trimmed (outside the stream overlap), dropped (capture intervals
   longer than 1.5 median intervals) and undecodable (before the first IDR frame);
 - the gripper width range;
+- the plausibility findings of the pose and gripper streams (:mod:`dpflow_core.recordings.plausibility`:
+  spikes, jumps, frozen VIO, a dead, stuck or out-of-range gripper), each of which flags the episode;
 - a preview PNG: a strip of decoded frames, the 3-D trajectory and the gripper
   width over time (matplotlib, Agg backend).
 
@@ -48,6 +50,7 @@ from dpflow_core.errors import DpflowError, InvalidNameError, PairingError, Reco
 from dpflow_core.files import atomic_path, write_text_atomic
 from dpflow_core.names import validate_name
 from dpflow_core.recordings import EpisodeStreams, read_streams
+from dpflow_core.recordings.plausibility import check_gripper, check_pose, frame_motion
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 #: ``|x - median| / scale`` above which an episode is flagged (Iglewicz & Hoaglin).
@@ -115,6 +118,9 @@ class EpisodeQuality:
         camera_gaps: holes in the camera stream longer than the report's ``max_gap_s``:
             ``{"at_s", "duration_s", "missing_frames"}`` (seconds from the episode start);
             conversion never bridges them (it splits or rejects the episode).
+        findings: the plausibility findings of its pose and gripper streams
+            (:class:`~dpflow_core.recordings.plausibility.Finding` as dicts: code, stream, time,
+            figure, limit, and the action conversion's default policy takes); each also flags it.
         outlier_reasons: why the episode is flagged (empty when it is not).
         robust_z: metric -> ``(x - task median) / scale`` (see module docstring).
         preview_png: path of the preview image, ``None`` when not drawn.
@@ -144,6 +150,7 @@ class EpisodeQuality:
     gripper_max_m: float
     log_time_inversions: int
     camera_gaps: tuple[dict, ...] = ()
+    findings: tuple[dict, ...] = ()
     outlier_reasons: tuple[str, ...] = ()
     robust_z: dict[str, float] = field(default_factory=dict)
     preview_png: str | None = None
@@ -169,6 +176,7 @@ class EpisodeQuality:
         d["pose_gaps"] = [dict(asdict(g), duration_s=g.duration_s) for g in self.pose_gaps]
         d["outlier_reasons"] = list(self.outlier_reasons)
         d["camera_gaps"] = [dict(g) for g in self.camera_gaps]
+        d["findings"] = [dict(f) for f in self.findings]
         d.update(pose_gap_total_s=self.pose_gap_total_s, pose_gap_longest_s=self.pose_gap_longest_s, is_outlier=self.is_outlier)
         return d
 
@@ -271,28 +279,37 @@ def _pose_gaps(ts_ns: np.ndarray, valid: np.ndarray, t0_ns: int) -> tuple[PoseGa
     return tuple(gaps)
 
 
-def _decode_strip(streams: EpisodeStreams, n: int) -> tuple[list[tuple[int, np.ndarray]], int | None]:
+def _decode_strip(streams: EpisodeStreams, n: int) -> tuple[list[tuple[int, np.ndarray]], int | None, np.ndarray, np.ndarray]:
     """Decode every camera packet; keep about ``n`` evenly spaced RGB frames.
 
-    Returns ``([(capture_time_ns, (H, W, 3) uint8 RGB)], undecodable_packet_count)``;
-    the count is ``None`` for a codec PyAV is not asked to decode.
+    Returns ``([(capture_time_ns, (H, W, 3) uint8 RGB)], undecodable_packet_count, motion_ts_ns,
+    motion)``; the count is ``None`` for a codec PyAV is not asked to decode; ``motion`` is each
+    decoded frame's image change (:func:`~dpflow_core.recordings.plausibility.frame_motion` of a
+    64x48 copy) at its capture time ``motion_ts_ns``.
     """
     import av
 
     codec = {"h264": "h264", "h265": "hevc", "hevc": "hevc"}.get(streams.camera_format.lower())
     packets = streams.camera_packets
     if codec is None or not packets:
-        return [], None
+        return [], None, np.zeros(0, dtype=np.int64), np.zeros(0)
     targets = sorted(set(np.linspace(0, len(packets) - 1, num=min(n, len(packets))).round().astype(int).tolist()))
     ctx = av.CodecContext.create(codec, "r")
     kept: list[tuple[int, np.ndarray]] = []
     decoded, k = 0, 0
+    motion_ts: list[int] = []
+    motion: list[float] = []
+    thumb = None
 
     def take(frames):
-        nonlocal decoded, k
+        nonlocal decoded, k, thumb
         for frame in frames:
             decoded += 1
             idx = int(frame.pts) if frame.pts is not None else -1
+            if 0 <= idx < len(packets):
+                change, thumb = frame_motion(frame.reformat(width=64, height=48, format="rgb24").to_ndarray(), thumb)
+                motion_ts.append(int(streams.camera_ts_ns[idx]))
+                motion.append(change)
             if k < len(targets) and idx >= targets[k]:
                 kept.append((int(streams.camera_ts_ns[idx]), frame.to_ndarray(format="rgb24")))
                 while k < len(targets) and targets[k] <= idx:
@@ -309,7 +326,7 @@ def _decode_strip(streams: EpisodeStreams, n: int) -> tuple[list[tuple[int, np.n
         take(ctx.decode(None))
     except av.error.FFmpegError:
         pass
-    return kept, len(packets) - decoded
+    return kept, len(packets) - decoded, np.asarray(motion_ts, dtype=np.int64), np.asarray(motion)
 
 
 def _measure(stem: str, path: Path, sha256: str | None, streams: EpisodeStreams,
@@ -391,6 +408,7 @@ def flag_outliers(episodes: Sequence[EpisodeQuality]) -> list[EpisodeQuality]:
             if abs(z[name]) > OUTLIER_Z:
                 unit = "" if name == "score_median" else " s"
                 reasons.append(f"{_METRIC_NAMES[name]} {x[i]:.3g}{unit} vs task median {med:.3g}{unit} (z={z[name]:+.1f})")
+        reasons.extend(f"implausible {f['reason']}" for f in e.findings)
         for g in e.camera_gaps:
             reasons.append(f"camera hole {g['duration_s']:.2f} s after {g['at_s']:.2f} s "
                            f"({g['missing_frames']} frames missing; conversion splits or rejects, never bridges)")
@@ -464,8 +482,11 @@ def episode_quality(
             unreadable.append({"stem": stem, "path": str(path), "code": code, "reason": reason, "stage": "report"})
             continue
         q, t0 = _measure(stem, path, sha, streams, max_gap_s)
-        frames, undecodable = _decode_strip(streams, strip_frames if preview_dir is not None else 0)
-        episodes.append(replace(q, frames_undecodable=undecodable))
+        frames, undecodable, motion_ts, motion = _decode_strip(streams, strip_frames if preview_dir is not None else 0)
+        findings = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, t0,
+                              motion_ts_ns=motion_ts, motion=motion).findings
+        findings += check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, streams.pose_ts_ns, streams.position_m, t0)
+        episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(f.to_dict() for f in findings)))
         if preview_dir is not None:
             previews.append(PreviewData(
                 frames=frames,

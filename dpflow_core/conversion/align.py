@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from dpflow_core.conversion.decode import _SWS_FLAGS, decode_camera
-from dpflow_core.conversion.gaps import _gaps, plan_segments
+from dpflow_core.conversion.gaps import _gaps, cut_implausible, plan_segments
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
@@ -32,7 +32,9 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: 3: ``data__camera0_rgb`` is the first member of ``dataset.npz`` (its frames are appended while
 #: later episodes are aligned), and each cached episode records its frames' CRC-32: same arrays,
 #: other bytes, so dataset keys and cache entries of version 2 are not reused.
-CONVERTER_VERSION = "3"
+#: 4: the plausibility rules (:mod:`dpflow_core.recordings.plausibility`): pose spikes repaired,
+#: jumps and frozen VIO cut out, implausible grippers rejected; one minimum episode length.
+CONVERTER_VERSION = "4"
 INVALID_POSE_POLICIES = ("trim", "reject")
 GAP_POLICIES = ("split", "reject")
 #: Camera intervals longer than this (seconds) are never bridged by interpolation.
@@ -189,6 +191,7 @@ def align_episode(
     gap_policy: str = "split",
     min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
     min_pose_score: float = 0.0,
+    plausibility: "PlausibilityOptions | None" = None,
 ) -> AlignedEpisode:
     """Decode and align one episode on its camera frames.
 
@@ -225,6 +228,13 @@ def align_episode(
         min_segment_frames: shortest segment kept when splitting (frames).
         min_pose_score: a pose whose VIO ``score`` is below this also counts as invalid
             (0 = only ``pose_valid``; the score's scale is not published, formats.md).
+        plausibility: thresholds and policies of the pose and gripper rules
+            (:class:`~dpflow_core.recordings.plausibility.PlausibilityOptions`; None: the defaults).
+            They run on the capture-ordered samples before interpolation: a spike is repaired
+            (its original value recorded), a jump or a frozen VIO's span is dropped and the
+            episode cut there (pieces shorter than ``min_segment_frames`` dropped), a
+            rejecting finding raises with its class as the code. ``report["plausibility"]``
+            lists every finding with stream, time, figure and action.
 
     Returns:
         The aligned episode. ``report`` holds: ``camera_messages``,
@@ -249,12 +259,16 @@ def align_episode(
             few frames remain (``too_short``), a camera gap is longer than ``max_gap_s``
             under ``gap_policy="reject"`` (``camera_gap``) or no segment is long enough
             under ``"split"`` (``too_short``), a position or gripper width is
-            NaN/inf (``not_finite``), or an argument is invalid.
+            NaN/inf (``not_finite``), a plausibility finding whose policy rejects (its class,
+            e.g. ``gripper_dead``), or an argument is invalid.
     """
     from scipy.spatial.transform import Rotation, Slerp
 
     from dpflow_core.recordings.inspection import clock_domain_note
+    from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_pose, decide
     from dpflow_core.recordings.reader import read_streams
+
+    checks = (plausibility or PlausibilityOptions()).validate()
 
     path = Path(vio_mcap_path)
     if invalid_pose_policy not in INVALID_POSE_POLICIES:
@@ -277,8 +291,8 @@ def align_episode(
         fmt = (streams.camera_format or "").lower()
         if fmt not in ("h264", "h.264"):
             raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
-        frames, pkt_idx, errors, frame_range, prefix_crc32 = decode_camera(streams.camera_packets, image_size, "h264", rgb_path,
-                                                              path, streams.camera_ts_ns)
+        frames, pkt_idx, errors, frame_range, prefix_crc32, motion = decode_camera(
+            streams.camera_packets, image_size, "h264", rgb_path, path, streams.camera_ts_ns)
         n_packets = len(streams.camera_packets)
     finally:
         if hasattr(streams.camera_packets, "close"):
@@ -308,6 +322,15 @@ def align_episode(
         )
     in_overlap = (cam_ns >= ov_start) & (cam_ns <= ov_end)
     lo, hi = _longest_true_run(in_overlap)
+
+    verdict = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, origin, checks, cam_ns, motion)
+    findings = verdict.findings + check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, streams.pose_ts_ns,
+                                                streams.position_m, origin, checks)
+    rejected = decide(findings)
+    if rejected is not None:
+        others = [f.describe() for f in findings if f is not rejected]
+        raise ConversionError(f"{rejected.describe()} (policy {rejected.code}={rejected.policy})"
+                              + (f"; also: {'; '.join(others[:5])}" if others else ""), path, code=rejected.code)
 
     # Pose validity at each frame: both bracketing pose samples must be valid.
     pose_t = streams.pose_ts_ns
@@ -374,8 +397,8 @@ def align_episode(
     t0 = int(kept_ns[0])
     t_s = (kept_ns - t0) / 1e9
     pose_s = (pose_t - t0) / 1e9
-    pos = np.stack([np.interp(t_s, pose_s, streams.position_m[:, k]) for k in range(3)], axis=1)
-    rot = Slerp(pose_s, Rotation.from_quat(streams.quat_xyzw))(t_s)
+    pos = np.stack([np.interp(t_s, pose_s, verdict.position_m[:, k]) for k in range(3)], axis=1)
+    rot = Slerp(pose_s, Rotation.from_quat(verdict.quat_xyzw))(t_s)
     grip = np.interp(t_s, (streams.gripper_ts_ns - t0) / 1e9, streams.gripper_width_m)
 
     for name, values in (("pose position", pos), ("gripper width", grip)):
@@ -392,6 +415,8 @@ def align_episode(
     pose_used_s = pose_s[used_pose]
     pose_period = float(np.median(np.diff(pose_used_s))) if len(pose_used_s) > 2 else period
     gaps, segments, long_info = plan_segments(t_s, period, max_gap_s, gap_policy, min_segment_frames, path)
+    segments, plaus_info = cut_implausible(kept_ns, segments, verdict.drop_ns, min_segment_frames, path, findings)
+    plaus_info["options"] = checks.to_dict()
     report = {
         "stem": stem,
         "path": str(path),
@@ -414,6 +439,7 @@ def align_episode(
         "duration_s": round(float(t_s[-1]), 4),
         "frequency_hz": 1.0 / period,
         "coverage": round(float(coverage), 4),
+        "plausibility": plaus_info,
         "log_time_inversions": dict(streams.log_time_inversions),
         "duplicate_timestamps": dict(streams.duplicate_timestamps),
     }

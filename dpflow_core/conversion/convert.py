@@ -146,6 +146,8 @@ def convert(
     min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
     min_pose_score: float = 0.0,
     cache: "EpisodeCache | str | Path | bool | None" = True,
+    plausibility: Any = None,
+    short_episode_policy: str = "reject",
 ) -> ConversionResult:
     """Convert the accepted episodes of a pairing manifest into one ``dataset.npz``.
 
@@ -205,6 +207,11 @@ def convert(
             whose input SHA-256, stem and alignment options are cached is not aligned again; the
             dataset is byte-identical either way (``cache`` and ``episodes[].cached`` in the
             sidecar say what was reused). The cache is pruned to its limit after the conversion.
+        plausibility: thresholds and policies of the pose and gripper rules (a
+            :class:`~dpflow_core.recordings.plausibility.PlausibilityOptions` or a dict; None: the
+            defaults, docs/formats.md); findings in ``episodes[].plausibility``.
+        short_episode_policy: an episode or piece under ``min_segment_frames`` frames is rejected
+            (``"reject"``: a piece is dropped and listed) or kept with a warning (``"warn"``).
 
     Returns:
         The output paths, hash and figures.
@@ -237,9 +244,10 @@ def convert(
     inputs = load_inputs(manifest_or_paths)
     topics = topics or _topic_map(inputs)
     options = _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
-                                  max_gap_s, gap_policy, min_segment_frames)
+                                  max_gap_s, gap_policy, min_segment_frames, plausibility, short_episode_policy)
     if min_pose_score:
         options["min_pose_score"] = min_pose_score
+    checks = options["content_checks"]
     key = _key(inputs, options)
 
     existing = [p for p in (out, sidecar, norm_path) if p.exists()]
@@ -281,7 +289,7 @@ def convert(
         work.mkdir()
         jobs = [
             alignment_job(e, image_size, topics, invalid_pose_policy, min_overlap_fraction, verify_sha256,
-                          max_gap_s, gap_policy, min_segment_frames, min_pose_score)
+                          max_gap_s, gap_policy, min_segment_frames, min_pose_score, checks)
             | {"dir": str(work / f"{i:06d}")}
             for i, e in enumerate(inputs.episodes)
         ]
@@ -352,6 +360,12 @@ def convert(
         n_cached = len({r["stem"] for r in ok if r["cached"]})
         meta["cache"] = {"dir": str(episode_cache.root) if episode_cache else None,
                          "episodes_reused": n_cached, "episodes_aligned": len(jobs) - n_cached}
+        for r in ok:
+            for w in r["report"].get("short_episode") or []:
+                meta["warnings"].append({"stem": r["stem"], **w})
+            for f in (r["report"].get("plausibility") or {}).get("findings", []):
+                if f["action"] == "warned":
+                    meta["warnings"].append({"stem": r["stem"], "code": f["code"], "reason": f["reason"]})
         if len(ok) == 1:
             meta["warnings"].append({
                 "code": "single_episode",
@@ -432,6 +446,7 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
             "stem": r["stem"],
             "start": start,
             "length": r["n"],
+            "start_ts_ns": r.get("start_ts_ns"),
             "frequency_hz": rep["frequency_hz"],
             "duration_s": rep["duration_s"],
             "trimmed_s": rep["trimmed_s"],
@@ -441,6 +456,8 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
             "segment": rep.get("segment"),
             "pose_gaps": rep["pose_gaps"],
             "pose_invalid": rep["pose_invalid"],
+            "plausibility": {k: v for k, v in (rep.get("plausibility") or {}).items() if k != "options"},
+            "short_episode": rep.get("short_episode") or [],
             "leading_undecodable_packets": rep["leading_undecodable_packets"],
             "undecodable_packets": rep["undecodable_packets"],
             "cached": r["cached"],

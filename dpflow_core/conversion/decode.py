@@ -18,6 +18,7 @@ import numpy as np
 from av.video.reformatter import Interpolation, VideoReformatter
 
 from dpflow_core.errors import ConversionError
+from dpflow_core.recordings.plausibility import frame_motion
 
 #: swscale flags of the one-pass YUV->RGB conversion and resize: area averaging, with
 #: full-resolution chroma interpolation and accurate rounding. Measured on sample
@@ -80,7 +81,7 @@ def decode_camera(
     rgb_path: Path | None,
     path: Path,
     ts_ns: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray | None, np.ndarray]:
     """Decode H.264 access units to RGB frames.
 
     Each packet gets ``pts`` = its message index, so every decoded frame says
@@ -102,7 +103,8 @@ def decode_camera(
         in decode order), packet index (K,) int64 of each frame, the indices
         of packets the decoder rejected, (K, 2) uint8 per-frame (min, max) pixel values, and with
         ``rgb_path`` the (K + 1,) int64 CRC-32 of the file's first k rows (:attr:`FrameFile.prefix_crc32`),
-        else None.
+        else None; and (K,) float32 image change of each frame against the one before
+        (:func:`~dpflow_core.recordings.plausibility.frame_motion`, grey levels; 0 for the first).
     """
     ctx = av.CodecContext.create(codec, "r")
     # Parallelism comes from worker processes; decoder threads did not help.
@@ -116,9 +118,11 @@ def decode_camera(
     index: list[int] = []
     errors: list[int] = []
     ranges: list[tuple[int, int]] = []
+    motion: list[float] = []
+    thumb: np.ndarray | None = None
 
     def take(frames: Iterable[av.VideoFrame]) -> None:
-        nonlocal buf, out
+        nonlocal buf, out, thumb
         for frame in frames:
             if frame.pts is None or not 0 <= frame.pts < len(packets):
                 raise ConversionError(f"decoder returned a frame with pts {frame.pts!r}", path, code="decode_error")
@@ -139,6 +143,8 @@ def decode_camera(
                     buf = np.empty((len(packets), *rgb.shape), dtype=np.uint8)
                 buf[len(index)] = rgb
             ranges.append((int(rgb.min()), int(rgb.max())))
+            change, thumb = frame_motion(rgb, thumb)
+            motion.append(change)
             index.append(int(frame.pts))
 
     try:
@@ -173,4 +179,5 @@ def decode_camera(
         frames = buf[: len(idx)]
     if np.any(np.diff(idx) <= 0):
         raise ConversionError("camera frames decoded out of capture order (B-frames?)", path, code="decode_error")
-    return frames, idx, errors, np.asarray(ranges, dtype=np.uint8).reshape(-1, 2), prefix_crc32
+    return (frames, idx, errors, np.asarray(ranges, dtype=np.uint8).reshape(-1, 2), prefix_crc32,
+            np.asarray(motion, dtype=np.float32))

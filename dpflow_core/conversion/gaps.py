@@ -3,7 +3,9 @@ episode is cut so that no hole longer than ``max_gap_s`` is bridged by interpola
 
 Takes the kept frames' times (s, float64, from the first frame) and the median frame period (s);
 gives the gaps (``at_s``, ``duration_s``, ``missing_frames``, ``row``, ``action``), the segments to
-keep as ``(start, stop)`` rows, and the report entry ``long_gaps`` written into the dataset metadata.
+keep as ``(start, stop)`` rows, and the report entry ``long_gaps`` written into the dataset metadata;
+and the pieces left when the implausible stretches the plausibility rules found are cut out
+(:func:`cut_implausible`).
 """
 
 from __future__ import annotations
@@ -88,3 +90,55 @@ def plan_segments(
         g["action"] = ("split" if gap_policy == "split" else "rejected") if g in long else "interpolated"
     info["gaps"] = [g for g in gaps if g in long]
     return gaps, segments, info
+
+
+def cut_implausible(kept_ns: np.ndarray, segments: list[tuple[int, int]] | None, drop_ns: list[tuple[int, int]],
+                    min_segment_frames: int, path: Path, findings: list) -> tuple[list[tuple[int, int]] | None, dict]:
+    """The pieces left when the frames inside the implausible intervals are dropped.
+
+    Args:
+        kept_ns: (N,) int64 capture times of the kept frames. segments: the pieces after the camera
+            gaps (rows, or None: the whole episode). drop_ns: open intervals (ns) whose frames go; the
+            episode is cut at each, even when no frame lies inside. findings: the plausibility findings.
+
+    Returns:
+        (segments or None when nothing was cut, ``report["plausibility"]``: findings, dropped frames,
+        pieces with rows, frames and whether each reached ``min_segment_frames``).
+
+    Raises:
+        ConversionError: ``too_short`` when no piece reaches ``min_segment_frames`` frames.
+    """
+    info = {"findings": [f.to_dict() for f in findings], "dropped_frames": 0, "segments": []}
+    if not drop_ns:
+        return segments, info
+    n = len(kept_ns)
+    bad = np.zeros(n, dtype=bool)
+    cut_after = np.zeros(n, dtype=bool)
+    for a, b in drop_ns:
+        bad |= (kept_ns > a) & (kept_ns < b)
+        k = int(np.searchsorted(kept_ns, a, side="right")) - 1  # last frame at or before a
+        if 0 <= k < n - 1 and kept_ns[k + 1] >= b:
+            cut_after[k] = True
+    pieces = []
+    for a, b in segments or [(0, n)]:
+        start = None
+        for r in range(a, b):
+            if bad[r]:
+                if start is not None:
+                    pieces.append((start, r))
+                start = None
+                continue
+            if start is None:
+                start = r
+            if cut_after[r] or r == b - 1:
+                pieces.append((start, r + 1))
+                start = None
+    info["dropped_frames"] = int(np.count_nonzero(bad))
+    info["segments"] = [{"rows": [a, b], "frames": b - a, "kept": b - a >= min_segment_frames} for a, b in pieces]
+    kept = [p for p in pieces if p[1] - p[0] >= min_segment_frames]
+    if not kept:
+        raise ConversionError(
+            f"{'; '.join(f.describe() for f in findings if f.action == 'split')}: cut there, no piece has the minimum "
+            f"{min_segment_frames} frames (pieces of {', '.join(str(b - a) for a, b in pieces) or 'no'} frames)",
+            path, code="too_short")
+    return kept, info

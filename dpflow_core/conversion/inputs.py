@@ -159,8 +159,12 @@ def _topic_map(inputs: ConversionInputs) -> TopicMap:
 
 
 def _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
-                        max_gap_s=DEFAULT_MAX_GAP_S, gap_policy="split", min_segment_frames=DEFAULT_MIN_SEGMENT_FRAMES) -> dict:
+                        max_gap_s=DEFAULT_MAX_GAP_S, gap_policy="split", min_segment_frames=DEFAULT_MIN_SEGMENT_FRAMES,
+                        plausibility=None, short_episode_policy="reject") -> dict:
+    from dpflow_core.conversion.jobs import content_checks
+
     return {
+        "content_checks": content_checks(plausibility, short_episode_policy),
         "image_size": list(image_size),
         "invalid_pose_policy": invalid_pose_policy,
         "min_overlap_fraction": min_overlap_fraction,
@@ -182,6 +186,8 @@ def dataset_key(
     max_gap_s: float = DEFAULT_MAX_GAP_S,
     gap_policy: str = "split",
     min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
+    plausibility: Any = None,
+    short_episode_policy: str = "reject",
 ) -> str:
     """Content address of the dataset a conversion would produce (64 hex digits).
 
@@ -193,7 +199,8 @@ def dataset_key(
     topics = topics or _topic_map(inputs)
     return _key(inputs, _conversion_options(_check_image_size(image_size), invalid_pose_policy,
                                             min_overlap_fraction, frequency_tolerance, topics,
-                                            max_gap_s, gap_policy, min_segment_frames))
+                                            max_gap_s, gap_policy, min_segment_frames, plausibility,
+                                            short_episode_policy))
 
 
 def _key(inputs: ConversionInputs, options: dict) -> str:

@@ -48,17 +48,21 @@ def alignment_job(
     gap_policy: str = "reject",
     min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
     min_pose_score: float = 0.0,
+    checks: dict | None = None,
 ) -> dict:
     """The picklable job :func:`align_job_episode` runs in a worker for one accepted episode
     (``entry``: ``stem``, ``vio_mcap``, ``size_bytes``, ``sha256`` of :func:`load_inputs`).
     ``gap_policy`` defaults to ``"reject"`` here: a caller that cannot store segments
-    (the LeRobot export) must never bridge a camera gap longer than ``max_gap_s`` seconds."""
+    (the LeRobot export) must never bridge a camera gap longer than ``max_gap_s`` seconds. ``checks``:
+    ``{"plausibility": PlausibilityOptions.to_dict(), "short_episode_policy": "reject" | "warn"}``
+    (None: the defaults, :func:`content_checks`)."""
     return {
         "converter_version": CONVERTER_VERSION,
         "max_gap_s": max_gap_s,
         "gap_policy": gap_policy,
         "min_segment_frames": min_segment_frames,
         "min_pose_score": min_pose_score,
+        "content_checks": checks or content_checks(),
         "stem": entry.stem,
         "vio_mcap": str(entry.vio_mcap),
         "size_bytes": entry.size_bytes,
@@ -69,6 +73,35 @@ def alignment_job(
         "invalid_pose_policy": invalid_pose_policy,
         "min_overlap_fraction": min_overlap_fraction,
     }
+
+
+#: What an episode shorter than the minimum episode length (``min_segment_frames``) gets, whole or a piece.
+SHORT_EPISODE_POLICIES = ("reject", "warn")
+
+
+def content_checks(plausibility=None, short_episode_policy: str = "reject") -> dict:
+    """The job's ``content_checks``: the plausibility options (a
+    :class:`~dpflow_core.recordings.plausibility.PlausibilityOptions`, a dict of its fields, or None
+    for the defaults) with every policy filled in, and the short-episode policy.
+
+    Raises:
+        ConversionError: an unknown class, policy or option (``bad_option``).
+    """
+    from dpflow_core.recordings.plausibility import PlausibilityOptions
+
+    if short_episode_policy not in SHORT_EPISODE_POLICIES:
+        raise ConversionError(f"short_episode_policy must be one of {SHORT_EPISODE_POLICIES}, got {short_episode_policy!r}",
+                              code="bad_option")
+    try:
+        opts = plausibility if isinstance(plausibility, PlausibilityOptions) else PlausibilityOptions.from_dict(plausibility)
+        return {"plausibility": opts.validate().to_dict(), "short_episode_policy": short_episode_policy}
+    except (TypeError, ValueError) as exc:
+        raise ConversionError(f"plausibility options: {exc}", code="bad_option") from exc
+
+
+def _short(n: int, seconds: float, minimum: int, what: str) -> str:
+    return (f"{what} has {n} frames ({seconds:.2f} s), below the minimum episode length of {minimum} frames "
+            "(min_segment_frames: the least that yields a training sample)")
 
 
 def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode":
@@ -100,6 +133,10 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
             path,
             code="input_changed",
         )
+    from dpflow_core.recordings.plausibility import PlausibilityOptions
+
+    checks = job.get("content_checks") or content_checks()
+    minimum = job.get("min_segment_frames", DEFAULT_MIN_SEGMENT_FRAMES)
     episode = align_episode(
         path,
         tuple(job["image_size"]) if job["image_size"] is not None else None,
@@ -110,9 +147,20 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
         rgb_dir=rgb_dir,
         max_gap_s=job.get("max_gap_s", DEFAULT_MAX_GAP_S),
         gap_policy=job.get("gap_policy", "reject"),
-        min_segment_frames=job.get("min_segment_frames", DEFAULT_MIN_SEGMENT_FRAMES),
+        min_segment_frames=1 if checks["short_episode_policy"] == "warn" else minimum,
         min_pose_score=job.get("min_pose_score", 0.0),
+        plausibility=PlausibilityOptions.from_dict(checks["plausibility"]),
     )
+    # One minimum length for whole episodes and split pieces alike.
+    if checks["short_episode_policy"] == "warn":
+        pieces = [(0, len(episode))] if episode.segments is None else episode.segments
+        warnings = [_short(b - a, float(episode.timestamps_s[b - 1] - episode.timestamps_s[a]), minimum,
+                           "episode" if episode.segments is None else f"piece {k} (rows {a}-{b})")
+                    for k, (a, b) in enumerate(pieces) if b - a < minimum]
+        episode.report["short_episode"] = [{"code": "short_episode", "reason": w} for w in warnings]
+    elif episode.segments is None and len(episode) < minimum:
+        raise ConversionError(_short(len(episode), float(episode.timestamps_s[-1]), minimum, "episode")
+                              + " and short_episode_policy is 'reject'", path, code="too_short")
     # The SHA-256 comes from the bytes the parser read: the file is read once.
     if job["verify_sha256"] and job["sha256"] and episode.input_sha256 != job["sha256"]:
         raise ConversionError(
@@ -187,6 +235,7 @@ def _write_part(ep, out_dir: Path) -> dict:
     return {
         "stem": ep.stem,
         "n": n,
+        "start_ts_ns": int(ep.start_ts_ns),
         "rgb_path": str(ep.rgb_path),
         "rgb_rows": list(ep.rgb_rows),
         # The dataset writer joins these instead of reading the frames again for the zip's CRC.

@@ -26,6 +26,7 @@ from mcap_protobuf.decoder import DecoderFactory
 
 from dpflow_core.errors import RecordingError
 from dpflow_core.files import HashingReader
+from dpflow_core.recordings.plausibility import check_clock
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -287,6 +288,8 @@ def inspect_recording(
         ``count_mismatch``, ``undecodable_message``, ``no_header``,
         ``no_decodable_frame``, ``no_overlap``, ``clock_domains_differ`` (first capture times
         more than a day apart), ``crlf_converted`` (magic damaged by a text-mode copy),
+        ``clock_step`` / ``clock_reversal`` (a stream's capture clock jumped against its arrival
+        times: :func:`~dpflow_core.recordings.plausibility.check_clock`),
         ``unsupported_multi_arm``: ``/robotN/...``
         topics of a second arm beside the converted one) and a reason naming the byte
         offset, topic or count; tolerated faults are in ``warnings``
@@ -519,9 +522,19 @@ def inspect_recording(
         report.first_ts_ns[topic], report.last_ts_ns[topic] = int(uniq[0]), int(uniq[-1])
         span_s = (int(uniq[-1]) - int(uniq[0])) / 1e9
         report.rates_hz[topic] = (len(uniq) - 1) / span_s if span_s > 0 else 0.0
+        steps = check_clock(t, lt, int(uniq[0]), topic)
+        for f in steps:
+            what = "stepped forward" if f.code == "clock_step" else "ran backwards"
+            (report.errors if f.policy == "reject" else report.warnings).append(Problem(
+                f.code, f"{path.name}: {topic} capture clock {what} by {abs(f.value):.3f} s at {f.at_s:.3f} s "
+                        f"(message {f.detail['message_index']}; capture minus arrival time changed by more than "
+                        f"{f.limit:g} s): the stream cannot be aligned with the others after it"))
+        if steps:
+            # The span holds the step: a rate measured over it is no rate, so none is reported.
+            report.rates_hz[topic] = 1e9 / float(np.median(np.diff(uniq))) if len(uniq) > 1 else 0.0
         if st.expect_hz:
             report.expected_hz[topic] = st.expect_hz
-            if report.rates_hz[topic] and abs(report.rates_hz[topic] / st.expect_hz - 1) > RATE_TOLERANCE:
+            if not steps and report.rates_hz[topic] and abs(report.rates_hz[topic] / st.expect_hz - 1) > RATE_TOLERANCE:
                 report.warnings.append(Problem(
                     "rate_mismatch",
                     f"{path.name}: {topic} measured {report.rates_hz[topic]:.2f} Hz, header expects {st.expect_hz:g} Hz",

@@ -1,0 +1,410 @@
+"""Plausibility of what parses: a pose track, a gripper and a stream's clock checked against physics.
+
+A recording can be well-formed and still wrong: a VIO relocalisation jump, a single pose 0.5 m
+off its neighbours, a VIO that froze while the camera kept moving, a gripper encoder stuck or out
+of its range, a clock that stepped. Each check here is a rule of what a handheld gripper and its
+sensors can do, with a threshold in physical units (:class:`PlausibilityOptions`, documented in
+docs/formats.md section "Plausibility"), and each finding is a :class:`Finding` naming the stream,
+the time (s from the episode start), the figure measured and the limit, and what its class's policy
+did with it:
+
+========================  ==============================================  =================  ==============
+class (``code``)          rule                                            default policy     policies
+========================  ==============================================  =================  ==============
+``pose_spike``            one sample off the line through its neighbours  repair             repair, split, reject, warn
+``pose_jump``             speed between two samples above the limit       split              split, reject, warn
+``rotation_jump``         angular speed between two samples above limit   split              split, reject, warn
+``pose_acceleration``     acceleration above the limit (not at a jump)    warn               warn, reject
+``vio_frozen``            pose bit-constant while the camera image moves  split              split, reject, warn
+``gripper_dead``          zero variance over the episode while it moves   reject             reject, warn
+``gripper_stuck``         bit-constant for a stretch while the pose moves warn               warn, reject
+``gripper_out_of_range``  a width outside the device's range              reject             reject, warn
+``clock_step``            a stream's clock jumps forward against arrival  reject             reject, warn
+``clock_reversal``        a stream's clock runs backwards                 reject             reject, warn
+========================  ==============================================  =================  ==============
+
+``repair`` replaces a spike by the interpolation of its neighbours and records the original value
+(provenance); ``split`` drops the samples' time span and cuts the episode there (each piece must
+still reach the minimum episode length); ``reject`` rejects the episode with the finding as reason;
+``warn`` keeps the data and lists the finding. The clock rules need the arrival (log) time and
+run where messages are read in file order (:mod:`dpflow_core.recordings.inspection`); the others
+run on capture-ordered samples at conversion (:func:`dpflow_core.conversion.align_episode`) and in
+the quality report (:mod:`dpflow_core.report`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+#: Policies each class accepts; the first is its default.
+POLICIES: dict[str, tuple[str, ...]] = {
+    "pose_spike": ("repair", "split", "reject", "warn"),
+    "pose_jump": ("split", "reject", "warn"),
+    "rotation_jump": ("split", "reject", "warn"),
+    "pose_acceleration": ("warn", "reject"),
+    "vio_frozen": ("split", "reject", "warn"),
+    "gripper_dead": ("reject", "warn"),
+    "gripper_stuck": ("warn", "reject"),
+    "gripper_out_of_range": ("reject", "warn"),
+    "clock_step": ("reject", "warn"),
+    "clock_reversal": ("reject", "warn"),
+}
+
+
+@dataclass(frozen=True)
+class PlausibilityOptions:
+    """Thresholds of the plausibility rules (physical units) and the policy of each class.
+
+    Attributes:
+        max_speed_mps: fastest a handheld gripper's camera moves between two pose samples, m/s.
+        max_angular_speed_rps: fastest it turns between two pose samples, rad/s.
+        max_accel_mps2: largest acceleration of the camera, m/s^2 (a hand: well under 30).
+        spike_min_m: a sample this far (m) from the interpolation of its neighbours, while the
+            neighbours are within a third of that of each other, is a single-sample outlier.
+        spike_min_rad: the same for the orientation, radians.
+        frozen_min_s: a pose bit-constant (below ``frozen_eps``) for at least this long, s ...
+        frozen_motion: ... while the camera image changes by at least this much per frame
+            (mean absolute change of the 8x8-block grey thumbnail, grey levels 0-255), is a frozen VIO.
+        gripper_range_m: (low, high) widths the device can report, metres.
+        gripper_stuck_s: a width bit-constant for at least this long (s) while the pose moves
+            ``moving_m`` is stuck; constant over the whole episode is ``gripper_dead``.
+        moving_m: path length (m) of the pose over a stretch that counts as "the gripper moves".
+        clock_step_s: a change of a stream's capture-minus-arrival offset by more than this (s),
+            persisting over the next samples, is a clock step (forward) or reversal (backward).
+        policies: class -> policy (see :data:`POLICIES`); missing classes take their default.
+    """
+
+    max_speed_mps: float = 3.0
+    max_angular_speed_rps: float = 20.0
+    max_accel_mps2: float = 60.0
+    spike_min_m: float = 0.03
+    spike_min_rad: float = 0.3
+    frozen_min_s: float = 0.3
+    frozen_motion: float = 1.0
+    frozen_eps: float = 1e-7
+    gripper_range_m: tuple[float, float] = (-0.005, 0.12)
+    gripper_stuck_s: float = 1.0
+    moving_m: float = 0.05
+    clock_step_s: float = 0.1
+    policies: dict[str, str] = field(default_factory=dict)
+
+    def policy(self, code: str) -> str:
+        """The policy of class ``code`` (its default when not set)."""
+        return self.policies.get(code, POLICIES[code][0])
+
+    def validate(self) -> "PlausibilityOptions":
+        """Raise ValueError naming an unknown class or a policy the class does not accept."""
+        for code, policy in self.policies.items():
+            if code not in POLICIES:
+                raise ValueError(f"unknown plausibility class {code!r} (known: {', '.join(POLICIES)})")
+            if policy not in POLICIES[code]:
+                raise ValueError(f"plausibility class {code!r} takes policy {' | '.join(POLICIES[code])}, got {policy!r}")
+        lo, hi = self.gripper_range_m
+        if not lo < hi:
+            raise ValueError(f"gripper_range_m must be (low, high) with low < high, got {self.gripper_range_m!r}")
+        return self
+
+    def to_dict(self) -> dict:
+        """JSON form with every policy filled in (what the metadata records)."""
+        d = asdict(self)
+        d["gripper_range_m"] = list(self.gripper_range_m)
+        d["policies"] = {code: self.policy(code) for code in POLICIES}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "PlausibilityOptions":
+        """The inverse of :meth:`to_dict` (None: the defaults)."""
+        if not d:
+            return cls()
+        d = dict(d)
+        if "gripper_range_m" in d:
+            d["gripper_range_m"] = tuple(d["gripper_range_m"])
+        return cls(**d).validate()
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One implausible stretch of one stream.
+
+    Attributes:
+        code: the class (a key of :data:`POLICIES`).
+        stream: ``pose``, ``gripper``, ``camera`` or a topic name.
+        at_s: start, seconds from the episode start (the earliest capture time of its streams).
+        end_s: end of the stretch, seconds (equal to ``at_s`` for one sample).
+        value: the figure measured (m/s, rad/s, m/s^2, m, s); limit: the threshold it broke.
+        unit: unit of ``value`` and ``limit``.
+        policy: what the class's policy is; action: what was done (``repaired``, ``split``,
+            ``rejected``, ``warned``).
+        detail: extra figures (e.g. the original and the repaired value of a spike).
+    """
+
+    code: str
+    stream: str
+    at_s: float
+    end_s: float
+    value: float
+    limit: float
+    unit: str
+    policy: str
+    action: str
+    detail: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One sentence with the stream, the time and the figure."""
+        span = f"at {self.at_s:.3f} s" if self.end_s == self.at_s else f"from {self.at_s:.3f} to {self.end_s:.3f} s"
+        return f"{self.code}: {self.stream} {span}: {self.value:.4g} {self.unit} (limit {self.limit:g} {self.unit}); {self.action}"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["at_s"], d["end_s"] = round(self.at_s, 4), round(self.end_s, 4)
+        d["value"] = float(self.value)
+        d["reason"] = self.describe()
+        return d
+
+
+_ACTION = {"repair": "repaired", "split": "split", "reject": "rejected", "warn": "warned"}
+
+
+def _finding(opts: PlausibilityOptions, code: str, stream: str, a: float, b: float, value: float, limit: float,
+             unit: str, **detail) -> Finding:
+    policy = opts.policy(code)
+    return Finding(code, stream, float(a), float(b), float(value), float(limit), unit, policy, _ACTION[policy], detail)
+
+
+def _angles(q: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Angle (rad) between unit quaternions row by row; q and -q are the same rotation."""
+    dots = np.abs(np.sum(q * r, axis=1))
+    return 2 * np.arccos(np.clip(dots, 0.0, 1.0))
+
+
+@dataclass
+class PoseVerdict:
+    """What :func:`check_pose` found and did.
+
+    Attributes:
+        findings: every finding, in time order per class.
+        position_m: (M, 3) float64, positions with repaired spikes; quat_xyzw: (M, 4) likewise.
+        drop_ns: [(a, b)] capture-time intervals (ns, open) whose frames must not be kept; the
+            episode is cut at each.
+    """
+
+    findings: list[Finding]
+    position_m: np.ndarray
+    quat_xyzw: np.ndarray
+    drop_ns: list[tuple[int, int]]
+
+
+def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray, t0_ns: int,
+               opts: PlausibilityOptions = PlausibilityOptions(),
+               motion_ts_ns: np.ndarray | None = None, motion: np.ndarray | None = None) -> PoseVerdict:
+    """Check a capture-ordered pose track: spikes, jumps, acceleration, frozen VIO.
+
+    Args:
+        ts_ns: (M,) int64 capture times, strictly increasing. position_m: (M, 3) m. quat_xyzw: (M, 4) unit.
+        t0_ns: the episode start (findings are timed from it).
+        motion_ts_ns, motion: (K,) capture times and per-frame image change of the camera
+            (:func:`frame_motion`); None when the frames were not decoded (frozen VIO is then
+            judged by the pose alone and only warned).
+
+    Returns:
+        The verdict (findings, repaired arrays, intervals to drop).
+    """
+    ts = np.asarray(ts_ns, dtype=np.int64)
+    pos = np.array(position_m, dtype=np.float64)
+    quat = np.array(quat_xyzw, dtype=np.float64)
+    rel = lambda ns: (int(ns) - t0_ns) / 1e9  # noqa: E731
+    findings: list[Finding] = []
+    drop: list[tuple[int, int]] = []
+    m = len(ts)
+    if m < 3:
+        return PoseVerdict(findings, pos, quat, drop)
+
+    # Single-sample outliers: far from the line through both neighbours, which agree with each other.
+    dt = np.diff(ts).astype(np.float64)
+    w = (dt[:-1] / (dt[:-1] + dt[1:]))[:, None]
+    line = pos[:-2] + w * (pos[2:] - pos[:-2])
+    dev = np.linalg.norm(pos[1:-1] - line, axis=1)
+    across = np.linalg.norm(pos[2:] - pos[:-2], axis=1)
+    rot_dev = np.minimum(_angles(quat[1:-1], quat[:-2]), _angles(quat[1:-1], quat[2:]))
+    rot_across = _angles(quat[:-2], quat[2:])
+    spike = ((dev > opts.spike_min_m) & (across < dev / 3)) | ((rot_dev > opts.spike_min_rad) & (rot_across < rot_dev / 3))
+    for i in np.flatnonzero(spike) + 1:
+        f = _finding(opts, "pose_spike", "pose", rel(ts[i]), rel(ts[i]), max(dev[i - 1], 0.0), opts.spike_min_m, "m",
+                     rotation_rad=round(float(rot_dev[i - 1]), 5), original_position_m=pos[i].round(6).tolist())
+        if f.policy == "repair":
+            pos[i] = line[i - 1]
+            a, b = quat[i - 1], quat[i + 1]
+            q = (1 - w[i - 1, 0]) * a + w[i - 1, 0] * (b if np.dot(a, b) >= 0 else -b)
+            quat[i] = q / np.linalg.norm(q)
+            f.detail["repaired_position_m"] = pos[i].round(6).tolist()
+        elif f.policy == "split":
+            drop.append((int(ts[i - 1]), int(ts[i + 1])))
+        findings.append(f)
+
+    # Jumps: speed (or angular speed) between consecutive samples above what a hand does.
+    step = np.linalg.norm(np.diff(pos, axis=0), axis=1)
+    speed = step / (dt / 1e9)
+    turn = _angles(quat[:-1], quat[1:]) / (dt / 1e9)
+    jumps = set()
+    for code, fast, limit, unit in (("pose_jump", speed, opts.max_speed_mps, "m/s"),
+                                    ("rotation_jump", turn, opts.max_angular_speed_rps, "rad/s")):
+        for i in np.flatnonzero(fast > limit):
+            f = _finding(opts, code, "pose", rel(ts[i]), rel(ts[i + 1]), fast[i], limit, unit,
+                         step_m=round(float(step[i]), 5))
+            if f.policy == "split":
+                drop.append((int(ts[i]), int(ts[i + 1])))
+            jumps.update((int(i) - 1, int(i), int(i) + 1))
+            findings.append(f)
+
+    # Acceleration away from the jumps (a jump is one finding, not three).
+    if m >= 3:
+        v = np.diff(pos, axis=0) / (dt[:, None] / 1e9)
+        acc = np.linalg.norm(np.diff(v, axis=0), axis=1) / ((dt[:-1] + dt[1:]) / 2e9)
+        over = [i for i in np.flatnonzero(acc > opts.max_accel_mps2) if i not in jumps and i + 1 not in jumps]
+        if over:
+            k = max(over, key=lambda i: acc[i])
+            findings.append(_finding(opts, "pose_acceleration", "pose", rel(ts[over[0] + 1]), rel(ts[over[-1] + 1]),
+                                     acc[k], opts.max_accel_mps2, "m/s^2", samples=len(over),
+                                     at_max_s=round(rel(ts[k + 1]), 4)))
+
+    # Frozen VIO: bit-constant pose for frozen_min_s while the camera image moves.
+    still = (np.max(np.abs(np.diff(pos, axis=0)), axis=1) <= opts.frozen_eps) & \
+            (np.max(np.abs(np.diff(quat, axis=0)), axis=1) <= opts.frozen_eps)
+    for a, b in _runs(still):
+        # samples a..b are equal (b = index after the last equal step)
+        dur = (ts[b] - ts[a]) / 1e9
+        if dur < opts.frozen_min_s:
+            continue
+        moving = None
+        if motion is not None and motion_ts_ns is not None and len(motion):
+            inside = (motion_ts_ns > ts[a]) & (motion_ts_ns <= ts[b])
+            moving = float(np.median(motion[inside])) if inside.any() else None
+        if moving is not None and moving < opts.frozen_motion:
+            continue  # the camera is still too: a still hand, not a frozen VIO
+        f = _finding(opts, "vio_frozen", "pose", rel(ts[a]), rel(ts[b]), dur, opts.frozen_min_s, "s",
+                     camera_motion=None if moving is None else round(moving, 3))
+        if moving is None and f.policy != "warn":
+            f = Finding(**{**asdict(f), "policy": "warn", "action": "warned",
+                           "detail": {**f.detail, "note": "camera motion not measured: warned only"}})
+        if f.policy == "split":
+            end = int(ts[b + 1]) if b + 1 < m else int(ts[b]) + 1
+            drop.append((int(ts[a]), end))
+        findings.append(f)
+    return PoseVerdict(findings, pos, quat, sorted(drop))
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, stop) of each run of True in ``mask`` (stop exclusive)."""
+    padded = np.concatenate([[False], mask, [False]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return [(int(a), int(b)) for a, b in zip(edges[0::2], edges[1::2])]
+
+
+def _path_length(pos: np.ndarray) -> float:
+    return float(np.sum(np.linalg.norm(np.diff(pos, axis=0), axis=1))) if len(pos) > 1 else 0.0
+
+
+def check_gripper(ts_ns: np.ndarray, width_m: np.ndarray, pose_ts_ns: np.ndarray, position_m: np.ndarray, t0_ns: int,
+                  opts: PlausibilityOptions = PlausibilityOptions()) -> list[Finding]:
+    """Check a capture-ordered gripper width: range, zero variance, stuck stretches.
+
+    Args:
+        ts_ns: (G,) int64 capture times; width_m: (G,) metres.
+        pose_ts_ns, position_m: the pose track (M,), (M, 3) m: is the gripper moving meanwhile.
+        t0_ns: the episode start.
+    """
+    ts = np.asarray(ts_ns, dtype=np.int64)
+    width = np.asarray(width_m, dtype=np.float64)
+    rel = lambda ns: (int(ns) - t0_ns) / 1e9  # noqa: E731
+    findings: list[Finding] = []
+    if len(ts) < 2:
+        return findings
+    lo, hi = opts.gripper_range_m
+    out = np.flatnonzero((width < lo) | (width > hi) | ~np.isfinite(width))
+    if len(out):
+        k = out[np.argmax(np.abs(np.nan_to_num(width[out] - (lo + hi) / 2, nan=np.inf)))]
+        findings.append(_finding(opts, "gripper_out_of_range", "gripper", rel(ts[out[0]]), rel(ts[out[-1]]),
+                                 width[k], hi if width[k] > hi else lo, "m", samples=int(len(out)),
+                                 range_m=[lo, hi]))
+
+    def moved(a_ns: int, b_ns: int) -> float:
+        sel = (pose_ts_ns >= a_ns) & (pose_ts_ns <= b_ns)
+        return _path_length(np.asarray(position_m)[sel])
+
+    if np.ptp(width) <= opts.frozen_eps:
+        path = moved(int(ts[0]), int(ts[-1]))
+        if path >= opts.moving_m:
+            findings.append(_finding(opts, "gripper_dead", "gripper", rel(ts[0]), rel(ts[-1]), float(np.std(width)), 0.0,
+                                     "m", constant_m=float(width[0]), pose_path_m=round(path, 4)))
+        return findings
+    for a, b in _runs(np.abs(np.diff(width)) <= opts.frozen_eps):
+        dur = (ts[b] - ts[a]) / 1e9
+        if dur >= opts.gripper_stuck_s:
+            path = moved(int(ts[a]), int(ts[b]))
+            if path >= opts.moving_m:
+                findings.append(_finding(opts, "gripper_stuck", "gripper", rel(ts[a]), rel(ts[b]), dur,
+                                         opts.gripper_stuck_s, "s", constant_m=float(width[a]), pose_path_m=round(path, 4)))
+    return findings
+
+
+def check_clock(ts_ns: np.ndarray, log_ns: np.ndarray, t0_ns: int, stream: str,
+                opts: PlausibilityOptions = PlausibilityOptions(), window: int = 9) -> list[Finding]:
+    """Steps and reversals of a stream's capture clock, against its arrival (log) clock.
+
+    Method: in file order, the offset ``capture - arrival`` of a healthy stream wanders by the
+    transport delay only; where the median offset of the next ``window`` messages differs from
+    that of the previous ``window`` by more than ``clock_step_s``, the capture clock stepped
+    there (forward: ``clock_step``; backward: ``clock_reversal``), by that difference. Medians make
+    a single late message (a log-time inversion) no step.
+
+    Args:
+        ts_ns, log_ns: (N,) int64 capture and log times in file order. t0_ns: the episode start.
+        stream: the topic, for the findings.
+    """
+    t = np.asarray(ts_ns, dtype=np.int64)
+    lt = np.asarray(log_ns, dtype=np.int64)
+    n = len(t)
+    if n < 2 * window + 1:
+        return []
+    order = np.argsort(lt, kind="stable")
+    off = (t[order] - lt[order]).astype(np.float64) / 1e9
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    med = np.median(sliding_window_view(off, window), axis=1)  # med[j]: messages j .. j+window-1
+    before, after = med[: n - 2 * window + 1], med[window:]
+    change = after - before  # at boundary i = j + window (first message after the step)
+    findings: list[Finding] = []
+    i = 0
+    while i < len(change):
+        if abs(change[i]) > opts.clock_step_s:
+            # The step lies where one message's offset differs most from the one before, in its direction.
+            sign = np.sign(change[i])
+            lo, hi = i + 1, min(i + 2 * window, n - 1)
+            b = lo + int(np.argmax(sign * np.diff(off[lo - 1 : hi + 1])))
+            size = float(np.median(off[b : b + window]) - np.median(off[max(0, b - window) : b]))
+            k = order[b - 1]  # the last message on the old clock: the time is the healthy clock's
+            code = "clock_step" if size > 0 else "clock_reversal"
+            at = (int(t[k]) - t0_ns) / 1e9
+            findings.append(_finding(opts, code, stream, at, at, size, opts.clock_step_s, "s", message_index=int(b)))
+            i = b + window
+        else:
+            i += 1
+    return findings
+
+
+def frame_motion(rgb: np.ndarray, prev: np.ndarray | None) -> tuple[float, np.ndarray]:
+    """Image change of one frame against the previous one: mean absolute difference (grey levels)
+    of 8x8-block grey thumbnails (block means average sensor and codec noise away), and this
+    frame's thumbnail to pass as ``prev`` next. ``rgb``: (H, W, 3) uint8."""
+    h, w = rgb.shape[:2]
+    by, bx = max(1, h // 8), max(1, w // 8)
+    g = rgb[: by * (h // by), : bx * (w // bx)].astype(np.float32).mean(axis=2)
+    thumb = g.reshape(h // by, by, w // bx, bx).mean(axis=(1, 3))
+    return (0.0 if prev is None else float(np.mean(np.abs(thumb - prev)))), thumb
+
+
+def decide(findings: list[Finding]) -> Finding | None:
+    """The first finding whose policy rejects the episode, or None."""
+    return next((f for f in findings if f.action == "rejected"), None)

@@ -1,0 +1,254 @@
+"""What parses but is physically wrong never trains silently (issue 28): the plausibility rules.
+
+Faults come from ``fault_fixtures`` (or are drawn into arrays here) with ground truth: which samples
+are wrong, by how much, when. Each class is tried in several sizes, positions and streams; the
+checks assert the named class, time and figure, and that no bad row reaches the dataset.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from dpflow_core.conversion import convert
+from dpflow_core.pairing import pair_recordings
+from dpflow_core.recordings.plausibility import PlausibilityOptions, check_clock, check_gripper, check_pose
+from dpflow_core.recordings.samples import trajectory
+from dpflow_core.replay_buffer import ReplayBuffer
+from fault_fixtures import CAMERA, GRIPPER, POSE, clock_shift, gripper_values, interp_truth, pose_jump, pose_spikes, vio_freeze
+from recording_fixtures import refresh_vio_result, write_small_episode, write_small_task
+
+SIZE = (32, 24)
+
+
+def _track(seed: int, seconds: float = 8.0, hz: float = 30.0):
+    rng = np.random.default_rng(seed)
+    ts = np.round(np.arange(int(seconds * hz)) * 1e9 / hz + rng.normal(0, 3e5, int(seconds * hz))).astype(np.int64)
+    ts = np.maximum.accumulate(ts)
+    pos, rot, width = trajectory(ts / 1e9, seed)
+    return ts, pos, Rotation.from_rotvec(rot).as_quat(), width
+
+
+# --------------------------------------------------------------------------- the rules on arrays
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_clean_tracks_give_no_finding_with_margin(seed):
+    ts, pos, quat, width = _track(seed)
+    assert check_pose(ts, pos, quat, 0).findings == []
+    assert check_gripper(ts, width + np.random.default_rng(seed).normal(0, 2e-4, len(ts)), ts, pos, 0) == []
+    dt = np.diff(ts) / 1e9
+    speed = np.linalg.norm(np.diff(pos, axis=0), axis=1) / dt
+    opts = PlausibilityOptions()
+    assert speed.max() < opts.max_speed_mps / 3  # the margins docs/formats.md states
+
+
+@pytest.mark.parametrize("index,offset", [(10, (0.5, 0, 0)), (120, (0, -0.05, 0)), (200, (0.1, 0.1, -0.2)), (238, (0, 0, 0.04))])
+def test_single_sample_spikes_are_repaired_with_provenance(index, offset):
+    ts, pos, quat, _ = _track(4)
+    bad = pos.copy()
+    bad[index] += offset
+    v = check_pose(ts, bad, quat, int(ts[0]))
+    assert [(f.code, f.action) for f in v.findings] == [("pose_spike", "repaired")]
+    f = v.findings[0]
+    assert f.at_s == pytest.approx((ts[index] - ts[0]) / 1e9)
+    assert f.value == pytest.approx(np.linalg.norm(offset), rel=0.05)
+    assert f.detail["original_position_m"] == pytest.approx(bad[index].tolist(), abs=1e-6)
+    assert np.abs(v.position_m - pos).max() < 1e-3  # the repaired track is the true one
+    assert v.drop_ns == []
+
+
+@pytest.mark.parametrize("index,offset", [(60, (0.3, 0, 0)), (150, (0, 0, -1.0)), (30, (0.12, 0.05, 0))])
+def test_jumps_cut_the_track_between_the_two_samples(index, offset):
+    ts, pos, quat, _ = _track(5)
+    bad = pos.copy()
+    bad[index:] += offset
+    v = check_pose(ts, bad, quat, int(ts[0]))
+    assert [f.code for f in v.findings] == ["pose_jump"]
+    assert v.findings[0].value > 3.0 and v.findings[0].at_s == pytest.approx((ts[index - 1] - ts[0]) / 1e9)
+    assert v.drop_ns == [(int(ts[index - 1]), int(ts[index]))]
+
+
+def test_rotation_jump_and_acceleration():
+    ts, pos, quat, _ = _track(6)
+    rot = Rotation.from_quat(quat)
+    bad = (Rotation.from_rotvec([0, 0, 1.2]) * rot[100:]).as_quat()
+    q = np.concatenate([quat[:100], bad])
+    assert [f.code for f in check_pose(ts, pos, q, 0).findings] == ["rotation_jump"]
+    # a jerk: the velocity changes by 2.4 m/s within one sample, twice (no spike, no jump)
+    t = ts / 1e9
+    ramp = 2.4 * (np.clip(t, 3.0, 3.2) - 3.0)
+    found = check_pose(ts, pos + np.outer(ramp, [1, 0, 0]), quat, int(ts[0]), PlausibilityOptions(max_speed_mps=10)).findings
+    assert [f.code for f in found] == ["pose_acceleration"] and found[0].action == "warned"
+    assert found[0].value > 60 and found[0].detail["samples"] == 2
+    assert 2.95 < found[0].at_s < 3.05 and 3.15 < found[0].end_s < 3.25
+
+
+@pytest.mark.parametrize("start,stop", [(30, 50), (100, 200), (200, 239)])
+def test_frozen_vio_while_the_camera_moves_is_cut_out(start, stop):
+    ts, pos, quat, _ = _track(7)
+    bad, badq = pos.copy(), quat.copy()
+    bad[start:stop], badq[start:stop] = pos[start], quat[start]
+    moving = np.full(len(ts), 6.0)
+    v = check_pose(ts, bad, badq, int(ts[0]), motion_ts_ns=ts, motion=moving)
+    frozen = [f for f in v.findings if f.code == "vio_frozen"]
+    assert len(frozen) == 1 and frozen[0].action == "split"
+    assert frozen[0].value == pytest.approx((ts[stop - 1] - ts[start]) / 1e9)
+    a, b = next(d for d in v.drop_ns if d[0] == ts[start])
+    assert b == (ts[stop] if stop < len(ts) else ts[-1] + 1)
+    # the same pose with a still camera is a still hand, not a frozen VIO
+    still = check_pose(ts, bad, badq, 0, motion_ts_ns=ts, motion=np.full(len(ts), 0.1)).findings
+    assert "vio_frozen" not in [f.code for f in still]
+    # without decoded frames it is only warned
+    unknown = [f for f in check_pose(ts, bad, badq, 0).findings if f.code == "vio_frozen"]
+    assert unknown[0].action == "warned" and "not measured" in unknown[0].detail["note"]
+
+
+def test_gripper_dead_stuck_and_out_of_range():
+    ts, pos, _, width = _track(8)
+    t0 = int(ts[0])
+    dead = check_gripper(ts, np.full(len(ts), 0.042), ts, pos, t0)
+    assert [(f.code, f.action) for f in dead] == [("gripper_dead", "rejected")] and dead[0].detail["constant_m"] == 0.042
+    # a dead gripper on a gripper that does not move is no finding: nothing says it should change
+    assert check_gripper(ts, np.full(len(ts), 0.042), ts, np.repeat(pos[:1], len(ts), axis=0), t0) == []
+    noisy = width + np.random.default_rng(0).normal(0, 2e-4, len(ts))
+    for a, b in ((20, 80), (150, 230)):
+        stuck = noisy.copy()
+        stuck[a:b] = stuck[a]
+        f = check_gripper(ts, stuck, ts, pos, t0)
+        assert [x.code for x in f] == ["gripper_stuck"] and f[0].at_s == pytest.approx((ts[a] - t0) / 1e9)
+    for k, value in ((5, 0.5), (100, -0.02), (239, np.nan)):
+        odd = noisy.copy()
+        odd[k] = value
+        f = check_gripper(ts, odd, ts, pos, t0)
+        assert [(x.code, x.action) for x in f] == [("gripper_out_of_range", "rejected")]
+        assert f[0].at_s == pytest.approx((ts[k] - t0) / 1e9) and f[0].detail["samples"] == 1
+
+
+@pytest.mark.parametrize("at,shift_s", [(20, 0.4), (150, -0.25), (280, 0.15), (40, -3.0)])
+def test_clock_steps_and_reversals_are_named_with_time_and_size(at, shift_s):
+    rng = np.random.default_rng(at)
+    n = 300
+    t = np.arange(n) * 33_333_333 + rng.normal(0, 3e5, n).astype(np.int64)
+    log = t + rng.integers(8, 45, n) * 1_000_000
+    log[[50, 51]] = log[[51, 50]]  # a log-time inversion is no step
+    stepped = t.copy()
+    stepped[at:] += int(shift_s * 1e9)
+    f = check_clock(stepped, log, 0, "cam")
+    assert len(f) == 1 and f[0].code == ("clock_step" if shift_s > 0 else "clock_reversal")
+    assert f[0].value == pytest.approx(shift_s, abs=0.02) and f[0].at_s == pytest.approx(t[at - 1] / 1e9)
+    assert check_clock(t, log, 0, "cam") == []
+
+
+def test_options_reject_unknown_classes_and_policies():
+    with pytest.raises(ValueError, match="takes policy"):
+        PlausibilityOptions(policies={"gripper_dead": "repair"}).validate()
+    with pytest.raises(ValueError, match="unknown plausibility class"):
+        PlausibilityOptions(policies={"pose_wobble": "warn"}).validate()
+
+
+# --------------------------------------------------------------------------- recordings end to end
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    base = tmp_path_factory.mktemp("plaus")
+    short = write_small_task(base, episodes=5, seed=11)
+    d = base / "pick_place"
+    # pieces of a split must reach the minimum episode length: 5 s episodes for the jump and the freeze
+    long = [write_small_episode(d, f"pick_place_{k:04d}", seed=60 + k, seconds=5.0) for k in (5, 6)]
+    refresh_vio_result(d)
+    # eps: 0 spikes, 1 jump, 2 frozen VIO, 3 dead gripper, 4 gripper out of range, 5 clock step, 6 clean
+    eps = [short[0], long[0], long[1], short[1], short[2], short[3], short[4]]
+    spikes = {12: (0.5, 0.0, 0.0), 40: (0.0, 0.0, -0.2)}
+    pose_spikes(eps[0].vio_mcap, spikes)
+    pose_jump(eps[1].vio_mcap, 70, (0.3, -0.2, 0.0))
+    vio_freeze(eps[2].vio_mcap, 60, 75)
+    gripper_values(eps[3].vio_mcap, lambda k, v: 0.031)
+    gripper_values(eps[4].vio_mcap, lambda k, v: 0.25 if k == 70 else v)
+    clock_shift(eps[5].vio_mcap, CAMERA, 30, 400_000_000)
+    manifest = pair_recordings(base / "pick_place")
+    out = base / "ds" / "dataset.npz"
+    result = convert(manifest, out, image_size=SIZE, workers=1, cache=False)
+    return eps, spikes, manifest, result
+
+
+def _rows(result):
+    """Per dataset episode: its metadata entry, absolute capture times (ns) and positions."""
+    buf = ReplayBuffer(result.path)
+    meta = json.loads(result.sidecar_path.read_text())
+    out = []
+    for e, (a, b) in zip(meta["episodes"], buf.episode_slices() if hasattr(buf, "episode_slices") else
+                         zip(np.r_[0, buf.episode_ends[:-1]], buf.episode_ends)):
+        t = e["start_ts_ns"] + np.round(np.asarray(buf["timestamp"][a:b]) * 1e9).astype(np.int64)
+        out.append((e, t, np.asarray(buf["robot0_eef_pos"][a:b], dtype=np.float64)))
+    return out
+
+
+def test_clock_step_is_rejected_at_pairing_with_time_and_size(faulty):
+    eps, _, manifest, result = faulty
+    rej = {r.stem: r for r in manifest.rejected}
+    r = rej[eps[5].stem]
+    assert r.code == "clock_step"
+    import re
+
+    m = re.search(rf"{CAMERA} capture clock stepped forward by (0\.\d+) s at (\d\.\d+) s \(message 30;", r.reason)
+    t29 = (int(eps[5].camera_ts_ns[29]) - int(eps[5].camera_ts_ns[0])) / 1e9
+    assert m and abs(float(m[1]) - 0.4) < 0.02 and float(m[2]) == pytest.approx(t29, abs=1e-3), r.reason
+    assert "Hz" not in r.reason
+    assert eps[5].stem not in [e["stem"] for e, _, _ in _rows(result)]
+
+
+def test_gripper_faults_are_rejected_naming_stream_time_and_figure(faulty):
+    eps, _, _, result = faulty
+    rej = {r["stem"]: r for r in result.rejected}
+    assert rej[eps[3].stem]["code"] == "gripper_dead" and "gripper from 0.000" in rej[eps[3].stem]["reason"]
+    out = rej[eps[4].stem]
+    assert out["code"] == "gripper_out_of_range" and "0.25 m (limit 0.12 m)" in out["reason"]
+    t70 = (int(eps[4].gripper_ts_ns[70]) - min(int(eps[4].camera_ts_ns[0]), int(eps[4].pose_ts_ns[0]),
+                                                int(eps[4].gripper_ts_ns[0]))) / 1e9
+    assert f"at {t70:.3f} s" in out["reason"]
+
+
+def test_no_bad_row_reaches_the_dataset(faulty):
+    eps, spikes, _, result = faulty
+    by_stem: dict[str, list] = {}
+    for e, t, pos in _rows(result):
+        by_stem.setdefault(e["stem"], []).append((e, t, pos))
+    # spikes: repaired, every row on the true track, both findings recorded with their originals
+    (e, t, pos), = by_stem[eps[0].stem]
+    assert np.abs(pos - interp_truth(eps[0], t)).max() < 2e-3
+    found = e["plausibility"]["findings"]
+    assert [f["code"] for f in found] == ["pose_spike", "pose_spike"] and all(f["action"] == "repaired" for f in found)
+    # the jump: two episodes, each on the true track or on the true track moved by the offset, never both
+    pieces = by_stem[eps[1].stem]
+    assert len(pieces) == 2 and pieces[0][0]["plausibility"]["findings"][0]["code"] == "pose_jump"
+    offset = np.array([0.3, -0.2, 0.0])
+    for k, (e, t, pos) in enumerate(pieces):
+        err = np.abs(pos - interp_truth(eps[1], t) - (offset if k else 0)).max()
+        assert err < 2e-3, (k, err)
+    assert pieces[0][1][-1] <= int(eps[1].pose_ts_ns[69]) < int(eps[1].pose_ts_ns[70]) <= pieces[1][1][0]
+    # frozen VIO: no row from inside the frozen stretch, every kept row on the true track
+    frozen = by_stem[eps[2].stem]
+    lo, hi = int(eps[2].pose_ts_ns[60]), int(eps[2].pose_ts_ns[75])
+    for e, t, pos in frozen:
+        assert not np.any((t > lo) & (t < hi))
+        assert np.abs(pos - interp_truth(eps[2], t)).max() < 2e-3
+    assert any(f["code"] == "vio_frozen" and f["action"] == "split" for f in frozen[0][0]["plausibility"]["findings"])
+    # the clean episode: untouched
+    (e, t, pos), = by_stem[eps[6].stem]
+    assert e["plausibility"]["findings"] == [] and np.abs(pos - interp_truth(eps[6], t)).max() < 2e-3
+
+
+def test_quality_report_lists_the_findings_per_episode(faulty, tmp_path):
+    from dpflow_core.report import episode_quality
+
+    eps, _, manifest, _ = faulty
+    q = {e.stem: e for e in episode_quality(manifest.to_dict() if hasattr(manifest, "to_dict") else manifest)}
+    assert [f["code"] for f in q[eps[0].stem].findings] == ["pose_spike", "pose_spike"]
+    assert any(r.startswith("implausible pose_spike: pose at ") for r in q[eps[0].stem].outlier_reasons)
+    assert [f["code"] for f in q[eps[3].stem].findings] == ["gripper_dead"]
+    assert q[eps[6].stem].findings == ()
