@@ -526,3 +526,30 @@ def test_tables_tell_long_stems_apart_in_80_columns(tmp_path):
     joined = "".join(cells)
     for stem in stems:
         assert stem in joined
+
+
+# --------------------------------------------------------------------------- duplicates across task folders (issue 28)
+
+
+def test_duplicates_across_the_manifests_of_one_dataset_are_rejected(tmp_path):
+    first = write_small_task(tmp_path / "a", episodes=2, seed=31)
+    other = write_small_task(tmp_path / "b", episodes=1, seed=32, task="pick_cup")
+    d2 = tmp_path / "b" / "pick_cup"
+    copy_episode(first[0], d2, "pick_cup_0100")  # a byte copy under a new name
+    remux = copy_episode(first[1], d2, "pick_cup_0101")  # the same camera stream, re-muxed
+    rewrite_mcap(first[1].vio_mcap, remux["vio_mcap"], chunk_index_only=True)
+    for stem, src in (("pick_cup_0100", first[0]), ("pick_cup_0101", first[1])):
+        doc = json.loads(src.vio_json.read_text())
+        doc.update(input_file=f"{stem}.mcap", output_file=f"{stem}_vio.mcap")
+        (d2 / f"{stem}_vio.json").write_text(json.dumps(doc))
+    refresh_vio_result(d2)
+    m1, m2 = pair_recordings(tmp_path / "a" / "pick_place"), pair_recordings(d2)
+    assert len(m2.accepted) == 3  # each folder alone holds no duplicate
+    result = convert([m1, m2], tmp_path / "out" / "dataset.npz", image_size=SIZE, workers=1, cache=False)
+    rej = {r["stem"]: r for r in result.rejected if r["code"] == "duplicate_episode"}
+    assert sorted(rej) == ["pick_cup_0100", "pick_cup_0101"]
+    assert f"same content as episode {first[0].stem!r}" in rej["pick_cup_0100"]["reason"]
+    assert "SHA-256" in rej["pick_cup_0100"]["reason"]
+    assert f"episode {first[1].stem!r}" in rej["pick_cup_0101"]["reason"] and "camera payload" in rej["pick_cup_0101"]["reason"]
+    stems = [e["stem"] for e in result.metadata["episodes"]]
+    assert sorted(stems) == sorted([first[0].stem, first[1].stem, other[0].stem])

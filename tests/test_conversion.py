@@ -383,7 +383,7 @@ def test_validate_passes_a_converted_dataset(converted, tmp_path):
     lines = proc.stdout.splitlines()
     from dpflow_core.dataset import CHECKS
 
-    assert [ln.split()[1].rstrip(":") for ln in lines[:-1]] == [*CHECKS, "sha256_matches_sidecar"]
+    assert [ln.split()[1].rstrip(":") for ln in lines[:-1]] == [*CHECKS, "archive_crc32", "sha256_matches_sidecar"]
     assert all(ln.startswith("PASS") for ln in lines[:-1]) and lines[-1].endswith("all blocking checks passed")
 
 
@@ -416,8 +416,9 @@ def test_validate_fails_a_changed_byte_with_the_reason(converted, tmp_path):
     proc = _validate(str(npz))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     fails = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL")]
-    assert len(fails) == 1 and fails[0].startswith("FAIL  sha256_matches_sidecar:")
-    assert _sha(npz) in fails[0] and result.sha256 in fails[0] and "changed after conversion" in fails[0]
+    assert len(fails) == 2 and fails[0].startswith("FAIL  archive_crc32:") and "member 'data__camera0_rgb'" in fails[0]
+    assert fails[1].startswith("FAIL  sha256_matches_sidecar:")
+    assert _sha(npz) in fails[1] and result.sha256 in fails[1] and "changed after conversion" in fails[1]
 
 
 def test_validate_fails_a_wrong_episode_ends_with_the_reason(converted, tmp_path):

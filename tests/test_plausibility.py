@@ -252,3 +252,25 @@ def test_quality_report_lists_the_findings_per_episode(faulty, tmp_path):
     assert any(r.startswith("implausible pose_spike: pose at ") for r in q[eps[0].stem].outlier_reasons)
     assert [f["code"] for f in q[eps[3].stem].findings] == ["gripper_dead"]
     assert q[eps[6].stem].findings == ()
+
+
+# --------------------------------------------------------------------------- one minimum episode length
+
+
+@pytest.mark.parametrize("seconds", [0.3, 1.2])
+def test_one_minimum_episode_length_rejects_or_warns_with_the_figure(tmp_path, seconds):
+    d = tmp_path / "pick_place"
+    write_small_task(tmp_path, episodes=2, seed=21)
+    short = write_small_episode(d, "pick_place_0002", seed=22, seconds=seconds)
+    refresh_vio_result(d)
+    manifest = pair_recordings(d)
+    result = convert(manifest, tmp_path / "a" / "dataset.npz", image_size=SIZE, workers=1, cache=False)
+    rej = {r["stem"]: r for r in result.rejected}[short.stem]
+    n = int(round(seconds * 30))
+    assert rej["code"] == "too_short" and "below the minimum episode length of 46 frames" in rej["reason"]
+    assert f"episode has {n - 1} frames" in rej["reason"] or f"episode has {n} frames" in rej["reason"]
+    kept = convert(manifest, tmp_path / "b" / "dataset.npz", image_size=SIZE, workers=1, cache=False,
+                   short_episode_policy="warn")
+    assert kept.n_episodes == 3 and short.stem not in {r["stem"] for r in kept.rejected}
+    warned = [w for w in kept.metadata["warnings"] if w.get("stem") == short.stem]
+    assert [w["code"] for w in warned] == ["short_episode"] and "below the minimum episode length" in warned[0]["reason"]

@@ -40,9 +40,10 @@ def validate_cmd(
     size = _parse_size(image_size) if image_size else None
     results = validate_dataset(dataset, image_size=size, min_train_length=min_train_length,
                                max_short_episodes=max_short_episodes)
-    if dataset.is_file():
-        # The archive's own CRC-32s: a changed byte in any member is found with or without a sidecar.
-        archive = check_archive(dataset)
+    archive = check_archive(dataset) if dataset.is_file() else None
+    # The archive's own CRC-32s: a changed byte in any member is found with or without a sidecar. A file
+    # that is no zip at all has failed every check above for that one reason already.
+    if archive is not None and archive.error is None:
         results.append(CheckResult("archive_crc32", archive.ok, "error", archive.describe(),
                                    {"damaged": {d.member: d.reason for d in archive.damaged}, "error": archive.error}))
     sidecar = sidecar_path_for(dataset)

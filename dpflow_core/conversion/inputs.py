@@ -105,6 +105,10 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
     Raises:
         ConversionError: an input is missing or not a manifest, an accepted entry
             lacks ``files.vio_mcap.path``, or a stem appears twice (``bad_manifest``).
+
+    An accepted entry whose ``_vio.mcap`` SHA-256 or camera payload hash
+    (``validation.camera_payload_sha256``) equals an earlier entry's, in any of the manifests,
+    is moved to ``rejected`` as ``duplicate_episode`` naming the first one and its manifest.
         PairingError: pairing a task folder or loading a manifest failed.
     """
     items = list(manifest_or_paths) if isinstance(manifest_or_paths, (list, tuple)) else [manifest_or_paths]
@@ -115,6 +119,8 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
     sources, tasks = [], set()
     root0 = None
     seen: dict[str, str] = {}
+    # Content hashes across every manifest of this dataset: pairing sees one task folder only.
+    by_content: dict[str, tuple[str, str]] = {}
     topics = None
     for item in items:
         m, source = _load_one(item)
@@ -137,6 +143,19 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
             p = Path(vio["path"])
             if not p.is_absolute() and root:
                 p = Path(root) / p
+            hashes = [(f"SHA-256 {vio['sha256'][:12]}...", "file:" + vio["sha256"])] if vio.get("sha256") else []
+            cam = (entry.get("validation") or {}).get("camera_payload_sha256") if isinstance(entry.get("validation"), dict) else None
+            if cam:
+                hashes.append((f"camera payload SHA-256 {cam[:12]}...", "camera:" + cam))
+            original = next(((what, by_content[h]) for what, h in hashes if h in by_content), None)
+            if original is not None:
+                what, (first, where) = original
+                rejected.append({"stem": stem, "stage": "conversion", "path": str(p), "code": "duplicate_episode",
+                                 "reason": f"{p.name} ({source}) holds the same content as episode {first!r} of {where} "
+                                           f"({what}): the same demonstration twice would weigh it double"})
+                continue
+            for _what, h in hashes:
+                by_content[h] = (stem, source)
             episodes.append(EpisodeInput(stem, p, vio.get("size_bytes"), vio.get("sha256"), dict(entry.get("files") or {})))
         for r in m.get("rejected") or []:
             rejected.append({"stem": r.get("stem"), "stage": "pairing", "path": r.get("path"),
