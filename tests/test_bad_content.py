@@ -338,8 +338,11 @@ def test_norm_stats_failure_names_the_output_not_a_temporary_file(two_episodes, 
 
     _, d0, _ = two_episodes
     m = pair_recordings(d0).to_dict()
-    twice = dict(m, accepted=[m["accepted"][0], dict(m["accepted"][0], stem="again")])
-    with pytest.raises(DatasetError) as err:  # the same episode twice: start/end poses constant over 2 episodes
+    first = m["accepted"][0]
+    # the same file twice, the second entry with no content hash (else it is a rejected duplicate)
+    files = dict(first["files"], vio_mcap={k: v for k, v in first["files"]["vio_mcap"].items() if k != "sha256"})
+    twice = dict(m, accepted=[first, dict(first, stem="again", files=files, validation={})])
+    with pytest.raises(DatasetError) as err:  # start/end poses constant over 2 episodes
         convert(twice, tmp_path / "dataset.npz", image_size=SIZE, workers=1)
     assert err.value.path == str(tmp_path / "dataset.npz")
     assert ".partial" not in str(err.value) and "(pick_place_0000, again)" in err.value.reason
