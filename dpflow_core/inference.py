@@ -40,6 +40,7 @@ import numpy as np
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.files import atomic_path
 from dpflow_core.replay_buffer import ReplayBuffer
+from dpflow_core.train import data as D
 from dpflow_core.train.data import (
     GRIPPER_KEY,
     POS_KEY,
@@ -48,13 +49,38 @@ from dpflow_core.train.data import (
     START_POSE_KEY,
     ObsActionSpec,
     SequenceDataset,
-    decode_action,
     encode_obs,
     recorded_actions,
     sequence_index,
 )
 
 ACTION_KEYS = (POS_KEY, ROT_KEY, GRIPPER_KEY)
+
+
+def executed_action_steps(horizon: int, n_action_steps: int, action_dt_s: float, latency_s: float) -> np.ndarray:
+    """Horizon steps a robot executes of one predicted chunk: ``(K,)`` int64, ``K <= n_action_steps``.
+
+    Action ``k`` is for ``k * action_dt_s`` after the anchor frame's capture
+    (:meth:`Policy.predict_action`). The policy acts ``latency_s`` after that capture
+    (``task.camera_obs_latency``, plus any command latency), so the actions whose time is
+    not after it are in the past and dropped, as UMI's controller drops them (it keeps the
+    actions after ``now + exec latency``); of the rest the first ``n_action_steps`` are
+    executed. Latency 0 drops action 0 alone: its time is the anchor's, now.
+
+    Raises:
+        ValueError: ``n_action_steps`` outside [1, horizon], a negative or non-finite latency
+            or step, or a latency so long that no action of the chunk is left.
+    """
+    if not 1 <= int(n_action_steps) <= int(horizon):
+        raise ValueError(f"n_action_steps must be in [1, horizon={horizon}], got {n_action_steps}")
+    if not (math.isfinite(latency_s) and latency_s >= 0 and math.isfinite(action_dt_s) and action_dt_s > 0):
+        raise ValueError(f"latency ({latency_s!r} s) must be >= 0 and the action step ({action_dt_s!r} s) > 0")
+    first = int(math.floor(latency_s / action_dt_s + 1e-9)) + 1
+    if first >= horizon:
+        raise ValueError(
+            f"a latency of {latency_s:g} s leaves no action of the {horizon}-step chunk ({action_dt_s:g} s apart) in the future"
+        )
+    return np.arange(first, min(first + int(n_action_steps), int(horizon)), dtype=np.int64)
 
 
 class Policy:
@@ -86,6 +112,21 @@ class Policy:
     def action_dt_s(self) -> float:
         """Seconds between consecutive predicted actions (``action_down_sample_steps / frequency``)."""
         return self.spec.action_down_sample_steps / self.frequency_hz
+
+    @property
+    def camera_obs_latency_s(self) -> float:
+        """``task.camera_obs_latency`` of the checkpoint (s; 0 when absent): from a frame's capture to
+        the moment the policy acts on it, the latency training shifted the low-dimensional keys by."""
+        from omegaconf import OmegaConf
+
+        return float(OmegaConf.select(self.cfg, "task.camera_obs_latency", default=0.0) or 0.0)
+
+    def executed_steps(self, command_latency_s: float = 0.0) -> np.ndarray:
+        """The horizon steps a robot executes of each chunk (:func:`executed_action_steps`), for the
+        checkpoint's camera latency plus ``command_latency_s`` (s, command to controller)."""
+        return executed_action_steps(
+            self.horizon, int(self.network.n_action_steps), self.action_dt_s, self.camera_obs_latency_s + float(command_latency_s)
+        )
 
     def _check_obs(self, obs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], bool]:
         spec = self.spec
@@ -149,14 +190,14 @@ class Policy:
             "robot0_gripper_width": (H, 1) m, "action": (H, 7) the three concatenated,
             "timestamp": (H,) s}`` float64 (with a leading B when ``obs`` was batched).
             Action k is for ``t + k * action_dt_s``, ``t`` the latest camera frame's
-            time (``timestamp[-1]``, else 0).
+            time (``timestamp[-1]``, else 0); a robot executes :meth:`executed_steps` of them.
 
         Raises:
             ValueError: a key missing, a wrong step count, dtype or shape, non-finite values.
         """
         arrays, batched = self._check_obs(obs)
         net, base = self._run(arrays, generator)
-        action = decode_action(net, base, self.spec, frame=frame)
+        action = D.decode_action(net, base, self.spec, frame=frame)
         t0 = np.zeros(len(action))
         if "timestamp" in obs:
             ts = np.asarray(obs["timestamp"], dtype=np.float64)
@@ -195,7 +236,7 @@ class Policy:
                 s = ds.samples(range(lo, min(lo + batch_size, len(ds))))
                 net_obs = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in s["obs"].items()}
                 pred = self.network.predict_action(net_obs, generator=gen)["action_pred"].cpu().numpy()
-                out.append(decode_action(pred, s["base"], self.spec, frame="dataset"))
+                out.append(D.decode_action(pred, s["base"], self.spec, frame="dataset"))
         return np.concatenate(out) if out else np.zeros((0, self.horizon, 7))
 
 

@@ -140,10 +140,12 @@ def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str
     assert len(list(out.glob("checkpoints/**/*.ckpt"))) == runs_before + 1
     policy = load_policy(ckpt)
     assert sum(p.numel() for p in policy.network.parameters()) > 0
-    figures = {k: float(evaluation[k]) for k in ("policy_mse", "mean_mse", "hold_mse", "constant_velocity_mse", "required_mse")}
+    criteria = ("position_error_m", "rotation_error_rad", "gripper_events")
+    figures = {f"{c}/{k}": float(evaluation[f"{c}/{k}"]) for c in criteria for k in ("policy", "baseline", "required")}
     assert all(math.isfinite(v) for v in figures.values()), figures
-    assert figures["required_mse"] == pytest.approx(0.8 * min(figures["mean_mse"], figures["hold_mse"]))
-    assert beats == (figures["policy_mse"] < figures["required_mse"]) == evaluation["beats_baseline"]
+    for c in criteria[:2]:
+        assert figures[f"{c}/required"] == pytest.approx(0.8 * figures[f"{c}/baseline"])
+    assert beats == all(evaluation[f"{c}/passed"] for c in criteria) == evaluation["beats_baseline"]
     return beats
 
 
@@ -164,9 +166,10 @@ def _assert_training_chain_record(instance: dg.DagsterInstance, out: Path, task:
     run_name = meta["train_run"]["run_name"]
     assert Path(meta["checkpoint"]["train_run/run_dir"]) == out / "server" / "runs" / run_name
 
-    ev = {k: meta["evaluation"][k] for k in ("policy_mse", "mean_mse", "hold_mse", "baseline_mse", "required_mse")}
-    assert ev["baseline_mse"] == min(ev["mean_mse"], ev["hold_mse"]) and ev["required_mse"] == pytest.approx(0.8 * ev["baseline_mse"])
-    assert beats == (ev["policy_mse"] < ev["required_mse"]) == meta["evaluation"]["beats_baseline"]
+    ev = {k: meta["evaluation"][f"position_error_m/{k}"] for k in ("policy", "baseline", "required", "best_baseline")}
+    assert ev["baseline"] == min(meta["evaluation"][f"{b}/position_error_m"] for b in ("hold", "constant_velocity", "mean_relative"))
+    assert ev["required"] == pytest.approx(0.8 * ev["baseline"]) and ev["policy"] == meta["evaluation"]["policy/position_error_m"]
+    assert beats == meta["evaluation"]["beats_baseline"]
     # 4 episodes, task tiny's val_ratio 0.25 and val_min_episodes 2: two held out
     assert meta["evaluation"]["n_episodes"] == 2
     assert meta["evaluation"]["trajectories"].startswith("![predicted vs recorded actions](data:image/png;base64,")
@@ -198,7 +201,7 @@ def _assert_training_chain_record(instance: dg.DagsterInstance, out: Path, task:
     assert {k: checks[k].passed for k in expected_checks if k in checks} == expected_checks
     released = checks[("smoke_run", "released")]
     assert released.metadata["now/gpu"].value == "CPU run: GPU release not checked"
-    assert checks[("evaluation", "beats_baseline")].metadata["hold_mse"].value == ev["hold_mse"]
+    assert checks[("evaluation", "beats_baseline")].metadata["position_error_m/baseline"].value == ev["baseline"]
     assert checks[("train_run", "natural_exit")].metadata["last_global_step"].value == 7
     # 2 batches of the resumed epoch and its summary line (SmokeRunConfig's resume_check_steps 2)
     assert checks[("smoke_run", "resume_continuity")].metadata["records_compared"].value == 3

@@ -42,9 +42,13 @@ def _evaluation() -> EvaluationResult:
         held_out_episodes=(3, 7), n_episodes=2, train_episodes=6, n_samples=24, horizon=2, step_s=0.1,
         dimension_names=("position.x", "gripper.width"),
         metrics={p: _metrics(m) for p, m in zip(PREDICTORS, (0.01, 0.2, 0.1, 0.05))},
-        mean_action=(0.1, 0.2, 0.3, 0.0, 0.0, 0.0, 0.05), gripper_threshold_m=0.04, margin=0.2,
+        gripper_threshold_m=0.04, margin=0.2,
         trajectory_plot="/e/t.png", error_plot="/e/e.png", loss_plot=None, out_dir="/e", seconds=3.5,
-        notes=("no training log",), checkpoint_sha256="cd" * 32,
+        notes=("no training log",), checkpoint_sha256="cd" * 32, executed_steps=(1,), latency_s=0.0, n_action_steps=1,
+        mean_relative_action=((0.0, 0.0, 0.01, 0.0, 0.0, 0.0, 0.0), (0.0, 0.0, 0.02, 0.0, 0.0, 0.0, 0.0)),
+        gate={c: {"policy": 0.01, "best_baseline": "hold", "baseline": 0.1, "required": 0.08, "improvement": 0.9,
+                  "passed": True, "policy_ci95": [0.005, 0.02], "improvement_ci95": [0.8, 0.95]}
+              for c in ("position_error_m", "rotation_error_rad", "gripper_events")},
     )
 
 
@@ -122,8 +126,9 @@ def test_nested_and_typed_fields_come_back_typed(tmp_path):
     assert isinstance(conversion.path, Path) and conversion.image_size == (224, 224)
     assert conversion.frames_per_s == pytest.approx(120 / 4.5)
     evaluation = EvaluationResult.from_dict(_evaluation().to_dict())
-    assert evaluation.held_out_episodes == (3, 7) and evaluation.best_baseline == "hold"
-    assert evaluation.beats_baseline and evaluation.required_mse == pytest.approx(0.08)
+    assert evaluation.held_out_episodes == (3, 7) and evaluation.gate["position_error_m"]["best_baseline"] == "hold"
+    assert evaluation.beats_baseline and evaluation.gate["rotation_error_rad"]["required"] == pytest.approx(0.08)
+    assert evaluation.mean_relative_action[1][2] == 0.02 and not dataclasses.replace(evaluation, gate={}).beats_baseline
 
 
 @pytest.mark.parametrize("index", range(13))

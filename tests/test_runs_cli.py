@@ -117,9 +117,9 @@ def test_evaluate_exit_status_follows_the_gate_and_fails_for_an_untrained_policy
     # status and evaluation.json must agree, with the four figures printed.
     saved = json.loads((results / "evaluation.json").read_text())
     assert code == (0 if saved["beats_baseline"] else 1), out
-    assert f"[{'PASS' if saved['beats_baseline'] else 'FAIL'}] beats baselines: policy MSE {saved['policy_mse']:.6g}" in out
-    assert f"hold {saved['hold_mse']:.6g}, constant velocity {saved['constant_velocity_mse']:.6g}" in out
-    assert "| **MSE** |" in out and (results / "trajectories.png").is_file()
+    pos = saved["gate"]["position_error_m"]
+    assert f"[{'PASS' if saved['beats_baseline'] else 'FAIL'}] beats baselines: position_error_m {pos['policy']:.4g} vs required < {pos['required']:.4g}" in out
+    assert "| MSE, mixed units (not gated) |" in out and (results / "trajectories.png").is_file()
     assert not (tiny_checkpoint.checkpoint.parent / "evaluation").exists()
     untrained = train_in_process(
         dataset, tmp_path / "untrained", "optimizer.lr=0.0", "policy.noise_scheduler.prediction_type=epsilon",

@@ -241,12 +241,12 @@ def evaluate_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (default: <checkpoint folder>/evaluation)."),
     log: Optional[Path] = typer.Option(None, "--log", help="logs.json.txt for the loss curve (default: next to the checkpoint)."),
     samples: int = typer.Option(48, "--samples-per-episode", min=1, help="Anchors per held-out episode."),
-    margin: float = typer.Option(0.2, "--margin", min=0.0, max=0.99, help="How much lower than the best of the mean and hold baselines the policy's MSE must be (0.2 = 20 %)."),
+    margin: float = typer.Option(0.2, "--margin", min=0.0, max=0.99, help="How much lower than the best trivial predictor's each gated error (TCP position, rotation, gripper events) must be (0.2 = 20 %)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace earlier results in the output folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Held-out errors of the checkpoint's EMA policy on absolute actions vs the mean, hold and constant-velocity
-    baselines, with plots; exit status 1 unless it beats the best of mean and hold by the margin."""
+    """Held-out errors of the checkpoint's EMA policy on the executed steps vs the hold, constant-velocity and
+    mean-relative-action baselines, with plots; exit status 1 unless each gated error beats the best baseline's by the margin."""
     from dpflow_core.evaluation import evaluate_checkpoint
 
     folder = checkpoint.resolve().parent

@@ -1,4 +1,4 @@
-"""Trivial predictors scored beside the policy: training mean, hold the current pose, constant velocity.
+"""Trivial predictors the policy must beat: hold the current pose, constant velocity, the mean relative action.
 
 Each takes the replay buffer (any mapping of key to ``(T, D)`` array), the
 :class:`~dpflow_core.train.data.ObsActionSpec` and sample rows ``(anchor, episode_start, episode_end)``
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from dpflow_core.errors import DatasetError
-from dpflow_core.evaluation.metrics import ABS_ACTION_KEYS, ACTION_GROUPS, GRIP, POS, ROT
+from dpflow_core.evaluation.metrics import ABS_ACTION_KEYS, ACTION_GROUPS, POS, ROT
 
 
 def absolute_actions(buffer: Mapping[str, np.ndarray], index: np.ndarray | slice) -> np.ndarray:
@@ -54,17 +54,78 @@ def _observed_pair(spec, key: str, row: np.ndarray) -> tuple[int, int]:
     return latest, previous
 
 
-def mean_baseline(buffer: Mapping[str, np.ndarray], steps: np.ndarray) -> np.ndarray:
-    """The training-mean action: ``(7,)`` float64 over buffer ``steps`` (the training episodes' steps).
+def _current(buffer: Mapping[str, np.ndarray], spec, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(base, width, actions)``: the current TCP pose ``(N, 4, 4)`` and gripper width ``(N,)`` the policy
+    sees (latency-shifted, interpolated: :func:`dpflow_core.train.data.encode_obs`) and the recorded
+    actions ``(N, H, 7)`` of sample ``rows``."""
+    from dpflow_core.train import data as D
 
-    Positions and widths are arithmetic means; the rotation is scipy's chordal mean
-    (``Rotation.mean``), returned as a rotation vector (rad).
+    raw = D.read_raw(D.lowdim_arrays(buffer, spec), spec, rows)
+    _, base = D.encode_obs(raw, spec)
+    return base, raw[D.GRIPPER_KEY][:, -1, 0], raw["action"]
+
+
+def fit_mean_relative_action(buffer: Mapping[str, np.ndarray], spec, rows: np.ndarray, chunk: int = 4096) -> np.ndarray:
+    """The training samples' mean action relative to the current pose, per horizon step: ``(H, 7)`` float64.
+
+    For each sample and step ``k`` the recorded TCP pose ``A_k`` is expressed in the frame of
+    the current TCP pose ``B`` (``inv(B) @ A_k``, as the relative representation,
+    :mod:`dpflow_core.pose`) and the gripper width as its change from the current width.
+    Returns ``[position (3) m, rotation vector (3) rad, width change (1) m]`` per step:
+    positions and width changes averaged, rotations by scipy's chordal mean (``Rotation.mean``).
+    Expressed in the current pose's frame, it does not depend on the dataset's world frame.
+
+    Args:
+        buffer: the replay buffer; spec: the policy's :class:`~dpflow_core.train.data.ObsActionSpec`.
+        rows: ``(N, 3)`` sample rows of the training episodes (:func:`dpflow_core.train.data.sequence_index`).
+
+    Raises:
+        DatasetError: when ``rows`` is empty.
     """
     from scipy.spatial.transform import Rotation
 
-    a = absolute_actions(buffer, np.asarray(steps, dtype=np.int64))
-    rot = Rotation.from_rotvec(a[:, ROT]).mean().as_rotvec()
-    return np.concatenate([a[:, POS].mean(axis=0), rot, a[:, GRIP].mean(axis=0)])
+    from dpflow_core import pose as P
+
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+    if not len(rows):
+        raise DatasetError("no training sample to fit the mean relative action on", path=getattr(buffer, "path", None))
+    pos, rot, grip = [], [], []
+    for part in np.array_split(rows, len(rows) // chunk + 1):
+        if not len(part):
+            continue
+        base, width, actions = _current(buffer, spec, part)
+        tcp = P.pos_rot_to_mat(actions[..., POS], actions[..., ROT])
+        if not P.is_identity(spec.tx_cam_tcp):
+            tcp = P.apply_tx(tcp, spec.tx)
+        rel = P.relative_to(tcp, base[:, None])
+        pos.append(rel[..., :3, 3])
+        rot.append(rel[..., :3, :3])
+        grip.append(actions[..., 6] - width[:, None])
+    pos, rot, grip = np.concatenate(pos), np.concatenate(rot), np.concatenate(grip)
+    mean_rot = np.stack([Rotation.from_matrix(rot[:, k]).mean().as_rotvec() for k in range(rot.shape[1])])
+    return np.concatenate([pos.mean(axis=0), mean_rot, grip.mean(axis=0)[:, None]], axis=-1)
+
+
+def mean_relative_baseline(buffer: Mapping[str, np.ndarray], spec, rows: np.ndarray, mean_relative: np.ndarray) -> np.ndarray:
+    """The mean relative action applied to each sample's current pose: absolute actions ``(N, H, 7)``.
+
+    Step ``k`` is ``B @ M_k`` (``B`` the current TCP pose, ``M_k`` the pose of
+    :func:`fit_mean_relative_action`), turned back into the camera pose the dataset records
+    (``@ inv(tx_cam_tcp)``), and the current width plus the mean width change.
+    """
+    from dpflow_core import pose as P
+
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+    m = np.asarray(mean_relative, dtype=np.float64)
+    if m.shape != (spec.horizon, 7):
+        raise ValueError(f"mean_relative must be (horizon={spec.horizon}, 7), got {m.shape}")
+    if not len(rows):
+        return np.zeros((0, spec.horizon, 7))
+    base, width, _ = _current(buffer, spec, rows)
+    mats = P.absolute_from(P.pos_rot_to_mat(m[:, POS], m[:, ROT])[None], base[:, None])
+    if not P.is_identity(spec.tx_cam_tcp):
+        mats = P.apply_tx(mats, np.linalg.inv(spec.tx))
+    return np.concatenate([P.mat_to_pose(mats), (width[:, None] + m[None, :, 6])[..., None]], axis=-1)
 
 
 def hold_baseline(buffer: Mapping[str, np.ndarray], spec, rows: np.ndarray) -> np.ndarray:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -15,18 +14,12 @@ import numpy as np
 
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.results import StageResult
-from dpflow_core.evaluation.baselines import (
-    absolute_actions, action_index_matrix, constant_velocity_baseline, hold_baseline, mean_baseline,
-)
-from dpflow_core.evaluation.metrics import ABS_ACTION_KEYS, ACTION_GROUPS, DIMENSION_NAMES, score_predictions
+from dpflow_core.evaluation.metrics import ACTION_GROUPS, DIMENSION_NAMES
+from dpflow_core.evaluation.scoring import DEFAULT_MARGIN, GATE_BASELINES, PREDICTORS, score_held_out
 from dpflow_core.evaluation.plots import plot_errors_per_step, plot_loss_curve, plot_trajectories, read_loss_curve
 
 log = logging.getLogger("dpflow_core.evaluation")
 
-#: Predictors scored, in report order; the gate compares ``policy`` with ``mean`` and ``hold``.
-PREDICTORS: tuple[str, ...] = ("policy", "mean", "hold", "constant_velocity")
-GATE_BASELINES: tuple[str, ...] = ("mean", "hold")
-DEFAULT_MARGIN = 0.2
 #: Fewest held-out episodes an evaluation accepts.
 MIN_HELD_OUT_EPISODES = 2
 
@@ -78,38 +71,25 @@ def held_out_split(cfg, n_episodes: int) -> tuple[np.ndarray, np.ndarray]:
     return train_mask, val_mask
 
 
-def _anchor_rows(index: np.ndarray, max_per_episode: int) -> np.ndarray:
-    """Evenly spaced rows of a sequence index, at most ``max_per_episode`` per episode."""
-    keep = []
-    for start in np.unique(index[:, 1]):
-        rows = np.flatnonzero(index[:, 1] == start)
-        if len(rows) > max_per_episode:
-            rows = rows[np.linspace(0, len(rows) - 1, max_per_episode).round().astype(int)]
-        keep.append(rows)
-    return np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64)
-
-
-def predict_absolute_actions(policy, dataset, rows: np.ndarray, *, batch_size: int, seed: int, device) -> np.ndarray:
-    """The policy's ABSOLUTE action predictions at sample rows of ``dataset``: ``(N, H, 7)`` float64.
+def predict_absolute_actions(policy, buffer, rows: np.ndarray, *, batch_size: int, seed: int) -> np.ndarray:
+    """The policy's ABSOLUTE action predictions at sample rows of ``buffer``: ``(N, H, 7)`` float64.
 
     This is the one function between the evaluation and the policy: everything else scores
-    ``[pos m, rotvec rad, width m]`` per horizon step. Today's trainer predicts exactly those
-    keys through :meth:`dpflow_core.inference.Policy.predict_samples`, which undoes the
-    pose representation and normalisation (what a robot runs).
+    ``[pos m, rotvec rad, width m]`` per horizon step. It is
+    :meth:`dpflow_core.inference.Policy.predict_samples`, which cuts the observations as training
+    did and undoes the pose representation and normalisation (what a robot runs).
 
     Args:
         policy: a :class:`dpflow_core.inference.Policy` (:func:`dpflow_core.inference.load_policy`).
-        dataset: the :class:`~dpflow_core.train.data.SequenceDataset` of the held-out episodes.
-        rows: positions in ``dataset`` (its ``index`` rows) to predict at.
-        batch_size: samples per ``predict_action`` call; seed: seed of the diffusion noise;
-        device: the policy's torch device.
+        buffer: the replay buffer; rows: ``(N, 3)`` ``(anchor, episode_start, episode_end)``.
+        batch_size: samples per network call; seed: seed of the diffusion noise.
 
     Raises:
         RunError: when ``policy`` is not an inference policy.
     """
     if not hasattr(policy, "predict_samples"):
         raise RunError("evaluation needs a dpflow_core.inference.Policy (load_policy)", code="action_representation")
-    return policy.predict_samples(dataset.buffer, dataset.index[rows], batch_size=batch_size, seed=seed)
+    return policy.predict_samples(buffer, rows, batch_size=batch_size, seed=seed)
 
 
 def recorded_dataset_sha256(payload: Mapping[str, Any], checkpoint_path: str | Path) -> tuple[str | None, str | None]:
@@ -149,7 +129,6 @@ def evaluation_dir_for(checkpoint_dir: str | Path) -> Path:
     return Path(checkpoint_dir) / "evaluation" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-
 @dataclass(frozen=True)
 class EvaluationResult(StageResult):
     """What :func:`evaluate_checkpoint` measured; the value of the ``evaluation`` asset.
@@ -160,22 +139,28 @@ class EvaluationResult(StageResult):
             with the checkpoint (equal, or the evaluation was refused; None when none was recorded).
         held_out_episodes: indices of the held-out (validation) episodes.
         n_episodes: held-out episodes that gave samples; train_episodes: training episodes (the
-            mean baseline's source).
-        n_samples: anchors evaluated; each compares ``horizon`` absolute 7-D actions.
-        horizon: actions per anchor; step_s: seconds between them.
+            mean relative action's source).
+        n_samples: anchors evaluated (one per executed chunk).
+        horizon: actions per prediction; step_s: seconds between them.
         dimension_names: the 7 dimensions (``position.x``, ..., ``gripper.width``).
-        metrics: per predictor (:data:`PREDICTORS`), its :class:`PredictorMetrics` as a dict.
-        mean_action: the mean baseline's constant prediction, ``(7,)`` (m, rad, m).
+        metrics: per predictor (:data:`PREDICTORS`), its :class:`PredictorMetrics` as a dict, on the
+            executed steps.
         gripper_threshold_m: width threshold of the open/close events (m).
-        margin: how much lower than the best gate baseline the policy's MSE must be (0.2 = 20 %).
+        margin: how much lower than the best baseline's each gated error must be (0.2 = 20 %).
         trajectory_plot, error_plot, loss_plot: PNG files (loss_plot None without a log file).
         out_dir: where the PNGs and ``evaluation.json`` were written.
         seconds: wall-clock duration.
         notes: how the evaluation went, where it matters (no dataset SHA-256 recorded, non-finite predictions, no log).
         checkpoint_sha256: SHA-256 of the evaluated checkpoint, when the caller knew it.
+        gate: per gated criterion (:data:`~dpflow_core.evaluation.gate.CRITERIA`) its figures, verdict
+            and bootstrap intervals (:func:`~dpflow_core.evaluation.gate.gate_criteria`); empty in a
+            result stored before the gate had criteria, which never passes.
+        executed_steps: the horizon steps scored; latency_s: the latency they were chosen for (s);
+            n_action_steps: actions a robot executes per chunk.
+        mean_relative_action: ``(H, 7)`` the mean relative action ``[pos m, rotvec rad, width change m]``.
 
-    ``to_dict`` adds the gate's figures; ``from_dict`` reads ``to_dict``'s form (and so what the
-    ``evaluation`` asset stored before its value was typed), ignoring those derived figures.
+    ``to_dict`` adds ``beats_baseline`` and the reported MSEs (``*_mse``); ``from_dict`` reads
+    ``to_dict``'s form, ignoring those derived figures.
     """
 
     checkpoint_path: str
@@ -190,7 +175,6 @@ class EvaluationResult(StageResult):
     step_s: float
     dimension_names: tuple[str, ...]
     metrics: dict[str, dict[str, Any]]
-    mean_action: tuple[float, ...]
     gripper_threshold_m: float
     margin: float
     trajectory_plot: str
@@ -200,9 +184,14 @@ class EvaluationResult(StageResult):
     seconds: float
     notes: tuple[str, ...] = field(default=())
     checkpoint_sha256: str | None = None
+    gate: dict[str, dict[str, Any]] = field(default_factory=dict)
+    executed_steps: tuple[int, ...] = ()
+    latency_s: float = 0.0
+    n_action_steps: int = 0
+    mean_relative_action: tuple[tuple[float, ...], ...] = ()
 
     def mse(self, predictor: str) -> float:
-        """Overall MSE of one predictor (``policy``, ``mean``, ``hold``, ``constant_velocity``)."""
+        """Overall 7-D MSE of one predictor (mixed units: reported, not gated)."""
         return float(self.metrics[predictor]["mse"])
 
     @property
@@ -210,75 +199,73 @@ class EvaluationResult(StageResult):
         return self.mse("policy")
 
     @property
-    def best_baseline(self) -> str:
-        """The better of the gate's baselines (``mean`` or ``hold``) by MSE."""
-        return min(GATE_BASELINES, key=self.mse)
-
-    @property
-    def baseline_mse(self) -> float:
-        """MSE of the best gate baseline (the smaller of the mean and hold baselines')."""
-        return self.mse(self.best_baseline)
-
-    @property
-    def required_mse(self) -> float:
-        """The MSE the policy must stay below: ``(1 - margin) x baseline_mse``."""
-        return (1.0 - self.margin) * self.baseline_mse
-
-    @property
     def beats_baseline(self) -> bool:
-        """True when the policy's MSE is finite and below ``required_mse``."""
-        return math.isfinite(self.policy_mse) and self.policy_mse < self.required_mse
+        """True when every gated criterion passed (and there are criteria)."""
+        return bool(self.gate) and all(bool(c["passed"]) for c in self.gate.values())
 
     @property
-    def improvement(self) -> float:
-        """``1 - policy_mse / baseline_mse`` (1 = perfect, 0 = as good as the best baseline, < 0 worse)."""
-        return 1.0 - self.policy_mse / self.baseline_mse if self.baseline_mse > 0 else float("nan")
+    def failed_criteria(self) -> tuple[str, ...]:
+        """The gated criteria that did not pass."""
+        return tuple(name for name, c in self.gate.items() if not c["passed"])
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-serialisable form, with the gate's figures (``beats_baseline``, ``*_mse``)."""
+        """Plain JSON-serialisable form, with ``beats_baseline`` and the reported ``*_mse``."""
         data = super().to_dict()
-        data.update(
-            beats_baseline=self.beats_baseline,
-            improvement=self.improvement,
-            best_baseline=self.best_baseline,
-            baseline_mse=self.baseline_mse,
-            required_mse=self.required_mse,
-            **{f"{name}_mse": self.mse(name) for name in PREDICTORS},
-        )
+        data.update(beats_baseline=self.beats_baseline, **{f"{name}_mse": self.mse(name) for name in self.metrics})
         return data
 
+    def gate_table(self) -> str:
+        """A Markdown table of the gate: one row per criterion."""
+        rows = ["| criterion | policy (95 % CI) | hold | constant velocity | mean relative | required | improvement (95 % CI) | |",
+                "|---|---|---|---|---|---|---|---|"]
+        for name, c in self.gate.items():
+            lo, hi = c["policy_ci95"]
+            ilo, ihi = c["improvement_ci95"]
+            base = " | ".join(f"{c['baselines'][b]:.4g}" + (" (best)" if b == c["best_baseline"] else "") for b in GATE_BASELINES)
+            better = ">" if name == "gripper_events" else "<"
+            rows.append(
+                f"| {name} ({c['unit']}) | {c['policy']:.4g} ({lo:.3g} to {hi:.3g}) | {base} | {better} {c['required']:.4g} | "
+                f"{c['improvement']:.1%} ({ilo:.1%} to {ihi:.1%}) | {'PASS' if c['passed'] else 'FAIL'} |"
+            )
+        return "\n".join(rows)
+
     def markdown_table(self) -> str:
-        """A Markdown table: one column per predictor, one row per metric."""
-        head = "| metric | " + " | ".join(PREDICTORS) + " |"
-        rows = [head, "|---" * (len(PREDICTORS) + 1) + "|"]
+        """The gate table, then a Markdown table of every metric: one column per predictor."""
+        names = [p for p in PREDICTORS if p in self.metrics]
+        rows = [self.gate_table(), "", "| metric | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
 
         def row(label: str, values: Sequence[float], fmt: str = "{:.6g}") -> None:
             rows.append(f"| {label} | " + " | ".join(fmt.format(v) for v in values) + " |")
 
         m = self.metrics
-        row("**MSE**", [m[p]["mse"] for p in PREDICTORS])
-        for name, _ in ACTION_GROUPS:
-            row(f"MSE {name}", [m[p]["mse_per_key"][name] for p in PREDICTORS])
-        row("position error (m)", [m[p]["position_error_m"] for p in PREDICTORS])
-        row("rotation error (rad)", [m[p]["rotation_error_rad"] for p in PREDICTORS])
-        row("gripper error (m)", [m[p]["gripper_error_m"] for p in PREDICTORS])
+        row("position error (m)", [m[p]["position_error_m"] for p in names])
+        row("rotation error (rad)", [m[p]["rotation_error_rad"] for p in names])
         rows.append(
             "| gripper events matched / recorded (false) | "
-            + " | ".join(f"{m[p]['gripper_events_matched']}/{m[p]['gripper_events']} ({m[p]['gripper_events_false']})" for p in PREDICTORS)
+            + " | ".join(f"{m[p]['gripper_events_matched']}/{m[p]['gripper_events']} ({m[p]['gripper_events_false']})" for p in names)
             + " |"
         )
-        row("gripper event timing error (s)", [m[p]["gripper_timing_error_s"] for p in PREDICTORS], "{:.3g}")
-        for k in range(self.horizon):
-            row(f"MSE step {k}", [m[p]["mse_per_step"][k] for p in PREDICTORS])
+        row("gripper error (m)", [m[p]["gripper_error_m"] for p in names])
+        row("gripper event timing error (s)", [m[p]["gripper_timing_error_s"] for p in names], "{:.3g}")
+        row("MSE, mixed units (not gated)", [m[p]["mse"] for p in names])
+        for name, _ in ACTION_GROUPS:
+            row(f"MSE {name}", [m[p]["mse_per_key"][name] for p in names])
+        for k, step in enumerate(self.executed_steps):
+            row(f"position error step {step} (m)", [m[p]["position_error_m_per_step"][k] for p in names])
         return "\n".join(rows)
 
     def verdict(self) -> str:
-        """One line: the four MSEs and what the gate required."""
+        """One line: each criterion's policy figure against what it had to beat, and the samples."""
+        parts = []
+        for name, c in self.gate.items():
+            better = ">" if name == "gripper_events" else "<"
+            parts.append(
+                f"{name} {c['policy']:.4g} vs required {better} {c['required']:.4g} ({c['best_baseline']} {c['baseline']:.4g}) "
+                f"{'PASS' if c['passed'] else 'FAIL'}"
+            )
         return (
-            f"policy MSE {self.policy_mse:.6g} vs required < {self.required_mse:.6g} "
-            f"({1 - self.margin:.0%} of the {self.best_baseline} baseline's {self.baseline_mse:.6g}); "
-            f"mean {self.mse('mean'):.6g}, hold {self.mse('hold'):.6g}, constant velocity "
-            f"{self.mse('constant_velocity'):.6g}; {self.n_samples} samples from {self.n_episodes} held-out episodes"
+            "; ".join(parts or ["no gate figures"]) + f"; margin {self.margin:.0%}; executed steps "
+            f"{list(self.executed_steps)} of {self.horizon}; {self.n_samples} samples from {self.n_episodes} held-out episodes"
         )
 
 
@@ -291,16 +278,17 @@ def evaluate_checkpoint(
     out_dir: str | Path,
     *,
     log_path: str | Path | None = None,
-    max_samples_per_episode: int = 48,
+    max_samples_per_episode: int | None = 48,
     plot_episodes: int = 3,
     batch_size: int = 64,
     seed: int = 0,
     device: str = "cpu",
     margin: float = DEFAULT_MARGIN,
     gripper_threshold_m: float | None = None,
+    command_latency_s: float = 0.0,
     overwrite: bool = False,
 ) -> EvaluationResult:
-    """Evaluate the checkpoint's EMA policy and the three baselines on the held-out episodes.
+    """Evaluate the checkpoint's EMA policy against the trivial baselines on the held-out episodes.
 
     Args:
         checkpoint_path: a trainer checkpoint (``latest.ckpt`` or a top-k file).
@@ -309,15 +297,17 @@ def evaluate_checkpoint(
         out_dir: folder for ``evaluation.json`` and the PNGs (created; existing results
             are kept unless ``overwrite``).
         log_path: the run's ``logs.json.txt`` for the loss curve (optional).
-        max_samples_per_episode: anchors per held-out episode, evenly spaced.
+        max_samples_per_episode: at most this many chunk anchors per held-out episode, evenly
+            spaced (None: every chunk).
         plot_episodes: how many held-out episodes the trajectory plot shows.
         batch_size: samples per ``predict_action`` call.
-        seed: seed of the diffusion noise (the result is reproducible for a seed).
+        seed: seed of the diffusion noise and of the bootstrap (the result is reproducible for a seed).
         device: torch device of the policy.
-        margin: fraction in [0, 1) by which the policy's MSE must undercut the best of the mean
-            and hold baselines (0.2: at least 20 % lower).
+        margin: fraction in [0, 1) by which each gated error must undercut the best baseline's.
         gripper_threshold_m: width threshold (m) of gripper open/close events; None: the middle
             of the training episodes' width range.
+        command_latency_s: time from the policy's answer to the controller (s), added to the
+            checkpoint's camera latency when choosing the executed steps.
         overwrite: replace an existing ``evaluation.json`` in ``out_dir``.
 
     Returns:
@@ -325,7 +315,8 @@ def evaluate_checkpoint(
 
     Raises:
         RunError: unreadable checkpoint, fewer than 2 held-out episodes, a policy whose action
-            is not absolute, existing results, a margin outside [0, 1).
+            is not absolute, existing results, a margin outside [0, 1), a latency that leaves no
+            executed step.
         DatasetError: the dataset differs from the one the checkpoint was trained on (SHA-256,
             both named; or episode/step counts), lacks a pose key, or its held-out episodes give
             no sample.
@@ -336,7 +327,6 @@ def evaluate_checkpoint(
     from dpflow_core.replay_buffer import ReplayBuffer
     from dpflow_core.inference import load_policy
     from dpflow_core.train.checkpoint import load_checkpoint
-    from dpflow_core.train.data import SequenceDataset
 
     started = time.monotonic()
     if not 0.0 <= float(margin) < 1.0:
@@ -374,46 +364,37 @@ def evaluate_checkpoint(
     cfg, spec = policy.cfg, policy.spec
     train_mask, val_mask = held_out_split(cfg, buffer.n_episodes)
     held_out = tuple(int(e) for e in np.flatnonzero(val_mask))
-    dataset = SequenceDataset(buffer, spec, val_mask)
-    if len(dataset) == 0:
-        raise DatasetError(
-            f"the held-out episodes {list(held_out)} give no sample (each is shorter than "
-            f"{spec.min_episode_length} frames)",
-            path=buffer.path,
-        )
-    rows = _anchor_rows(dataset.index, max_samples_per_episode)
-    index_rows = dataset.index[rows]
-    step_s = float(spec.action_down_sample_steps) / float(buffer.frequency_hz)
-    targets = absolute_actions(buffer, action_index_matrix(spec, index_rows))
+    latency_s = policy.camera_obs_latency_s + float(command_latency_s)
+
+    def predict(rows: np.ndarray) -> np.ndarray:
+        return predict_absolute_actions(policy, buffer, rows, batch_size=batch_size, seed=seed)
 
     torch.manual_seed(seed)
-    train_steps = np.concatenate([np.arange(s.start, s.stop) for e in np.flatnonzero(train_mask) for s in [buffer.episode_slice(int(e))]])
-    mean_action = mean_baseline(buffer, train_steps)
-    predictions = {
-        "policy": predict_absolute_actions(policy, dataset, rows, batch_size=batch_size, seed=seed, device=device),
-        "mean": np.broadcast_to(mean_action, targets.shape).copy(),
-        "hold": hold_baseline(buffer, spec, index_rows),
-        "constant_velocity": constant_velocity_baseline(buffer, spec, index_rows),
-    }
-    if gripper_threshold_m is None:
-        widths = np.asarray(buffer["robot0_gripper_width"][train_steps], dtype=np.float64)
-        gripper_threshold_m = float(widths.min() + widths.max()) / 2.0
-    metrics = {
-        name: score_predictions(pred, targets, gripper_threshold_m=gripper_threshold_m, step_s=step_s)
-        for name, pred in predictions.items()
-    }
-    if not np.isfinite(predictions["policy"]).all():
+    try:
+        scores = score_held_out(
+            predict, buffer, spec, train_mask, val_mask, frequency_hz=buffer.frequency_hz,
+            n_action_steps=int(policy.network.n_action_steps), latency_s=latency_s, margin=margin,
+            max_samples_per_episode=max_samples_per_episode, gripper_threshold_m=gripper_threshold_m, seed=seed,
+        )
+    except ValueError as exc:
+        raise RunError(str(exc), path=checkpoint_path, code="bad_latency") from exc
+    if not np.isfinite(scores.predictions["policy"]).all():
         notes.append("the policy predicted non-finite actions")
+    no_events = scores.gate["gripper_events"]["events"] == 0
+    if no_events:
+        notes.append("no gripper event in the executed steps of the held-out episodes: the gripper criterion "
+                     "passes only a policy that invents none")
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    index_rows = scores.rows
     shown = list(held_out[: max(1, plot_episodes)])
     episode_rows = {}
     for ep in shown:
         mask = index_rows[:, 1] == buffer.episode_slice(ep).start
-        episode_rows[ep] = (index_rows[mask, 0], {name: p[mask] for name, p in predictions.items()})
+        episode_rows[ep] = (index_rows[mask, 0], {name: p[mask] for name, p in scores.predictions.items()})
     shown = [ep for ep in shown if len(episode_rows[ep][0])]
-    trajectory_plot = plot_trajectories(buffer, shown, episode_rows, step_s, out_dir / TRAJECTORY_PLOT)
-    error_plot = plot_errors_per_step(metrics, step_s, out_dir / ERROR_PLOT)
+    trajectory_plot = plot_trajectories(buffer, shown, episode_rows, scores.step_s, out_dir / TRAJECTORY_PLOT, scores.steps)
+    error_plot = plot_errors_per_step(scores.metrics, scores.step_s, out_dir / ERROR_PLOT, scores.steps)
 
     loss_plot = None
     if log_path is not None and Path(log_path).is_file():
@@ -429,13 +410,12 @@ def evaluate_checkpoint(
         held_out_episodes=held_out,
         n_episodes=int(len(np.unique(index_rows[:, 1]))),
         train_episodes=int(train_mask.sum()),
-        n_samples=int(len(rows)),
+        n_samples=int(len(index_rows)),
         horizon=int(spec.horizon),
-        step_s=step_s,
+        step_s=scores.step_s,
         dimension_names=DIMENSION_NAMES,
-        metrics={name: asdict(m) for name, m in metrics.items()},
-        mean_action=tuple(float(v) for v in mean_action),
-        gripper_threshold_m=float(gripper_threshold_m),
+        metrics={name: asdict(m) for name, m in scores.metrics.items()},
+        gripper_threshold_m=scores.gripper_threshold_m,
         margin=float(margin),
         trajectory_plot=str(trajectory_plot),
         error_plot=str(error_plot),
@@ -443,6 +423,11 @@ def evaluate_checkpoint(
         out_dir=str(out_dir.resolve()),
         seconds=time.monotonic() - started,
         notes=tuple(notes),
+        gate=scores.gate,
+        executed_steps=tuple(int(k) for k in scores.steps),
+        latency_s=float(latency_s),
+        n_action_steps=int(policy.network.n_action_steps),
+        mean_relative_action=tuple(tuple(float(v) for v in r) for r in scores.mean_relative),
     )
     write_text_atomic(result_path, json.dumps(result.to_dict(), indent=2) + "\n", overwrite=overwrite)
     log.info("evaluation of %s: %s", checkpoint_path, result.verdict())

@@ -1,7 +1,12 @@
-"""Errors of a predictor on absolute actions: MSE, position, geodesic rotation, gripper width and events.
+"""Errors of a predictor on absolute actions: MSE, TCP position, geodesic rotation, gripper width and events.
 
 Every array here is an absolute action ``[position (3) m, rotation vector (3) rad, gripper width (1) m]``
-per sample and horizon step, ``(N, H, 7)``.
+per sample and scored horizon step, ``(N, S, 7)``, in the dataset's world frame (the camera pose the
+replay buffer records). Position and rotation errors are those of the TCP (``pose @ tx_cam_tcp``,
+:mod:`dpflow_core.pose`), what a robot controller moves. Both are invariant to the world frame:
+changing it to ``W @ pose`` rotates position differences without changing their length and leaves
+``R_pred^-1 R_true`` unchanged. The mixed-unit MSE (m^2 beside rad^2 of rotation-vector components)
+is not: it is reported, never gated.
 """
 
 from __future__ import annotations
@@ -19,26 +24,44 @@ DIMENSION_NAMES: tuple[str, ...] = (
     "position.x", "position.y", "position.z", "rotation.rx", "rotation.ry", "rotation.rz", "gripper.width",
 )
 
-# Metrics --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SampleErrors:
+    """Frame-invariant errors of one predictor, per sample: what the gate and its bootstrap add up.
+
+    Attributes:
+        position_error_m: ``(N, S)`` Euclidean TCP position error (m) per sample and scored step.
+        rotation_error_rad: ``(N, S)`` geodesic angle of ``R_pred^-1 R_true`` of the TCP (rad; NaN
+            where the prediction is not finite).
+        events, matched, false: ``(N,)`` int64 gripper events per sample: recorded, recorded and
+            predicted in the same direction, predicted without a recorded one.
+    """
+
+    position_error_m: np.ndarray
+    rotation_error_rad: np.ndarray
+    events: np.ndarray
+    matched: np.ndarray
+    false: np.ndarray
 
 
 @dataclass(frozen=True)
 class PredictorMetrics:
-    """Errors of one predictor against the recorded absolute actions of the evaluated samples.
+    """Errors of one predictor against the recorded absolute actions of the scored steps.
 
     Attributes:
-        mse: mean squared error over samples, horizon steps and the 7 dimensions.
+        mse: mean squared error over samples, scored steps and the 7 dimensions (dataset frame,
+            mixed units: reported, not gated).
         mse_per_key: ``{"position": m^2, "rotation": rad^2 (rotation-vector components), "gripper": m^2}``.
         mse_per_dim: ``(7,)`` per dimension (:data:`DIMENSION_NAMES`).
-        mse_per_step: ``(H,)`` per horizon step (all 7 dimensions).
-        position_error_m: mean Euclidean position error (m); ``position_error_m_per_step`` ``(H,)``.
-        rotation_error_rad: mean geodesic angle between predicted and recorded rotations (rad);
-            ``rotation_error_rad_per_step`` ``(H,)``.
+        mse_per_step: ``(S,)`` per scored step (all 7 dimensions).
+        position_error_m: mean Euclidean TCP position error (m); ``position_error_m_per_step`` ``(S,)``.
+        rotation_error_rad: mean geodesic angle between predicted and recorded TCP rotations (rad);
+            ``rotation_error_rad_per_step`` ``(S,)``.
         gripper_error_m: mean absolute gripper width error (m).
-        gripper_events: recorded open/close events (threshold crossings inside the horizons).
+        gripper_events: recorded open/close events (threshold crossings inside the scored steps).
         gripper_events_matched: recorded events the predictor also crosses, in the same direction
             and sample; ``gripper_events_missed`` the others; ``gripper_events_false`` predicted
-            crossings with no recorded one.
+            crossings with no recorded one; ``gripper_event_score`` matched minus false.
         gripper_timing_error_s: mean absolute time difference of matched events (s; NaN when none).
     """
 
@@ -55,6 +78,7 @@ class PredictorMetrics:
     gripper_events_matched: int
     gripper_events_missed: int
     gripper_events_false: int
+    gripper_event_score: int
     gripper_timing_error_s: float
 
 
@@ -102,6 +126,22 @@ def threshold_crossings(widths: np.ndarray, threshold: float, step_s: float) -> 
     return events
 
 
+def _match_events(predicted, recorded, threshold: float, step_s: float) -> tuple[int, int, int, list[float]]:
+    """(recorded, matched, false, timing errors) of one sample's width sequences."""
+    pred_ev = threshold_crossings(predicted, threshold, step_s)
+    rec_ev = threshold_crossings(recorded, threshold, step_s)
+    free = list(pred_ev)
+    timing: list[float] = []
+    for t, d in rec_ev:
+        same = [i for i, (_, dp) in enumerate(free) if dp == d]
+        if not same:
+            continue
+        best = min(same, key=lambda i: abs(free[i][0] - t))
+        timing.append(abs(free[best][0] - t))
+        free.pop(best)
+    return len(rec_ev), len(timing), len(free), timing
+
+
 def gripper_event_errors(
     predicted: np.ndarray, recorded: np.ndarray, threshold: float, step_s: float
 ) -> dict[str, float | int]:
@@ -111,8 +151,8 @@ def gripper_event_errors(
     predicted event of the same direction.
 
     Args:
-        predicted, recorded: ``(N, H)`` gripper widths (m).
-        threshold: event threshold (m); step_s: seconds between horizon steps.
+        predicted, recorded: ``(N, S)`` gripper widths (m).
+        threshold: event threshold (m); step_s: seconds between steps.
 
     Returns:
         ``{"events", "matched", "missed", "false", "timing_error_s"}`` (counts; mean absolute
@@ -121,19 +161,9 @@ def gripper_event_errors(
     events = matched = false = 0
     timing: list[float] = []
     for p, r in zip(np.asarray(predicted), np.asarray(recorded)):
-        pred_ev = threshold_crossings(p, threshold, step_s)
-        rec_ev = threshold_crossings(r, threshold, step_s)
-        events += len(rec_ev)
-        free = list(pred_ev)
-        for t, d in rec_ev:
-            same = [i for i, (_, dp) in enumerate(free) if dp == d]
-            if not same:
-                continue
-            best = min(same, key=lambda i: abs(free[i][0] - t))
-            timing.append(abs(free[best][0] - t))
-            free.pop(best)
-            matched += 1
-        false += len(free)
+        e, m, f, t = _match_events(p, r, threshold, step_s)
+        events, matched, false = events + e, matched + m, false + f
+        timing += t
     return {
         "events": events,
         "matched": matched,
@@ -143,43 +173,94 @@ def gripper_event_errors(
     }
 
 
-def score_predictions(
-    predicted: np.ndarray, recorded: np.ndarray, *, gripper_threshold_m: float, step_s: float
-) -> PredictorMetrics:
-    """All metrics of one predictor.
+def _check_shapes(p: np.ndarray, r: np.ndarray) -> None:
+    if p.shape != r.shape or p.ndim != 3 or p.shape[-1] != 7 or len(p) == 0:
+        raise ValueError(f"predictions and recorded actions must both be (N >= 1, S, 7), got {p.shape} and {r.shape}")
+
+
+def tcp_poses(actions: np.ndarray, tx_cam_tcp: np.ndarray | None) -> np.ndarray:
+    """``(..., 4, 4)`` TCP poses of absolute actions ``(..., 7)`` (camera poses, dataset frame).
+
+    Non-finite poses stay NaN instead of raising, so that a policy predicting NaN is scored
+    (and fails) rather than aborting the evaluation.
+    """
+    from dpflow_core import pose as P
+
+    a = np.asarray(actions, dtype=np.float64)
+    finite = np.isfinite(a[..., :6]).all(axis=-1)
+    mats = np.full(a.shape[:-1] + (4, 4), np.nan)
+    if finite.any():
+        m = P.pos_rot_to_mat(a[..., POS][finite], a[..., ROT][finite])
+        mats[finite] = m if tx_cam_tcp is None or P.is_identity(tx_cam_tcp) else P.apply_tx(m, np.asarray(tx_cam_tcp, np.float64))
+    return mats
+
+
+def sample_errors(
+    predicted: np.ndarray, recorded: np.ndarray, *, gripper_threshold_m: float, step_s: float,
+    tx_cam_tcp: np.ndarray | None = None,
+) -> SampleErrors:
+    """The frame-invariant errors of :class:`SampleErrors`, per sample.
 
     Args:
-        predicted, recorded: ``(N, H, 7)`` absolute actions ``[pos m, rotvec rad, width m]``.
+        predicted, recorded: ``(N, S, 7)`` absolute actions (dataset frame, camera poses).
         gripper_threshold_m: width threshold of open/close events (m).
-        step_s: seconds between horizon steps (``action_down_sample_steps / frequency``).
+        step_s: seconds between scored steps.
+        tx_cam_tcp: ``(4, 4)`` pose of the TCP in the camera frame; None: identity.
 
     Raises:
-        ValueError: when the shapes differ or are not ``(N, H, 7)`` with N >= 1.
+        ValueError: when the shapes differ or are not ``(N, S, 7)`` with N >= 1.
     """
     p = np.asarray(predicted, dtype=np.float64)
     r = np.asarray(recorded, dtype=np.float64)
-    if p.shape != r.shape or p.ndim != 3 or p.shape[-1] != 7 or len(p) == 0:
-        raise ValueError(f"predictions and recorded actions must both be (N >= 1, H, 7), got {p.shape} and {r.shape}")
-    sq = (p - r) ** 2
-    pos_err = np.linalg.norm(p[..., POS] - r[..., POS], axis=-1)
-    finite = np.isfinite(p[..., ROT]).all(axis=-1)
+    _check_shapes(p, r)
+    tp, tr = tcp_poses(p, tx_cam_tcp), tcp_poses(r, tx_cam_tcp)
+    pos_err = np.linalg.norm(tp[..., :3, 3] - tr[..., :3, 3], axis=-1)
     rot_err = np.full(p.shape[:2], np.nan)
+    finite = np.isfinite(tp).all(axis=(-2, -1))
     if finite.any():
-        rot_err[finite] = geodesic_error(p[..., ROT][finite], r[..., ROT][finite])
+        from scipy.spatial.transform import Rotation
+
+        delta = np.swapaxes(tp[finite][:, :3, :3], -1, -2) @ tr[finite][:, :3, :3]
+        rot_err[finite] = Rotation.from_matrix(delta).magnitude()
+    counts = np.array([_match_events(a, b, gripper_threshold_m, step_s)[:3] for a, b in zip(p[..., 6], r[..., 6])], dtype=np.int64)
+    return SampleErrors(pos_err, rot_err, counts[:, 0], counts[:, 1], counts[:, 2])
+
+
+def score_predictions(
+    predicted: np.ndarray, recorded: np.ndarray, *, gripper_threshold_m: float, step_s: float,
+    tx_cam_tcp: np.ndarray | None = None,
+) -> PredictorMetrics:
+    """All metrics of one predictor on the scored steps.
+
+    Args:
+        predicted, recorded: ``(N, S, 7)`` absolute actions ``[pos m, rotvec rad, width m]`` (dataset frame).
+        gripper_threshold_m: width threshold of open/close events (m).
+        step_s: seconds between scored steps (``action_down_sample_steps / frequency``).
+        tx_cam_tcp: ``(4, 4)`` pose of the TCP in the camera frame (position and rotation errors
+            are the TCP's); None: identity.
+
+    Raises:
+        ValueError: when the shapes differ or are not ``(N, S, 7)`` with N >= 1.
+    """
+    p = np.asarray(predicted, dtype=np.float64)
+    r = np.asarray(recorded, dtype=np.float64)
+    errors = sample_errors(p, r, gripper_threshold_m=gripper_threshold_m, step_s=step_s, tx_cam_tcp=tx_cam_tcp)
+    sq = (p - r) ** 2
     ev = gripper_event_errors(p[..., 6], r[..., 6], gripper_threshold_m, step_s)
     return PredictorMetrics(
         mse=float(sq.mean()),
         mse_per_key={name: float(sq[..., sl].mean()) for name, sl in ACTION_GROUPS},
         mse_per_dim=tuple(float(v) for v in sq.mean(axis=(0, 1))),
         mse_per_step=tuple(float(v) for v in sq.mean(axis=(0, 2))),
-        position_error_m=float(pos_err.mean()),
-        position_error_m_per_step=tuple(float(v) for v in pos_err.mean(axis=0)),
-        rotation_error_rad=float(rot_err.mean()),
-        rotation_error_rad_per_step=tuple(float(v) for v in rot_err.mean(axis=0)),
+        position_error_m=float(errors.position_error_m.mean()),
+        position_error_m_per_step=tuple(float(v) for v in errors.position_error_m.mean(axis=0)),
+        rotation_error_rad=float(errors.rotation_error_rad.mean()),
+        rotation_error_rad_per_step=tuple(float(v) for v in errors.rotation_error_rad.mean(axis=0)),
         gripper_error_m=float(np.abs(p[..., 6] - r[..., 6]).mean()),
         gripper_events=int(ev["events"]),
         gripper_events_matched=int(ev["matched"]),
         gripper_events_missed=int(ev["missed"]),
         gripper_events_false=int(ev["false"]),
+        gripper_event_score=int(ev["matched"]) - int(ev["false"]),
         gripper_timing_error_s=float(ev["timing_error_s"]),
     )

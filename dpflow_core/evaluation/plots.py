@@ -80,7 +80,7 @@ def _save_figure(fig, path: str | Path) -> Path:
     return path
 
 
-_COLOURS = {"policy": "tab:blue", "mean": "tab:red", "hold": "tab:green", "constant_velocity": "tab:orange"}
+_COLOURS = {"policy": "tab:blue", "mean_relative": "tab:red", "hold": "tab:green", "constant_velocity": "tab:orange"}
 
 
 def plot_trajectories(
@@ -89,13 +89,13 @@ def plot_trajectories(
     episode_rows: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]],
     step_s: float,
     path: str | Path,
+    steps: Sequence[int] | None = None,
 ) -> Path:
     """Recorded vs predicted absolute actions, one column per episode, one row per dimension.
 
     ``episode_rows[e] = (anchors, {predictor: (N, H, 7)})`` with anchors ``(N,)`` buffer
-    indices. Policy and constant-velocity predictions are drawn as thin lines over their
-    horizons (the policy's first action as a dot); hold as short flat segments; the mean
-    baseline as a dashed line.
+    indices. Each predictor is drawn as thin lines over the horizon ``steps`` (the executed
+    ones; None: all), the policy's first drawn action as a dot; hold as short flat segments.
     """
     import matplotlib
 
@@ -111,21 +111,22 @@ def plot_trajectories(
         recorded = absolute_actions(buffer, sl)
         t = np.arange(len(recorded)) / freq
         anchors, preds = episode_rows[ep]
-        horizon_t = np.arange(preds["policy"].shape[1]) * step_s
+        shown = np.arange(preds["policy"].shape[1]) if steps is None else np.asarray(steps, dtype=np.int64)
+        horizon_t = shown * step_s
         for d in range(da):
             ax = axes[d, c]
             ax.plot(t, recorded[:, d], color="black", lw=1.2, label="recorded")
-            for name in ("constant_velocity", "hold", "policy"):
+            for name in ("mean_relative", "constant_velocity", "hold", "policy"):
                 # one line per predictor, its horizons separated by NaN (one artist, fast to draw)
                 xs = np.full((len(anchors), len(horizon_t) + 1), np.nan)
                 ys = np.full_like(xs, np.nan)
                 xs[:, :-1] = (anchors[:, None] - sl.start) / freq + horizon_t[None, :]
-                ys[:, :-1] = preds[name][:, :, d]
+                ys[:, :-1] = preds[name][:, shown, d]
                 ax.plot(xs.ravel(), ys.ravel(), color=_COLOURS[name], lw=0.6, alpha=0.45)
-            ax.plot((anchors - sl.start) / freq, preds["policy"][:, 0, d], ".", color=_COLOURS["policy"], ms=3, label="policy")
-            ax.plot([], [], color=_COLOURS["hold"], lw=0.8, label="hold")
-            ax.plot([], [], color=_COLOURS["constant_velocity"], lw=0.8, label="constant velocity")
-            ax.axhline(preds["mean"][0, 0, d], color=_COLOURS["mean"], ls="--", lw=0.8, label="mean")
+            ax.plot((anchors - sl.start) / freq + horizon_t[0], preds["policy"][:, shown[0], d], ".",
+                    color=_COLOURS["policy"], ms=3, label="policy")
+            for name in ("hold", "constant_velocity", "mean_relative"):
+                ax.plot([], [], color=_COLOURS[name], lw=0.8, label=name.replace("_", " "))
             if c == 0:
                 ax.set_ylabel(DIMENSION_NAMES[d], fontsize=8)
             ax.tick_params(labelsize=7)
@@ -137,20 +138,26 @@ def plot_trajectories(
     return _save_figure(fig, path)
 
 
-def plot_errors_per_step(metrics: Mapping[str, PredictorMetrics], step_s: float, path: str | Path) -> Path:
-    """MSE, position error and geodesic rotation error per horizon step, one line per predictor."""
+def plot_errors_per_step(
+    metrics: Mapping[str, PredictorMetrics], step_s: float, path: str | Path, steps: Sequence[int] | None = None
+) -> Path:
+    """MSE, TCP position error and geodesic rotation error per scored horizon step, one line per predictor.
+
+    ``steps``: the horizon steps the metrics' per-step figures are for (None: 0, 1, ...).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=90)
-    panels = (("mse_per_step", "MSE (dataset units$^2$)"), ("position_error_m_per_step", "position error (m)"),
+    panels = (("mse_per_step", "MSE (dataset units$^2$)"), ("position_error_m_per_step", "TCP position error (m)"),
               ("rotation_error_rad_per_step", "rotation error (rad)"))
     for ax, (attr, label) in zip(axes, panels):
         for name, m in metrics.items():
             values = np.asarray(getattr(m, attr), dtype=np.float64)
-            ax.plot(np.arange(len(values)) * step_s, values, "o-", ms=3, color=_COLOURS.get(name), label=name.replace("_", " "))
+            k = np.arange(len(values)) if steps is None else np.asarray(steps)
+            ax.plot(k * step_s, values, "o-", ms=3, color=_COLOURS.get(name), label=name.replace("_", " "))
         if attr == "mse_per_step" and all(v > 0 for m in metrics.values() for v in getattr(m, attr) if math.isfinite(v)):
             ax.set_yscale("log")
         ax.set_xlabel("time ahead of the anchor (s)")
