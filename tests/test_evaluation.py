@@ -1,5 +1,6 @@
 """Offline evaluation on held-out episodes: baselines and metrics against closed-form ground truth,
-the gate, untrained policies failing it (sample and epsilon prediction), refusals, plots."""
+the gate's criteria and bootstrap, untrained policies and constant velocity failing it (sample and
+epsilon prediction), refusals, plots. tests/test_offline_gate.py holds the world-frame and decoding tests."""
 
 from __future__ import annotations
 
@@ -16,15 +17,18 @@ from synthetic_dataset import synthetic_arrays, write_npz, write_synthetic_datas
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.evaluation import (
     ABS_ACTION_KEYS,
+    GATE_BASELINES,
     PREDICTORS,
-    EvaluationResult,
+    SampleErrors,
     constant_velocity_baseline,
     evaluate_checkpoint,
+    fit_mean_relative_action,
+    gate_criteria,
     geodesic_error,
     gripper_event_errors,
     held_out_split,
     hold_baseline,
-    mean_baseline,
+    mean_relative_baseline,
     read_loss_curve,
     score_predictions,
     threshold_crossings,
@@ -157,36 +161,95 @@ def test_gripper_events_and_their_timing_error():
     assert (wrong["matched"], wrong["missed"], wrong["false"]) == (0, 1, 1)
 
 
-def test_mean_baseline_averages_positions_and_rotations_on_so3():
-    centre = Rotation.from_rotvec([0.3, -2.9, 0.4])  # |rotvec| near pi: component means would be wrong
-    offsets = Rotation.from_rotvec(np.array([[0.2, 0, 0], [-0.2, 0, 0], [0, 0.3, 0], [0, -0.3, 0]]))
-    rots = (centre * offsets).as_rotvec()
-    pos = np.array([[0.0, 0, 0], [1, 0, 0], [0, 2, 0], [0, 0, 3]])
-    buffer, _ = one_episode(pos, rots, [0.01, 0.02, 0.03, 0.06])
-    mean = mean_baseline(buffer, np.arange(4))
-    assert np.allclose(mean[:3], [0.25, 0.5, 0.75]) and mean[6] == pytest.approx(0.03)
-    assert geodesic_error(mean[3:6], centre.as_rotvec()) < 1e-9
+def test_mean_relative_action_is_exact_on_motion_uniform_in_the_gripper_frame():
+    # T_t = T_0 D^t: every sample's action k, seen from its current pose, is D^k whatever the world
+    # does, so the training mean is D^k and applied to the current pose it is the truth.
+    step = np.eye(4)
+    step[:3, :3] = Rotation.from_rotvec([0.01, 0.04, -0.03]).as_matrix()
+    step[:3, 3] = [0.003, -0.001, 0.002]
+    t0 = np.eye(4)
+    t0[:3, :3], t0[:3, 3] = R0.as_matrix(), [0.3, -0.2, 0.5]
+    mats = [t0]
+    for _ in range(T - 1):
+        mats.append(mats[-1] @ step)
+    mats = np.stack(mats)
+    buffer, ends = one_episode(mats[:, :3, 3], Rotation.from_matrix(mats[:, :3, :3]).as_rotvec(), 0.02 + GV * steps)
+    spec = spec_for(horizon=6)
+    rows = sequence_index(ends, np.array([True]), spec)
+    mean = fit_mean_relative_action(buffer, spec, rows)
+    for k in range(6):
+        dk = np.linalg.matrix_power(step, k)
+        assert np.allclose(mean[k, :3], dk[:3, 3], atol=1e-12) and mean[k, 6] == pytest.approx(k * GV, abs=1e-12)
+        assert geodesic_error(mean[k, 3:6], Rotation.from_matrix(dk[:3, :3]).as_rotvec()) < 1e-9
+    pred = mean_relative_baseline(buffer, spec, rows, mean)
+    truth = recorded(buffer, spec, rows)
+    assert np.abs(pred[..., :3] - truth[..., :3]).max() < 1e-12 and np.abs(pred[..., 6] - truth[..., 6]).max() < 1e-12
+    assert geodesic_error(pred[..., 3:6], truth[..., 3:6]).max() < 1e-9
+    # the same motion is not uniform in the world frame: constant velocity (world frame) is not exact
+    cv = constant_velocity_baseline(buffer, spec, rows[1:])
+    assert np.abs(cv[..., :3] - truth[1:, :, :3]).max() > 1e-4
 
 
-def _result(policy, mean, hold, cv=1.0, margin=0.2) -> EvaluationResult:
-    mses = {"policy": policy, "mean": mean, "hold": hold, "constant_velocity": cv}
-    return EvaluationResult(
-        checkpoint_path="c", dataset_path="d", dataset_sha256="x", recorded_dataset_sha256="x", held_out_episodes=(0, 1),
-        n_episodes=2, train_episodes=3, n_samples=4, horizon=1, step_s=0.1, dimension_names=(),
-        metrics={p: {"mse": v} for p, v in mses.items()}, mean_action=(), gripper_threshold_m=0.04, margin=margin,
-        trajectory_plot="", error_plot="", loss_plot=None, out_dir="", seconds=0.0,
-    )
+def _errors(pos_by_episode, rot_by_episode=None, events=None):
+    """SampleErrors of one sample per episode, each with one step of the given errors."""
+    pos = np.asarray(pos_by_episode, np.float64)[:, None]
+    rot = pos if rot_by_episode is None else np.asarray(rot_by_episode, np.float64)[:, None]
+    ev, matched, false = (np.zeros(len(pos), np.int64),) * 3 if events is None else (np.asarray(v, np.int64) for v in events)
+    return SampleErrors(pos, rot, ev, matched, false)
 
 
-def test_the_gate_needs_the_margin_below_the_best_of_mean_and_hold():
-    assert _result(0.79, mean=2.0, hold=1.0).beats_baseline
-    r = _result(0.81, mean=2.0, hold=1.0)
-    assert not r.beats_baseline and r.best_baseline == "hold" and r.required_mse == pytest.approx(0.8)
-    assert _result(0.79, mean=1.0, hold=3.0).best_baseline == "mean"
-    # Beating the mean alone, as today's demo policy does, is not enough.
-    assert not _result(0.0088, mean=0.0247, hold=0.0009, cv=0.00006).beats_baseline
-    assert not _result(float("nan"), 1.0, 1.0).beats_baseline
-    assert _result(0.95, mean=1.0, hold=1.0, margin=0.0).beats_baseline
+def _gate(policy, hold, cv, mean, margin=0.2, episodes=None):
+    errors = {"policy": policy, "hold": hold, "constant_velocity": cv, "mean_relative": mean}
+    return gate_criteria(errors, np.arange(len(policy.events)) if episodes is None else episodes, GATE_BASELINES, margin, resamples=2000)
+
+
+def test_the_gate_needs_the_margin_below_the_best_baseline_criterion_by_criterion():
+    hold, cv, mean = _errors([1.0, 1.0], [0.5, 0.5]), _errors([0.1, 0.1], [2.0, 2.0]), _errors([3.0, 3.0])
+    g = _gate(_errors([0.079, 0.079], [0.39, 0.39]), hold, cv, mean)
+    assert g["position_error_m"]["best_baseline"] == "constant_velocity" and g["position_error_m"]["required"] == pytest.approx(0.08)
+    assert g["rotation_error_rad"]["best_baseline"] == "hold" and g["rotation_error_rad"]["required"] == pytest.approx(0.4)
+    assert g["position_error_m"]["passed"] and g["rotation_error_rad"]["passed"]
+    assert g["position_error_m"]["improvement"] == pytest.approx(0.21)
+    # 0.081 m: beats hold and the mean by far, but not constant velocity by 20 %
+    g = _gate(_errors([0.081, 0.081], [0.39, 0.39]), hold, cv, mean)
+    assert not g["position_error_m"]["passed"] and g["rotation_error_rad"]["passed"]
+    assert not _gate(_errors([np.nan, np.nan]), hold, cv, mean)["position_error_m"]["passed"]
+    assert _gate(_errors([0.099, 0.099], [0.49, 0.49]), hold, cv, mean, margin=0.0)["position_error_m"]["passed"]
+    assert not _gate(_errors([0.1, 0.1], [0.5, 0.5]), hold, cv, mean, margin=0.0)["position_error_m"]["passed"]
+
+
+def test_gripper_events_criterion_counts_matched_minus_false():
+    zero = _errors([1.0, 1.0])
+    # 4 recorded events over two episodes; hold matches none (error 4), constant velocity 2 with 1 false (error 3)
+    hold = _errors([1.0, 1.0], events=([2, 2], [0, 0], [0, 0]))
+    cv = _errors([1.0, 1.0], events=([2, 2], [1, 1], [1, 0]))
+    mean = _errors([1.0, 1.0], events=([2, 2], [0, 0], [3, 3]))
+    g = _gate(_errors([0.1, 0.1], events=([2, 2], [2, 1], [0, 0])), hold, cv, mean)["gripper_events"]
+    assert g["events"] == 4 and g["policy"] == 3 and g["best_baseline"] == "constant_velocity" and g["baseline"] == 1
+    # error 1 against 3: improvement 2/3; the score must exceed 1 + 0.2 x (4 - 1)
+    assert g["improvement"] == pytest.approx(2 / 3) and g["required"] == pytest.approx(1.6) and g["passed"]
+    assert g["baselines"] == {"hold": 0, "constant_velocity": 1, "mean_relative": -6}
+    # matching events while inventing as many is no better than holding still
+    assert not _gate(_errors([0.1, 0.1], events=([2, 2], [2, 2], [2, 2])), hold, cv, mean)["gripper_events"]["passed"]
+    # no recorded event: a best baseline with no false event can only be matched, by inventing none
+    assert _gate(_errors([0.1, 0.1]), zero, zero, zero)["gripper_events"]["passed"]
+    assert not _gate(_errors([0.1, 0.1], events=([0, 0], [0, 0], [1, 0])), zero, zero, zero)["gripper_events"]["passed"]
+
+
+def test_bootstrap_resamples_episodes_not_samples():
+    # episode 0: three samples of error 1, episode 1: one sample of error 3 (per-step means 1.5 overall).
+    # Resampling the 2 episodes gives {0, 0} (p 1/4), {0, 1} (1/2), {1, 1} (1/4): figures 1, 1.5, 3.
+    policy = _errors([1.0, 1.0, 1.0, 3.0])
+    flat = _errors([10.0] * 4)
+    g = _gate(policy, flat, flat, flat, episodes=np.array([0, 0, 0, 1]))["position_error_m"]
+    assert g["policy"] == pytest.approx(1.5)
+    assert g["policy_ci95"] == [pytest.approx(1.0), pytest.approx(3.0)]
+    assert g["improvement_ci95"] == [pytest.approx(0.7), pytest.approx(0.9)]
+    flat = _errors([10.0, 10.0])
+    same = _gate(_errors([2.0, 2.0]), flat, flat, flat, episodes=np.array([0, 1]))["position_error_m"]
+    assert same["policy_ci95"] == [pytest.approx(2.0), pytest.approx(2.0)]
+    with pytest.raises(ValueError, match="margin"):
+        _gate(_errors([2.0, 2.0]), flat, flat, flat, margin=1.0)
 
 
 def test_held_out_split_refusals_and_every_shipped_config_holds_out_enough():
@@ -239,8 +302,10 @@ def untrained(request, tmp_path_factory, dataset) -> Path:
 def test_an_untrained_policy_fails_the_gate(untrained, dataset, tmp_path):
     result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", max_samples_per_episode=10)
     assert not result.beats_baseline, result.markdown_table()
-    assert result.policy_mse > result.required_mse
-    assert result.n_samples == 20 and result.n_episodes == 2
+    assert {"position_error_m", "rotation_error_rad"} <= set(result.failed_criteria)
+    # tiny config: horizon 8, n_action_steps 4, latency 0: steps 1-4 run, a chunk every 4 steps,
+    # anchors 0, 4, ..., 32 of each 40-step episode
+    assert result.executed_steps == (1, 2, 3, 4) and result.n_samples == 18 and result.n_episodes == 2
 
 
 def test_metrics_against_independent_computation(untrained, dataset, tmp_path):
@@ -249,20 +314,19 @@ def test_metrics_against_independent_computation(untrained, dataset, tmp_path):
     from dpflow_core.replay_buffer import ReplayBuffer
 
     log = untrained.parent.parent / "logs.json.txt"
-    result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", log_path=log, max_samples_per_episode=12)
+    result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", log_path=log, max_samples_per_episode=None)
 
     train_mask, val_mask = split_episodes(5, 0.25, 42, min_val_episodes=2)  # task tiny: val_ratio, split_seed
     assert val_mask.sum() == 2
     assert result.held_out_episodes == tuple(np.flatnonzero(val_mask)) and result.train_episodes == 3
-    assert result.n_samples == 24 and result.n_episodes == 2 and result.horizon == 8
-    assert result.step_s == pytest.approx(0.1)
+    assert result.n_samples == 18 and result.n_episodes == 2 and result.horizon == 8
+    assert result.step_s == pytest.approx(0.1) and result.latency_s == 0.0 and result.n_action_steps == 4
     assert result.dataset_sha256 == result.recorded_dataset_sha256 == hashlib.sha256(dataset.read_bytes()).hexdigest()
 
     # The trainer split the same way: its normaliser was fit on exactly these training episodes.
     buf = ReplayBuffer(dataset)
     train_steps = np.concatenate([np.arange(buf.episode_slice(e).start, buf.episode_slice(e).stop) for e in np.flatnonzero(train_mask)])
     raw = np.concatenate([np.asarray(buf[k][train_steps], np.float64) for k in ABS_ACTION_KEYS], axis=1)
-    # (fitted on the network's representation: relative poses, rot6d)
     from dpflow_core.inference import load_policy
     from dpflow_core.train.data import normalizer_stats
 
@@ -270,34 +334,43 @@ def test_metrics_against_independent_computation(untrained, dataset, tmp_path):
     expected = normalizer_stats(buf, load_policy(untrained).spec, train_mask)["action"]["mean"]
     assert np.allclose(normalizer["mean"].numpy(), expected, atol=1e-6)
     assert not np.allclose(expected, normalizer_stats(buf, load_policy(untrained).spec)["action"]["mean"], atol=1e-6)
-    assert np.allclose(result.mean_action[:3], raw[:, :3].mean(axis=0)) and result.mean_action[6] == pytest.approx(raw[:, 6].mean())
     assert result.gripper_threshold_m == pytest.approx((raw[:, 6].min() + raw[:, 6].max()) / 2)
 
-    # Hold and mean baselines recomputed here from the raw arrays, anchor by anchor (12 evenly spaced
-    # of the 33 anchors per 40-step episode with horizon 8, latency 0 for the poses).
-    hold_sq, mean_sq = [], []
+    # Hold recomputed here from the raw arrays, chunk by chunk: anchors 0, 4, ..., 32 of each held-out
+    # episode, executed steps 1-4 (latency 0: step 0 is now), the pose of the anchor held.
+    hold_sq, hold_pos, hold_rot = [], [], []
     for e in np.flatnonzero(val_mask):
         sl = buf.episode_slice(e)
         actions = np.concatenate([np.asarray(buf[k][sl], np.float64) for k in ABS_ACTION_KEYS], axis=1)
-        for a in np.linspace(0, 32, 12).round().astype(int):
-            future = actions[a : a + 8]
+        for a in range(0, 33, 4):
+            future = actions[a + 1 : a + 5]
             hold_sq.append((future - actions[a]) ** 2)
-            mean_sq.append((future - np.asarray(result.mean_action)) ** 2)
+            hold_pos.append(np.linalg.norm(future[:, :3] - actions[a, :3], axis=1))
+            hold_rot.append((Rotation.from_rotvec(future[:, 3:6]).inv() * Rotation.from_rotvec(actions[a, 3:6])).magnitude())
     assert result.mse("hold") == pytest.approx(np.mean(hold_sq), rel=1e-9)
-    assert result.mse("mean") == pytest.approx(np.mean(mean_sq), rel=1e-6)
-    assert result.metrics["hold"]["mse_per_step"][0] == pytest.approx(0.0, abs=1e-14)
-    assert result.mse("constant_velocity") < result.mse("hold") < result.mse("mean")  # a smooth synthetic arc
+    gate = result.gate
+    assert gate["position_error_m"]["baselines"]["hold"] == pytest.approx(np.mean(hold_pos), rel=1e-9)
+    assert gate["rotation_error_rad"]["baselines"]["hold"] == pytest.approx(np.mean(hold_rot), rel=1e-6)
+    assert result.metrics["hold"]["position_error_m_per_step"][0] > 0  # step 0 (trivially 0 for hold) is not scored
+    assert gate["position_error_m"]["best_baseline"] == "constant_velocity"  # a smooth synthetic arc
     for name in PREDICTORS:
         m = result.metrics[name]
         assert m["mse"] == pytest.approx(np.mean(m["mse_per_dim"])) == pytest.approx(np.mean(m["mse_per_step"]))
-        assert m["mse_per_key"]["position"] == pytest.approx(np.mean(m["mse_per_dim"][:3]))
-    assert result.beats_baseline == (result.policy_mse < 0.8 * min(result.mse("mean"), result.mse("hold")))
+        gated = gate["position_error_m"]["policy"] if name == "policy" else gate["position_error_m"]["baselines"][name]
+        assert m["position_error_m"] == pytest.approx(gated, rel=1e-12)
+    for name, c in gate.items():
+        assert c["passed"] == (c["improvement"] > 0.2), name
+        lo, hi = c["policy_ci95"]
+        assert lo <= c["policy"] <= hi, name
+    assert result.beats_baseline == all(c["passed"] for c in gate.values())
 
     for plot in (result.trajectory_plot, result.error_plot, result.loss_plot):
         data = Path(plot).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 10_000
     saved = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
     assert saved["hold_mse"] == result.mse("hold") and saved["beats_baseline"] == result.beats_baseline
+    assert saved["gate"]["position_error_m"]["policy"] == gate["position_error_m"]["policy"]
+    assert json.dumps(type(result).from_dict(saved).to_dict(), sort_keys=True) == json.dumps(result.to_dict(), sort_keys=True)
     assert len(read_loss_curve(log)["epoch_train_loss"]) == 1
     with pytest.raises(RunError) as err:  # results are never overwritten unless asked
         evaluate_checkpoint(untrained, dataset, tmp_path / "eval")
@@ -305,18 +378,23 @@ def test_metrics_against_independent_computation(untrained, dataset, tmp_path):
 
 
 @pytest.mark.parametrize("untrained", ["sample"], indirect=True)
-def test_the_gate_passes_predictions_that_are_right(untrained, dataset, tmp_path, monkeypatch):
-    """The swap point returns the recorded actions plus 1 mm / 1 mrad noise: the gate passes."""
+def test_the_gate_passes_the_truth_and_fails_constant_velocity_fed_in_as_the_policy(untrained, dataset, tmp_path, monkeypatch):
+    """The swap point returns the recorded actions (passes), then constant velocity's (fails)."""
+    from dpflow_core.evaluation import absolute_actions, action_index_matrix
     from dpflow_core.evaluation import evaluate as ev
 
-    def near_truth(policy, data, rows, **_):
-        truth = ev.absolute_actions(data.buffer, ev.action_index_matrix(data.spec, data.index[rows]))
-        return truth + np.random.default_rng(0).normal(0, 1e-3, truth.shape)
+    def truth(policy, buffer, rows, **_):
+        return absolute_actions(buffer, action_index_matrix(policy.spec, rows))
 
-    monkeypatch.setattr(ev, "predict_absolute_actions", near_truth)
+    monkeypatch.setattr(ev, "predict_absolute_actions", truth)
     result = ev.evaluate_checkpoint(untrained, dataset, tmp_path / "eval", max_samples_per_episode=6)
-    assert result.beats_baseline and result.policy_mse == pytest.approx(1e-6, rel=0.2)
-    assert result.metrics["policy"]["rotation_error_rad"] < 3e-3
+    assert result.beats_baseline, result.markdown_table()
+    assert result.gate["position_error_m"]["policy"] == 0.0 and result.gate["rotation_error_rad"]["policy"] < 1e-7
+
+    monkeypatch.setattr(ev, "predict_absolute_actions", lambda policy, buffer, rows, **_: constant_velocity_baseline(buffer, policy.spec, rows))
+    result = ev.evaluate_checkpoint(untrained, dataset, tmp_path / "eval_cv", max_samples_per_episode=6)
+    assert not result.beats_baseline and "position_error_m" in result.failed_criteria
+    assert "[FAIL]" not in result.verdict() and "position_error_m" in result.verdict() and "FAIL" in result.verdict()
 
 
 @pytest.mark.parametrize("untrained", ["sample"], indirect=True)
