@@ -6,6 +6,15 @@ normalised action sequence is noised at a random DDPM step and the
 clean sample), conditioned on the encoded observation history. Inference
 (:meth:`predict_action`): DDIM denoising from Gaussian noise in a few steps.
 Both schedulers come from ``diffusers`` and share one set of betas.
+
+Two-level minibatch (``noise_samples_per_obs`` = K): each observation is
+encoded once and K noise draws and diffusion steps are trained against it, so
+the observation encoder (the expensive part of a camera policy) runs once per
+K denoising samples: the two-level minibatch of Mini-Diffuser (arXiv
+2505.09430). The loss is the mean over all B x K samples; its expectation
+over noise and steps equals that of one noise sample per observation (only
+its variance differs: the K samples of one observation share its draw from
+the data). K=1 is the original Diffusion Policy loss, bit for bit.
 """
 
 from __future__ import annotations
@@ -178,6 +187,12 @@ class DiffusionUnetImagePolicy(nn.Module):
             ``beta_start``, ``beta_end``, ``beta_schedule``, ``clip_sample``, ``prediction_type``).
         num_inference_steps: DDIM steps in ``predict_action``.
         load_pretrained: False skips the image model's ``pretrained_path`` (loading a checkpoint).
+        noise_samples_per_obs: K, noise samples and diffusion steps drawn per encoded
+            observation in :meth:`compute_loss` (1: Diffusion Policy's loss).
+
+    Raises:
+        ValueError: ``n_action_steps`` outside [1, horizon], ``noise_samples_per_obs`` not an
+            integer >= 1, or a prediction type other than ``epsilon`` / ``sample``.
     """
 
     def __init__(
@@ -193,10 +208,15 @@ class DiffusionUnetImagePolicy(nn.Module):
         num_inference_steps: int = 16,
         load_pretrained: bool = True,
         normalizer_modes: Mapping[str, Any] | None = None,
+        noise_samples_per_obs: int = 1,
     ):
         super().__init__()
         if not 1 <= n_action_steps <= horizon:
             raise ValueError(f"n_action_steps must be in [1, horizon={horizon}], got {n_action_steps}")
+        k = noise_samples_per_obs
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"policy.noise_samples_per_obs must be an integer >= 1, got {noise_samples_per_obs!r}")
+        self.noise_samples_per_obs = noise_samples_per_obs
         self.horizon = int(horizon)
         self.n_obs_steps = int(n_obs_steps)
         self.n_action_steps = int(n_action_steps)
@@ -222,8 +242,18 @@ class DiffusionUnetImagePolicy(nn.Module):
         return self.compute_loss(batch)
 
     def compute_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The mean denoising loss over B observations x K noise samples (K: ``noise_samples_per_obs``).
+
+        Each observation's features (and its action sequence) are repeated K times in a row
+        (``repeat_interleave``), then B x K noise tensors ``(B*K, H, Da)`` and steps ``(B*K,)`` are
+        drawn from torch's global generator, in that order, as with K=1.
+        """
         cond = self.obs_encoder(batch["obs"], self.normalizer)
         action = self.normalizer.normalize("action", batch["action"].float())
+        k = self.noise_samples_per_obs
+        if k > 1:
+            cond = cond.repeat_interleave(k, dim=0)
+            action = action.repeat_interleave(k, dim=0)
         noise = torch.randn(action.shape, device=action.device)
         steps = torch.randint(
             0, self.noise_scheduler.config.num_train_timesteps, (action.shape[0],), device=action.device
@@ -271,11 +301,13 @@ def build_policy(
     shape_meta: Mapping[str, Any],
     normalizer_stats: Mapping[str, Mapping[str, Any]],
     load_pretrained: bool = True,
+    noise_samples_per_obs: int = 1,
 ) -> DiffusionUnetImagePolicy:
     """Build the policy from the ``policy`` section of the trainer config.
 
     ``load_pretrained=False`` (when a checkpoint's weights follow) does not read
-    the image model's ``pretrained_path``.
+    the image model's ``pretrained_path``. ``noise_samples_per_obs``: K of the
+    training loss (``training.noise_samples_per_obs``); inference does not use it.
     """
     return DiffusionUnetImagePolicy(
         shape_meta=shape_meta,
@@ -289,6 +321,7 @@ def build_policy(
         num_inference_steps=policy_cfg["num_inference_steps"],
         load_pretrained=load_pretrained,
         normalizer_modes=normalizer_modes(spec, shape_meta["lowdim"]),
+        noise_samples_per_obs=noise_samples_per_obs,
     )
 
 

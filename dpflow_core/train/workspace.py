@@ -93,7 +93,8 @@ def spec_from_config(cfg: DictConfig, frequency_hz: float) -> ObsActionSpec:
     """The observation/action spec of a trainer config, latencies scaled by ``frequency_hz``.
 
     Reads ``task.camera_obs_latency`` / ``robot_obs_latency`` / ``gripper_obs_latency``
-    (s), ``task.pose_repr``, ``task.tx_cam_tcp`` and ``task.lowdim_norm``.
+    (s), ``task.pose_repr``, ``task.tx_cam_tcp`` (null or ``identity``: the camera pose is the
+    TCP; a 4 x 4 list; ``{translation, rotation}``) and ``task.lowdim_norm``.
 
     Raises:
         ValueError: for a bad representation, transform or latency.
@@ -107,7 +108,12 @@ def spec_from_config(cfg: DictConfig, frequency_hz: float) -> ObsActionSpec:
         float(task.gripper_obs_latency),
         frequency_hz,
     )
-    tx = OmegaConf.to_container(task.tx_cam_tcp, resolve=True) if task.tx_cam_tcp is not None else None
+    tx = task.tx_cam_tcp
+    if isinstance(tx, str):
+        if tx != "identity":
+            raise ValueError(f"task.tx_cam_tcp must be identity, a 4x4 list or {{translation, rotation}}, got {tx!r}")
+        tx = None
+    tx = OmegaConf.to_container(tx, resolve=True) if tx is not None else None
     return ObsActionSpec(
         rgb_keys=tuple(task.rgb_keys),
         lowdim_keys=lowdim,
@@ -136,8 +142,26 @@ def mixed_precision_of(cfg: DictConfig) -> str:
 
 
 def _check_config(cfg: DictConfig) -> None:
+    """Refuse a config the trainer cannot run, or could only run into a useless policy (RunError naming the keys)."""
     if OmegaConf.is_missing(cfg.task, "dataset_path") or not cfg.task.dataset_path:
         raise RunError("task.dataset_path is required (the dataset.npz to train on)")
+    if OmegaConf.is_missing(cfg.task, "tx_cam_tcp"):
+        # the UMI config marks it required (???): its gripper's TCP is 0.1-0.2 m from the camera
+        raise RunError(
+            "task.tx_cam_tcp is required by this config: give the pose of the TCP in the camera frame "
+            "(task.tx_cam_tcp='{translation: [x, y, z], rotation: [rx, ry, rz]}' in m and rad, or a 4x4 list), "
+            "or task.tx_cam_tcp=identity to train on the camera pose itself"
+        )
+    scheduler = OmegaConf.select(cfg, "policy.noise_scheduler", default=None) or {}
+    if str(cfg.task.lowdim_norm) == "gaussian" and bool(scheduler.get("clip_sample", False)):
+        limit = float(scheduler.get("clip_sample_range", 1.0) or 1.0)
+        raise RunError(
+            f"task.lowdim_norm=gaussian with policy.noise_scheduler.clip_sample=true: sampling clips every normalised "
+            f"action to [-{limit:g}, {limit:g}], and a gaussian normaliser puts every target beyond {limit:g} standard "
+            f"deviation(s) outside it (about a third of a normal distribution, 24-63 % of targets measured in issue 25), "
+            f"which the policy can then never predict; use task.lowdim_norm=range, or "
+            f"policy.noise_scheduler.clip_sample=false"
+        )
     mode = str(cfg.logging.mode)
     if mode not in LOGGING_MODES:
         raise RunError(f"logging.mode must be one of {LOGGING_MODES}, got {mode!r}")
@@ -170,6 +194,49 @@ def _check_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise RunError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def throughput_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The trainer's speed settings, checked: ``noise_samples_per_obs``, ``torch_threads``, ``allow_tf32``.
+
+    Read from the ``training`` section; a config written before a key gets the old behaviour
+    (1 noise sample per observation, torch's own thread count, no TF32):
+
+    - ``training.noise_samples_per_obs`` (int >= 1): K, noise samples and diffusion steps
+      trained per encoded observation (see :mod:`dpflow_core.train.policy`); the number of
+      denoising samples per step is ``dataloader.batch_size`` x K.
+    - ``training.torch_threads`` (int >= 1 or null): torch's intra-op threads in each process
+      (``torch.set_num_threads``); null leaves torch's default (one per core).
+    - ``training.allow_tf32`` (bool): TF32 matmuls and cuDNN convolutions on CUDA (Ampere and
+      newer; about 10 mantissa bits instead of 23); ignored on the CPU.
+
+    Raises:
+        RunError: a value of the wrong type or range, naming the key.
+    """
+    k = OmegaConf.select(cfg, "training.noise_samples_per_obs", default=1)
+    threads = OmegaConf.select(cfg, "training.torch_threads", default=None)
+    tf32 = OmegaConf.select(cfg, "training.allow_tf32", default=False)
+    for name, value in (("noise_samples_per_obs", k), ("torch_threads", threads)):
+        if value is None and name == "torch_threads":
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise RunError(f"training.{name} must be a positive integer, got {value!r}")
+    if not isinstance(tf32, bool):
+        raise RunError(f"training.allow_tf32 must be true or false, got {tf32!r}")
+    return {"noise_samples_per_obs": k, "torch_threads": threads, "allow_tf32": tf32}
+
+
+def apply_threads(threads: int | None) -> int:
+    """Set torch's intra-op thread count (None: unchanged); returns the count before.
+
+    One thread per process is the measured choice on a shared 2-core machine
+    (docs/benchmarks.md): two OpenMP threads spin-wait for each other when another
+    process holds a core, and a step then took up to 40x longer than on one thread.
+    """
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    return before
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
@@ -217,6 +284,7 @@ class Workspace:
         from accelerate import Accelerator
 
         _check_config(cfg)
+        self.speed = throughput_settings(cfg)
         self.cfg = cfg
         self.accelerator = Accelerator(mixed_precision=mixed_precision_of(cfg), step_scheduler_with_optimizer=False)
         acc = self.accelerator
@@ -224,6 +292,9 @@ class Workspace:
         self.rank = acc.process_index
         self.world = acc.num_processes
         self.device = acc.device
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.speed["allow_tf32"]
+            torch.backends.cudnn.allow_tf32 = self.speed["allow_tf32"]
         if not self.is_main:
             # the main process reports for all; the others only warn
             for name in ("dpflow.train", "dpflow_core"):
@@ -362,6 +433,7 @@ class Workspace:
             int(cfg.n_action_steps),
             self.shape_meta,
             self.norm_stats,
+            noise_samples_per_obs=self.speed["noise_samples_per_obs"],
         ).to(self.device)
         opt = cfg.optimizer
         optimizer = torch.optim.AdamW(
@@ -596,9 +668,23 @@ class Workspace:
         recorded = recorded_actions(self.buffer, self.spec, dataset.index[np.asarray(indices, dtype=np.int64)])
         return self._reduce_mean(float(((absolute - recorded) ** 2).sum()), float(recorded.size))
 
+    def train_step(self, batch: Mapping[str, Any], update: bool = True, accum: int = 1) -> float:
+        """Forward and backward on one batch already on the device; with ``update``, the optimizer,
+        schedule and EMA step. Returns the batch's loss (mean over B x K denoising samples)."""
+        acc = self.accelerator
+        with contextlib.nullcontext() if update else acc.no_sync(self.model):
+            loss = self.model(batch)
+            acc.backward(loss / accum)
+        if update:
+            self.optimizer.step()
+            self.lr_scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.ema is not None:
+                self.ema.step(self.policy.parameters())
+        return float(loss.detach())
+
     def _train_epoch(self) -> None:
         cfg = self.cfg
-        acc = self.accelerator
         accum = int(cfg.training.gradient_accumulate_every)
         every_n = cfg.checkpoint.every_n_steps
         n = self.batches_per_epoch
@@ -616,20 +702,18 @@ class Workspace:
                 mininterval=float(cfg.training.tqdm_interval_sec),
                 file=sys.stderr,
             )
-        for batch in self.train_loader:
-            b = self.batch_in_epoch
+        batches = iter(self.train_loader)
+        while True:
+            waited = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
+                break
             batch = _to_device(batch, self.device)
+            # what the step waited for its batch (loading, collation, the copy to the device)
+            data_time = time.perf_counter() - waited
+            b = self.batch_in_epoch
             update = (b + 1) % accum == 0 or b + 1 == n
-            with contextlib.nullcontext() if update else acc.no_sync(self.model):
-                loss = self.model(batch)
-                acc.backward(loss / accum)
-            if update:
-                self.optimizer.step()
-                self.lr_scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                if self.ema is not None:
-                    self.ema.step(self.policy.parameters())
-            value = float(loss.detach())
+            value = self.train_step(batch, update, accum)
             self.epoch_losses.append(value)
             if self.is_main:
                 self._log(
@@ -638,6 +722,7 @@ class Workspace:
                         "global_step": self.global_step,
                         "epoch": self.epoch,
                         "lr": self.lr_scheduler.get_last_lr()[0],
+                        "data_time_s": round(data_time, 6),
                     }
                 )
                 bar.update(1)
@@ -718,10 +803,13 @@ class Workspace:
                 self.wandb = _WandbRun(cfg, self.run_dir, self.wandb_id, resolved)
                 self.wandb_id = self.wandb.id
         log.info(
-            "training %s on %d process(es), %d batches per epoch, from epoch %d to %d",
+            "training %s on %d process(es) (%d torch thread(s) each), %d batches per epoch, "
+            "%d noise sample(s) per observation, from epoch %d to %d",
             self.run_dir,
             self.world,
+            torch.get_num_threads(),
             self.batches_per_epoch,
+            self.speed["noise_samples_per_obs"],
             self.epoch,
             int(cfg.training.num_epochs),
         )
@@ -771,4 +859,10 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         RunError: a bad setting, a run directory that already holds a run (without
             ``training.resume=true``), or a missing/incomplete checkpoint on resume.
     """
-    return Workspace(cfg, run_dir).run()
+    workspace = Workspace(cfg, run_dir)
+    before = apply_threads(workspace.speed["torch_threads"])
+    try:
+        return workspace.run()
+    finally:
+        # a trainer run inside a longer process (tests, notebooks) leaves torch as it found it
+        torch.set_num_threads(before)
