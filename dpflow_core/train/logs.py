@@ -1,7 +1,9 @@
 """``logs.json.txt``: one JSON object per line, appended while training runs.
 
 Step lines hold exactly ``train_loss``, ``global_step`` (0-based index of the
-batch), ``epoch`` (0-based) and ``lr``. At the end of each epoch a summary line
+batch), ``epoch`` (0-based), ``lr`` and ``data_time_s`` (seconds the step waited
+for its batch: loading, collation and the copy to the device; not reproducible,
+so resume comparisons leave it out). At the end of each epoch a summary line
 adds ``"epoch_summary": true``, the epoch's mean ``train_loss`` over all
 processes and, when computed, ``val_loss``, ``train_action_mse_error`` and
 ``val_action_mse_error``; its ``global_step`` is the epoch's last batch.
