@@ -322,6 +322,7 @@ def test_timm_umi_config_trains_through_the_trainer_entry_point(tmp_path):
     enc = "policy.obs_encoder.rgb_model."
     args = [
         "--config-name=train_diffusion_unet_timm_umi", f"task.dataset_path={dataset}", f"hydra.run.dir={run}",
+        "task.tx_cam_tcp=identity",
         "task.image_size=null", "task.val_ratio=0.25", "logging.mode=disabled",
         f"{enc}patch_size={PATCH}", f"{enc}embed_dim={D}", f"{enc}depth={DEPTH}", f"{enc}num_heads={HEADS}",
         f"{enc}pretrained_path={weights}",

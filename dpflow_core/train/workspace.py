@@ -110,7 +110,7 @@ def spec_from_config(cfg: DictConfig, frequency_hz: float) -> ObsActionSpec:
     )
     tx = task.tx_cam_tcp
     if isinstance(tx, str):
-        if tx != "identity":
+        if tx != "identity":  # "required" is refused earlier, by _check_config
             raise ValueError(f"task.tx_cam_tcp must be identity, a 4x4 list or {{translation, rotation}}, got {tx!r}")
         tx = None
     tx = OmegaConf.to_container(tx, resolve=True) if tx is not None else None
@@ -145,8 +145,8 @@ def _check_config(cfg: DictConfig) -> None:
     """Refuse a config the trainer cannot run, or could only run into a useless policy (RunError naming the keys)."""
     if OmegaConf.is_missing(cfg.task, "dataset_path") or not cfg.task.dataset_path:
         raise RunError("task.dataset_path is required (the dataset.npz to train on)")
-    if OmegaConf.is_missing(cfg.task, "tx_cam_tcp"):
-        # the UMI config marks it required (???): its gripper's TCP is 0.1-0.2 m from the camera
+    if OmegaConf.select(cfg, "task.tx_cam_tcp") == "required":
+        # the UMI config says so: its gripper's TCP is 0.1-0.2 m from the camera
         raise RunError(
             "task.tx_cam_tcp is required by this config: give the pose of the TCP in the camera frame "
             "(task.tx_cam_tcp='{translation: [x, y, z], rotation: [rx, ry, rz]}' in m and rad, or a 4x4 list), "

@@ -1,0 +1,46 @@
+"""Trainer configs refused at config time (issue 25.3): gaussian normalisation with diffusion sample
+clipping, and the UMI config without the camera-to-TCP transform (unless it is explicitly identity)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from dpflow_core.errors import RunError
+from dpflow_core.train.app import CONFIG_DIR
+from dpflow_core.train.workspace import _check_config, spec_from_config
+
+UMI = "train_diffusion_unet_timm_umi"
+
+
+def _cfg(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR)):
+        return compose(name, overrides=["task.dataset_path=x.npz", *overrides])
+
+
+def test_the_umi_config_needs_tx_cam_tcp_or_an_explicit_identity():
+    with pytest.raises(RunError, match=r"task\.tx_cam_tcp is required.*task\.tx_cam_tcp=identity"):
+        _check_config(_cfg(UMI))
+    identity = _cfg(UMI, "task.tx_cam_tcp=identity")
+    _check_config(identity)
+    assert np.array_equal(spec_from_config(identity, 30.0).tx, np.eye(4))
+    given = _cfg(UMI, "task.tx_cam_tcp={translation: [0.0, 0.0, 0.15]}")
+    _check_config(given)
+    assert spec_from_config(given, 30.0).tx[:3, 3].tolist() == [0.0, 0.0, 0.15]
+    with pytest.raises(ValueError, match="must be identity"):
+        spec_from_config(_cfg(UMI, "task.tx_cam_tcp=eye"), 30.0)
+    # the other shipped configs train on the camera pose by default, as before
+    for name in ("train_diffusion_unet_image", "tiny", "demo"):
+        cfg = _cfg(name)
+        _check_config(cfg)
+        assert np.array_equal(spec_from_config(cfg, 10.0).tx, np.eye(4))
+
+
+@pytest.mark.parametrize("name", ["tiny", "train_diffusion_unet_image", UMI])
+def test_gaussian_normalisation_with_sample_clipping_is_refused(name):
+    extra = ("task.tx_cam_tcp=identity",) if name == UMI else ()
+    with pytest.raises(RunError, match=r"task\.lowdim_norm=gaussian with policy\.noise_scheduler\.clip_sample=true"):
+        _check_config(_cfg(name, "task.lowdim_norm=gaussian", *extra))
+    _check_config(_cfg(name, "task.lowdim_norm=gaussian", "policy.noise_scheduler.clip_sample=false", *extra))
+    _check_config(_cfg(name, "task.lowdim_norm=range", *extra))
