@@ -30,16 +30,16 @@ def _write_vio(path: Path, frames_bgr, frame_ns, pose_ns, pos, quat, valid, grip
     records = []
     for seq, (ts, (data, _)) in enumerate(zip(frame_ns, units)):
         records.append((int(ts) + 5_000_000, t.camera, msgs.CompressedImage(
-            header=samples._header(msgs, t.camera, seq, ts, fps), frame_id="camera0", data=data, format="h264")))
+            header=samples.device_header(msgs, t.camera, seq, ts, fps), frame_id="camera0", data=data, format="h264")))
     for seq, ts in enumerate(pose_ns):
-        p = msgs.PoseInFrame(header=samples._header(msgs, t.pose, seq, ts, fps), frame_id="world",
+        p = msgs.PoseInFrame(header=samples.device_header(msgs, t.pose, seq, ts, fps), frame_id="world",
                              pose_valid=bool(valid[seq]), score=0.9)
         p.pose.position.x, p.pose.position.y, p.pose.position.z = pos[seq]
         p.pose.orientation.x, p.pose.orientation.y, p.pose.orientation.z, p.pose.orientation.w = quat[seq]
         records.append((int(ts) + 30_000_000, t.pose, p))
     for seq, (ts, w) in enumerate(zip(grip_ns, grip)):
         records.append((int(ts) + 1_000_000, t.gripper, msgs.MagneticEncoderMeasurement(
-            header=samples._header(msgs, t.gripper, seq, ts, 50.0), value=float(w))))
+            header=samples.device_header(msgs, t.gripper, seq, ts, 50.0), value=float(w))))
     records.sort(key=lambda r: r[0])
     samples.write_mcap(path, records)
     return path
@@ -304,8 +304,9 @@ def test_resize_is_at_least_as_accurate_as_cv2_area(tmp_path):
         sources.append(img)
     t0 = 1_767_000_000_000_000_000
     ts = t0 + np.arange(n, dtype=np.int64) * 33_333_333
-    path = _write_vio(tmp_path / "q_vio.mcap", sources, ts, ts, np.zeros((n, 3)), np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)),
-                      np.ones(n, bool), ts, np.full(n, 0.05))
+    # the camera moves over the scene, so the pose moves too (a still pose under a changing image is VIO frozen)
+    path = _write_vio(tmp_path / "q_vio.mcap", sources, ts, ts, np.linspace(0, 0.05, n)[:, None] * [1.0, 0.0, 0.0], np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)),
+                      np.ones(n, bool), ts, 0.05 + 0.02 * np.sin(np.arange(n) / 4.0))
     a = align_episode(path, SIZE)
     from dpflow_core.recordings import read_streams
 

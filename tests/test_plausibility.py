@@ -120,7 +120,10 @@ def test_gripper_dead_stuck_and_out_of_range():
         stuck[a:b] = stuck[a]
         f = check_gripper(ts, stuck, ts, pos, t0)
         assert [x.code for x in f] == ["gripper_stuck"] and f[0].at_s == pytest.approx((ts[a] - t0) / 1e9)
-    for k, value in ((5, 0.5), (100, -0.02), (239, np.nan)):
+    odd = noisy.copy()
+    odd[239] = np.nan  # not a range finding: conversion rejects it as not_finite (test_conversion_align)
+    assert check_gripper(ts, odd, ts, pos, t0) == []
+    for k, value in ((5, 0.5), (100, -0.02), (201, 0.3)):
         odd = noisy.copy()
         odd[k] = value
         f = check_gripper(ts, odd, ts, pos, t0)

@@ -322,9 +322,10 @@ def check_gripper(ts_ns: np.ndarray, width_m: np.ndarray, pose_ts_ns: np.ndarray
     if len(ts) < 2:
         return findings
     lo, hi = opts.gripper_range_m
-    out = np.flatnonzero((width < lo) | (width > hi) | ~np.isfinite(width))
+    # NaN/inf widths are conversion's own ``not_finite`` error, the more precise reason
+    out = np.flatnonzero(np.isfinite(width) & ((width < lo) | (width > hi)))
     if len(out):
-        k = out[np.argmax(np.abs(np.nan_to_num(width[out] - (lo + hi) / 2, nan=np.inf)))]
+        k = out[np.argmax(np.abs(width[out] - (lo + hi) / 2))]
         findings.append(_finding(opts, "gripper_out_of_range", "gripper", rel(ts[out[0]]), rel(ts[out[-1]]),
                                  width[k], hi if width[k] > hi else lo, "m", samples=int(len(out)),
                                  range_m=[lo, hi]))
