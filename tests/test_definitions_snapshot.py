@@ -122,7 +122,8 @@ def test_the_snapshot_states_the_rules_of_the_graph():
     assert {c["partitions"] for a in assets.values() for c in a["checks"]} == {"DynamicPartitionsDefinition(task)"}
     assert all(a["owners"] and a["described"] and a["kinds"] and a["code_version"] for a in assets.values())
     training = {name for name, a in assets.items() if a["group"] == "training"}
-    assert training == {"smoke_run", "train_run", "checkpoint", "evaluation"}
+    assert training == {"smoke_run", "train_run", "checkpoint", "evaluation", "rollout_evaluation"}
+    assert [c["name"] for c in assets["rollout_evaluation"]["checks"] if c["blocking"]] == ["closed_loop_success"]
     assert {name for name, a in assets.items() if a["group"] == "dataset"} == {
         "paired_episodes", "dataset_npz", "lerobot_dataset", "norm_stats", "remote_dataset", "umi_dataset"}
     # umi_dataset (for a lab's own UMI train.py) is written only when asked for

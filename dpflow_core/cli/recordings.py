@@ -36,16 +36,32 @@ def sample_recordings(
     task: str = typer.Option("pick_place", "--task", help="Task name (folder name and file stem prefix)."),
     width: int = typer.Option(320, "--width", min=16, help="Camera width in pixels (even)."),
     height: int = typer.Option(240, "--height", min=16, help="Camera height in pixels (even)."),
+    motion: str = typer.Option(
+        "auto", "--motion",
+        help="world: scripted demonstrations of a simulated task (pick_place, stack); random: smooth random "
+             "camera motion with no task in it (conversion fixtures); auto: world for the world's tasks.",
+    ),
+    camera_latency: float = typer.Option(
+        0.0, "--camera-latency", help="World recordings: seconds the camera's stamps lag its capture."
+    ),
 ) -> None:
     """Write a Matrix Studio task folder of sample recordings (the demo input and test fixtures)."""
     from rich.console import Console
     from rich.table import Table
     from dpflow_core.names import validate_name
     from dpflow_core.recordings.samples import SampleSpec, write_task
+    from dpflow_core.sim.tasks import TASKS
 
     validate_name(task, "task")
     if width % 2 or height % 2:
         raise RecordingError(f"--width and --height must be even for H.264 (got {width}x{height})")
+    if motion not in ("auto", "world", "random"):
+        raise typer.BadParameter(f"--motion must be auto, world or random, got {motion!r}")
+    if motion == "world" or (motion == "auto" and task in TASKS):
+        if task not in TASKS:
+            raise typer.BadParameter(f"--motion world: the world's tasks are {list(TASKS)}, got {task!r}")
+        _world_recordings(out, task, episodes, seed, camera_latency)
+        return
     spec = replace(SampleSpec(), width=width, height=height)
     with _progress() as bar:
         job = bar.add_task(f"writing {task}", total=episodes)
@@ -63,6 +79,25 @@ def sample_recordings(
         span = (int(ep.pose_ts_ns[-1]) - int(ep.pose_ts_ns[0])) / 1e9 if len(ep.pose_ts_ns) else 0.0
         table.add_row(ep.stem, str(len(ep.camera_ts_ns)), str(len(ep.pose_ts_ns)), f"{span:.2f}", f"{ep.vio_mcap.stat().st_size:,}")
     Console().print(table)
+
+
+def _world_recordings(out: Path, task: str, episodes: int, seed: int, camera_latency: float) -> None:
+    from rich.console import Console
+
+    from dpflow_core.sim.record import SimRecordingSpec, record_task
+
+    spec = SimRecordingSpec(camera_latency_s=camera_latency)
+    with _progress() as bar:
+        job = bar.add_task(f"recording {task} in the simulated world", total=episodes)
+        try:
+            task_dir = record_task(out, task, episodes, seed=seed, spec=spec,
+                                   progress=lambda done, total: bar.update(job, completed=done))
+        except FileExistsError as exc:
+            raise RecordingError(str(exc).split(": ", 1)[-1], Path(out) / task, code="output_exists") from exc
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    Console().print(f"{task_dir}: {episodes} scripted demonstrations of {task} "
+                    f"({spec.width}x{spec.height} camera at {spec.fps:g} Hz; seeds in sim_task.json)")
 
 
 @app.command("inspect-recording")

@@ -35,7 +35,7 @@ from dpflow_core.errors import DpflowError
 #: checkout and from an installed wheel, however the module was started).
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 DEFAULT_CONFIG_NAME = "train_diffusion_unet_image"
-CONFIG_NAMES = (DEFAULT_CONFIG_NAME, "train_diffusion_unet_timm_umi", "demo", "tiny")
+CONFIG_NAMES = (DEFAULT_CONFIG_NAME, "train_diffusion_unet_timm_umi", "demo", "sim", "tiny")
 
 
 def _process_rank() -> int:

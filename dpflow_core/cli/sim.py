@@ -1,0 +1,63 @@
+"""`dpflow rollout`: a checkpoint judged in the simulated world, closed loop, against the baselines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dpflow_core.cli import app
+
+
+@app.command("rollout")
+def rollout_cmd(
+    checkpoint: Optional[Path] = typer.Argument(None, help="A checkpoint trained on a world task (omit with --server)."),
+    task: str = typer.Option(..., "--task", help="The world task: pick_place or stack."),
+    episodes: int = typer.Option(200, "--episodes", "-n", min=1, help="Held-out initial states (rollouts per predictor)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Which block of held-out seeds (never a training seed)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (default: <checkpoint folder>/rollouts)."),
+    server: Optional[str] = typer.Option(None, "--server", help="ws://HOST:PORT of `dpflow serve`: roll out through it."),
+    baselines: str = typer.Option("oracle,replay,hold", "--baselines", help="Comma-separated, or 'none'."),
+    target: float = typer.Option(0.8, "--target", min=0.0, max=1.0, help="Success the policy must reach."),
+    margin: float = typer.Option(0.2, "--margin", min=0.0, max=1.0, help="Points by which it must beat each non-oracle baseline."),
+    recordings: Optional[Path] = typer.Option(None, "--recordings", help="The task folder it was trained on: its seeds are checked disjoint."),
+    video_episodes: int = typer.Option(4, "--video-episodes", min=0, help="Episodes filmed into rollouts.mp4 and contact_sheet.png."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace earlier results in the output folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Closed-loop success on held-out initial states, with Wilson intervals, beside the oracle, replay and hold;
+    exit status 1 unless it reaches --target and beats every non-oracle baseline by --margin."""
+    from dpflow_core.sim.evaluate import ClosedLoopSettings, evaluate_closed_loop
+    from dpflow_core.sim.record import read_sim_task
+
+    if (checkpoint is None) == (server is None):
+        raise typer.BadParameter("give a CHECKPOINT or --server ws://HOST:PORT (one of them)")
+    if checkpoint is not None:
+        policy = checkpoint
+        out = output or checkpoint.resolve().parent / "rollouts"
+    else:
+        from dpflow_core.serving.client import RemotePolicy
+
+        policy = RemotePolicy(server)
+        out = output or Path("rollouts")
+    chosen = [] if baselines.strip() == "none" else [b.strip() for b in baselines.split(",") if b.strip()]
+    train_seeds = None
+    if recordings is not None:
+        meta = read_sim_task(recordings)
+        if meta is None:
+            raise typer.BadParameter(f"{recordings}: no sim_task.json (not recorded in the world)")
+        train_seeds = [int(e["seed"]) for e in meta["episodes"]]
+    try:
+        settings = ClosedLoopSettings(episodes, seed, tuple(chosen), target, margin, video_episodes)
+        result = evaluate_closed_loop(policy, task, out, settings, training_seeds=train_seeds, overwrite=overwrite)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        typer.echo(result.table())
+        typer.echo(f"results: {result.out_dir}" + (f"; film: {result.video}, {result.contact_sheet}" if result.video else ""))
+        typer.echo("closed_loop_success: " + ("PASS" if result.passed else f"FAIL ({result.reason})"))
+    raise typer.Exit(0 if result.passed else 1)
