@@ -163,7 +163,7 @@ def test_speed_settings_are_checked_with_the_key_named(tmp_path):
     with pytest.raises(RunError, match="training.allow_tf32 must be true or false"):
         throughput_settings(cfg)
     defaults = throughput_settings(_compose(tmp_path / "absent.npz"))
-    assert defaults == {"noise_samples_per_obs": 1, "torch_threads": None, "allow_tf32": False}
+    assert defaults == {"noise_samples_per_obs": 1, "torch_threads": 1, "allow_tf32": False}
 
 
 class _Crash(Exception):
