@@ -44,6 +44,14 @@ def output_path(out: str | Path | None, default_name: str) -> Path:
     return out / default_name if out.is_dir() else out
 
 
+def view_command(source: str | Path, *args: str) -> str:
+    """The shell command that writes a view of ``source`` and serves it: ``dpflow view SOURCE ARGS --serve``
+    (for an ``.rrd``, ``dpflow view FILE.rrd --serve`` serves that file as it is)."""
+    import shlex
+
+    return shlex.join(["dpflow", "view", str(source), *args, "--serve"])
+
+
 def durations(ns: np.ndarray) -> np.ndarray:
     """(N,) int64 nanoseconds as ``timedelta64[ns]``, the exact form Rerun stores a duration in."""
     return np.asarray(ns, dtype=np.int64).astype("timedelta64[ns]")

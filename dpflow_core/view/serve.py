@@ -72,12 +72,12 @@ class ViewerServer:
         return self.proc.returncode
 
 
-def serve_rrd(path: str | Path, web_port: int = 0, grpc_port: int = 0, timeout_s: float = 30.0,
+def serve_rrd(path: str | Path | list, web_port: int = 0, grpc_port: int = 0, timeout_s: float = 30.0,
               log: str | Path | None = None) -> ViewerServer:
     """Serve ``path`` with Rerun's web viewer on 127.0.0.1 and wait until the page answers.
 
     Args:
-        path: the ``.rrd``.
+        path: the ``.rrd``, or a list of them (the viewer lists each recording).
         web_port, grpc_port: TCP ports on 127.0.0.1 (0: a free one).
         timeout_s: how long to wait for the viewer's HTTP server.
         log: a file for the server's output (default: discarded).
@@ -88,14 +88,16 @@ def serve_rrd(path: str | Path, web_port: int = 0, grpc_port: int = 0, timeout_s
     """
     import urllib.request
 
-    path = Path(path)
-    if not path.is_file():
-        raise ViewError("not found", path, code="missing_file")
+    paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
+    for p in paths:
+        if not p.is_file():
+            raise ViewError("not found", p, code="missing_file")
+    path = paths[0]
     web_port, grpc_port = web_port or _free_port(), grpc_port or _free_port()
-    # The gRPC server drops its oldest data beyond its memory limit: give it room for the whole file.
-    limit_gib = max(1, -(-path.stat().st_size * 2 // (1 << 30)))
+    # The gRPC server drops its oldest data beyond its memory limit: give it room for the whole files.
+    limit_gib = max(1, -(-sum(p.stat().st_size for p in paths) * 2 // (1 << 30)))
     cmd = [str(rerun_executable()), "--serve-web", "--bind", LOOPBACK, "--port", str(grpc_port),
-           "--web-viewer-port", str(web_port), "--server-memory-limit", f"{limit_gib}GiB", str(path)]
+           "--web-viewer-port", str(web_port), "--server-memory-limit", f"{limit_gib}GiB", *map(str, paths)]
     out = open(log, "ab") if log is not None else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
