@@ -17,7 +17,8 @@ memory. ``--cpu`` (alias ``--dry-run``) runs the same on the CPU with a small ba
 step or two, to show the script works where no GPU is lent.
 
     .venv/bin/python bench/gpu_steps.py --json > gpu_steps.json        # on the GPU machine
-    .venv/bin/python bench/gpu_steps.py --cpu --json                     # anywhere, about a minute
+    .venv/bin/python bench/gpu_steps.py --cpu --json                     # anywhere: 5-10 minutes on 2 cores
+    .venv/bin/python bench/gpu_steps.py --cpu --configs demo             # the quick check, under a minute
 """
 
 from __future__ import annotations
