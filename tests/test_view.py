@@ -238,8 +238,8 @@ def test_serve_in_headless_chromium(episode, tmp_path):
                 page.goto(url)
                 shot = tmp_path / "viewer.png"
                 img = None
-                for _ in range(30):  # until the camera panel holds the frame's colours
-                    time.sleep(2)
+                for _ in range(60):  # until the camera panel holds the frame's colours
+                    time.sleep(1)
                     page.screenshot(path=str(shot))
                     img = cv2.imread(str(shot))
                     camera_panel, view3d = img[480:880, 0:700], img[60:440, 0:700]

@@ -47,6 +47,8 @@ from dpflow_core.view.rrd import ViewError, output_path, rrd_writer
 
 #: Rows per ``send_columns`` call: large enough to be cheap, small enough to keep memory flat.
 BATCH_ROWS = 2048
+#: Camera frames per ``send_columns`` call (each call waits for the file sink).
+FRAME_BATCH = 64
 #: Camera messages are held this long (capture time, ns) behind the newest one before they are sent.
 REORDER_NS = 1_000_000_000
 TIMELINE = "capture_time"
@@ -103,15 +105,15 @@ def episode_sources(path: str | Path) -> list[Path]:
 class _Columns:
     """Rows of one entity gathered until :data:`BATCH_ROWS`, then sent with ``send_columns``."""
 
-    def __init__(self, rec, entity: str, make):
-        self.rec, self.entity, self.make = rec, entity, make
+    def __init__(self, rec, entity: str, make, rows: int = BATCH_ROWS, drain: bool = False):
+        self.rec, self.entity, self.make, self.batch, self.drain = rec, entity, make, rows, drain
         self.ts: list[int] = []
         self.rows: list = []
 
     def add(self, ts: int, row) -> None:
         self.ts.append(ts)
         self.rows.append(row)
-        if len(self.ts) >= BATCH_ROWS:
+        if len(self.ts) >= self.batch:
             self.flush()
 
     def flush(self) -> None:
@@ -121,6 +123,10 @@ class _Columns:
             index = rr.TimeColumn(TIMELINE, timestamp=np.asarray(self.ts, dtype=np.int64).astype("datetime64[ns]"))
             self.rec.send_columns(self.entity, indexes=[index], columns=self.make(self.rows))
             self.ts, self.rows = [], []
+            if self.drain:
+                # Frames are the bulk: wait until the file sink has written them, so that the SDK's
+                # queue (which otherwise grows while this loop outpaces the encoder) stays short.
+                self.rec.flush()
 
 
 class _Frames:
@@ -140,14 +146,15 @@ class _Frames:
         self.mode, self.frames = mode, 0
         if mode == "video":
             rec.log(entity, rr.VideoStream(codec=codec[0]), static=True)
-            self.cols = _Columns(rec, entity, lambda rows: rr.VideoStream.columns(sample=rows))
+            self.cols = _Columns(rec, entity, lambda rows: rr.VideoStream.columns(sample=rows), rows=FRAME_BATCH,
+                                 drain=True)
             return
         import av
 
         self.ctx = av.CodecContext.create(codec[1], "r")
         self.ctx.thread_count = 1  # one decode thread: threads did not help on 2 vCPU (environment.md)
         self.cols = _Columns(rec, entity, lambda rows: rr.EncodedImage.columns(
-            blob=rows, media_type=["image/jpeg"] * len(rows)))
+            blob=rows, media_type=["image/jpeg"] * len(rows)), rows=FRAME_BATCH, drain=True)
         self.times: dict[int, int] = {}
         self.n = 0
 
