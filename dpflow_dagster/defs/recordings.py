@@ -23,6 +23,7 @@ from dpflow_core.report import (
 )
 from dpflow_dagster.partitions import OWNERS, recordings_root, task_folder, task_partitions
 from dpflow_core.files import default_workdir
+from dpflow_core.view import view_command
 from dpflow_dagster.sensors import paired_episodes_job, recordings_sensor
 
 
@@ -100,6 +101,7 @@ def _quality_metadata(
             for i, e in enumerate(episodes) if e.preview_png
         }
     meta: dict = {"quality": dg.MetadataValue.md(markdown_table(episodes, links)), **quality_figures(episodes)}
+    meta["view_command"] = view_command(Path(episodes[0].vio_mcap).parent) if episodes else ""  # dpflow view: Rerun
     if report is not None:
         meta["report"] = dg.MetadataValue.path(str(report.html_path))
         meta["previews"] = dg.MetadataValue.path(str(report.preview_dir))

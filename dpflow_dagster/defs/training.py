@@ -81,6 +81,7 @@ from dpflow_core.runs.scale import ScaleResult, run_on_lab, slurm_config_name
 from dpflow_core.runs.slurm import load_job
 from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released
 from dpflow_core.server.upload import RemoteDataset
+from dpflow_core.view import view_command
 from dpflow_dagster.lineage import dataset_lineage
 from dpflow_dagster.pipes import LogTailReporter, PipesSshMessageReader, messages_path, reported_results
 from dpflow_dagster.partitions import OWNERS, check_partition_metadata, stage_value, task_asset_check, task_partitions
@@ -711,6 +712,8 @@ def evaluation(
         "dataset_sha256": remote.sha256,
         "path": dg.MetadataValue.path(result.out_dir),
         "out_dir": dg.MetadataValue.path(result.out_dir),
+        "view_command": view_command(dataset, "--predict", ckpt.local_path, "--episode", str(result.held_out_episodes[0]))
+        if result.held_out_episodes else "",
         **dataset_lineage(dataset),
     }
     for predictor, m in result.metrics.items():
