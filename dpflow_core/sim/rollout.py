@@ -49,7 +49,7 @@ from dpflow_core.sim.tasks import (
     reset_world,
     success,
 )
-from dpflow_core.sim.world import CONTROL_HZ, TX_CAM_TCP, GripperWorld, pose_mat
+from dpflow_core.sim.world import CONTROL_HZ, TX_CAM_TCP, GripperWorld, mat_to_rotvec, pose_mat, rotvec_to_mat
 
 BASELINES = ("oracle", "replay", "hold")
 
@@ -167,13 +167,15 @@ def _run_targets(ep: _Episode, times: np.ndarray, pos: np.ndarray, rotvec: np.nd
     ``on_step(world)`` is called after every controller step."""
     w, dt = ep.world, 1.0 / CONTROL_HZ
     rots = Rotation.from_rotvec(rotvec)
+    mats = rots.as_matrix()
+    rel = (rots[:-1].inv() * rots[1:]).as_rotvec() if len(times) > 1 else np.zeros((0, 3))
     while w.time_s < min(until, timeout) - 1e-9:
         t = w.time_s + dt
         k = int(np.clip(np.searchsorted(times, t) - 1, 0, len(times) - 1))
         if k + 1 < len(times) and times[k] <= t:
             a = (t - times[k]) / (times[k + 1] - times[k])
             p = pos[k] + a * (pos[k + 1] - pos[k])
-            r = (rots[k] * Rotation.from_rotvec(a * (rots[k].inv() * rots[k + 1]).as_rotvec())).as_rotvec()
+            r = mat_to_rotvec(mats[k] @ rotvec_to_mat(a * rel[k]))
             o = opening[k] + a * (opening[k + 1] - opening[k])
         else:
             j = k + 1 if times[k] < t and k + 1 < len(times) else k

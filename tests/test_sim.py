@@ -1,0 +1,256 @@
+"""The simulated gripper world: the grasp rule, the oracle, held-out seeds, recordings through pairing and
+conversion, and the closed-loop machinery (rollouts through predict_action, the closed_loop_success verdict)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from dpflow_core.conversion import convert
+from dpflow_core.pairing import pair_recordings, save_manifest
+from dpflow_core.replay_buffer import ReplayBuffer
+from dpflow_core.sim.demonstrator import plan
+from dpflow_core.sim.evaluate import ClosedLoopSettings, evaluate_closed_loop, verdict
+from dpflow_core.sim.record import (
+    SimRecordingSpec,
+    camera_poses,
+    demonstrate,
+    read_sim_task,
+    record_task,
+    set_state,
+    vio_origin,
+)
+from dpflow_core.sim.rollout import (
+    RolloutSummary,
+    check_held_out,
+    eval_seeds,
+    rollout_baseline,
+    rollout_policy,
+    wilson_interval,
+)
+from dpflow_core.sim.tasks import (
+    EVAL_SEED_BASE,
+    check_disjoint,
+    initial_state,
+    new_world,
+    reset_world,
+    success,
+)
+from dpflow_core.sim.world import BLOCK_HALF, CONTROL_HZ, Block, grasp_holds
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_grasp_rule_geometry():
+    block = Block(np.array([0.1, -0.05, BLOCK_HALF[2]]), yaw=0.4)
+    c, s = math.cos(0.4), math.sin(0.4)
+    along, across = np.array([c, s]), np.array([-s, c])
+    centre = np.array([0.1, -0.05, BLOCK_HALF[2]])
+    assert grasp_holds(centre, 0.4, block) == (True, "")
+    assert grasp_holds(centre, 0.4 + math.pi, block) == (True, "")  # a half turn grasps the same block
+    assert grasp_holds(centre + [*(0.018 * along), 0], 0.4, block) == (True, "")
+    assert grasp_holds(centre + [*(0.03 * along), 0], 0.4, block) == (False, "off_centre")
+    assert grasp_holds(centre + [*(0.02 * across), 0], 0.4, block) == (False, "off_axis")
+    assert grasp_holds(centre, 0.4 + math.radians(25), block) == (False, "misrotated")
+    assert grasp_holds(centre, 0.4 + math.radians(90), block) == (False, "misrotated")
+    assert grasp_holds(centre + [0, 0, 0.02], 0.4, block) == (False, "too_high")
+
+
+def _execute(world, p) -> bool:
+    for i in range(len(p.t_s)):
+        world.step(p.pos[i], p.rotvec[i], p.opening[i], 1 / CONTROL_HZ)
+    return any(a == "held" for a in world.grasp_attempts)
+
+
+@pytest.mark.parametrize("shift_m,turn_deg,reason", [((0.0, 0.03), 0, "off"), ((0.035, 0.0), 0, "off"), ((0, 0), 28, "misrotated")])
+def test_a_badly_aimed_grasp_fails(shift_m, turn_deg, reason):
+    """The demonstrator's own track, aimed at a block moved or turned from where it really is, grasps nothing."""
+    state = initial_state("pick_place", 7)
+    (xy, yaw), = state.blocks
+    yaw_off = math.radians(turn_deg)
+    c, s = math.cos(yaw), math.sin(yaw)
+    dx = shift_m[0] * np.array([c, s]) + shift_m[1] * np.array([-s, c])  # along / across the block
+    aimed = replace(state, blocks=(((xy[0] + dx[0], xy[1] + dx[1]), yaw + yaw_off),))
+    world = new_world("pick_place", 16, 16)
+    reset_world(world, state)
+    assert not _execute(world, plan(aimed, seed=7))
+    assert world.grasp_attempts and world.grasp_attempts[0].startswith(reason)
+    reset_world(world, state)
+    assert _execute(world, plan(state))  # aimed right, the same track holds
+
+
+def test_oracle_succeeds_and_trivial_baselines_fail_on_held_out_states():
+    for task in ("pick_place", "stack"):
+        seeds = eval_seeds(10, seed=3)
+        oracle = RolloutSummary.of("oracle", rollout_baseline("oracle", task, seeds))
+        assert oracle.successes == 10, (task, oracle)
+        for name in ("hold", "replay"):
+            s = RolloutSummary.of(name, rollout_baseline(name, task, seeds))
+            assert s.success_rate <= 0.3, (task, s)
+
+
+def test_rollout_seeds_never_meet_training_seeds(tmp_path):
+    task_dir = record_task(tmp_path, "stack", 2, seed=999, spec=SimRecordingSpec(fps=10, width=32, height=32))
+    train = [e["seed"] for e in read_sim_task(task_dir)["episodes"]]
+    assert train == [999_000, 999_001] and max(train) < EVAL_SEED_BASE
+    held_out = eval_seeds(500, seed=7)
+    check_held_out(held_out)
+    check_disjoint(train, held_out)
+    assert min(held_out) == EVAL_SEED_BASE + 70_000
+    with pytest.raises(ValueError, match="training range"):
+        check_held_out([*held_out, train[0]])
+    with pytest.raises(ValueError, match="also training seeds"):
+        check_disjoint(train, [train[1]])
+    with pytest.raises(ValueError, match="seed must be"):
+        record_task(tmp_path / "b", "stack", 2, seed=1000)
+
+
+def test_wilson_interval_matches_scipy():
+    from scipy.stats import binomtest
+
+    for k, n in ((160, 200), (8, 10), (0, 50), (50, 50), (37, 51)):
+        ci = binomtest(k, n).proportion_ci(method="wilson")
+        assert wilson_interval(k, n) == pytest.approx((ci.low, ci.high), abs=1e-8)
+
+
+@pytest.fixture(scope="module")
+def stack_dataset(tmp_path_factory):
+    """Two stack demonstrations recorded with a camera 0.1 s late against the pose clock, paired and converted."""
+    root = tmp_path_factory.mktemp("simrec")
+    spec = SimRecordingSpec(fps=30, width=64, height=64, camera_latency_s=0.1)
+    task_dir = record_task(root, "stack", 2, seed=5, spec=spec)
+    manifest = pair_recordings(task_dir)
+    assert len(manifest.accepted) == 2 and not manifest.rejected
+    path, _ = save_manifest(manifest, root / "manifests")
+    out = root / "dataset.npz"
+    convert(path, out, image_size=(64, 64))
+    return task_dir, ReplayBuffer(out), spec
+
+
+def test_recordings_carry_the_world_through_conversion(stack_dataset):
+    """Poses, gripper widths and frames of the converted dataset equal the world's own state at those times,
+    and the camera's lag is in the data: row t's frame shows the world 0.1 s before t."""
+    task_dir, buf, spec = stack_dataset
+    world = new_world("stack", spec.width, spec.height)
+    for episode, entry in enumerate(read_sim_task(task_dir)["episodes"]):
+        hist = demonstrate(world, initial_state("stack", entry["seed"]))
+        rows = buf.episode_slice(episode)
+        p0, r0, *_ = hist.at(np.array([hist.t_s[0]]))
+        cp, cr = camera_poses(p0, r0)
+        origin = np.linalg.inv(vio_origin(cp[0], cr[0]))
+        ts = np.asarray(buf["timestamp"][rows])
+        # the dataset's clock starts at its first kept frame; find that offset from the pose track itself
+        t_first = _first_frame_time(hist, origin, np.asarray(buf["robot0_eef_pos"][rows])[0])
+        t = ts - ts[0] + t_first
+        pos, rot, opening, bpos, byaw = hist.at(t)
+        cam_pos, cam_rot = camera_poses(pos, rot)
+        truth = cam_pos @ origin[:3, :3].T + origin[:3, 3]
+        assert np.abs(np.asarray(buf["robot0_eef_pos"][rows]) - truth).max() < 1.5e-3
+        rot_err = (Rotation.from_rotvec(np.asarray(buf["robot0_eef_rot_axis_angle"][rows])).inv()
+                   * Rotation.from_matrix(origin[:3, :3]) * cam_rot).magnitude()
+        assert rot_err.max() < 0.01
+        assert np.abs(np.asarray(buf["robot0_gripper_width"][rows])[:, 0] - opening).max() < 2e-3
+        frames = np.asarray(buf["camera0_rgb"][rows])
+        for k in (len(t) // 3, len(t) // 2):
+            errs = {}
+            for lag in (0.0, 0.1):
+                s = hist.at(np.array([t[k] - lag]))
+                set_state(world, s[0][0], s[1][0], s[2][0], s[3][0], s[4][0])
+                errs[lag] = np.abs(world.render().astype(int) - frames[k].astype(int)).mean()
+            assert errs[0.1] < 6 and errs[0.1] < errs[0.0] / 1.5, errs
+    world.close()
+
+
+def _first_frame_time(hist, origin, first_pos) -> float:
+    grid = np.arange(0.0, 0.5, 0.001)
+    pos, rot, *_ = hist.at(grid)
+    cp, _ = camera_poses(pos, rot)
+    vio = cp @ origin[:3, :3].T + origin[:3, 3]
+    return float(grid[np.argmin(np.linalg.norm(vio - first_pos, axis=1))])
+
+
+class _ProbePolicy:
+    """A predictor with the Policy interface that holds the observed pose and records what it was given (the
+    network is what this test does not need: it checks the loop's timing contract)."""
+
+    n_obs_steps, horizon, frequency_hz = 2, 16, 30.0
+    action_dt_s = 0.1
+
+    class spec:  # noqa: N801 - the attribute set Policy.spec has
+        rgb_keys = ("camera0_rgb",)
+        lowdim_keys = ("robot0_eef_pos", "robot0_eef_rot_axis_angle", "robot0_gripper_width")
+        obs_down_sample_steps = 3
+
+    class cfg:  # noqa: N801
+        n_action_steps = 8
+
+        class task:  # noqa: N801
+            camera_obs_latency, robot_obs_latency, gripper_obs_latency = 0.1, 0.0, 0.0
+
+    image_hw = (48, 48)
+
+    def __init__(self):
+        self.calls = []
+
+    def predict_action(self, obs, generator=None, frame="tcp"):
+        assert frame == "dataset"
+        self.calls.append({k: np.array(v) for k, v in obs.items()})
+        t = obs["timestamp"][-1] + np.arange(self.horizon) * self.action_dt_s
+        hold = lambda k: np.repeat(obs[k][-1:], self.horizon, 0)  # noqa: E731
+        return {"robot0_eef_pos": hold("robot0_eef_pos"), "robot0_eef_rot_axis_angle": hold("robot0_eef_rot_axis_angle"),
+                "robot0_gripper_width": hold("robot0_gripper_width"), "timestamp": t}
+
+
+def test_rollouts_feed_predict_action_as_a_robot_would(tmp_path):
+    probe = _ProbePolicy()
+    records = rollout_policy(probe, "pick_place", eval_seeds(2))
+    assert [r.failure_mode for r in records] == ["never_grasped", "never_grasped"]
+    first = probe.calls[0]
+    assert first["camera0_rgb"].shape == (2, 48, 48, 3) and first["camera0_rgb"].dtype == np.uint8
+    assert np.allclose(first["robot0_eef_pos"], 0, atol=1e-12)  # the VIO origin is the camera's first pose
+    for call in probe.calls:
+        if call["timestamp"][0] > 0:  # past the episode start, where the window is edge-padded
+            assert call["timestamp"][1] - call["timestamp"][0] == pytest.approx(0.1, abs=1e-9)  # 3 camera ticks
+    # the chunk is timed from the newest frame, 0.1 s old: its first action is past and dropped, the next 8
+    # (0.1 s apart) run, so decisions come 0.7 s apart
+    starts = [c["timestamp"][-1] for c in probe.calls[:4]]
+    assert np.allclose(np.diff(starts), 0.7, atol=1 / 30 + 1e-9)
+    assert records[0].decisions == len(probe.calls) // 2 and records[0].latency["camera_obs_s"] == 0.1
+    res = evaluate_closed_loop(_ProbePolicy(), "pick_place", tmp_path / "r",
+                               ClosedLoopSettings(episodes=2, baselines=("oracle", "hold"), video_episodes=1))
+    assert not res.passed and res.reason.startswith("policy success 0.0 % < target 80 %")
+    written = json.loads((tmp_path / "r" / "rollouts.json").read_text())
+    assert [r["seed"] for r in written] == eval_seeds(2) and written[0]["success"] is False
+    assert json.loads((tmp_path / "r" / "rollouts_oracle.json").read_text())[1]["success"] is True
+    assert res.video.stat().st_size > 1000 and res.contact_sheet.stat().st_size > 1000
+
+
+def test_verdict_needs_the_target_and_the_margin_and_a_working_world():
+    s = lambda name, k, n=100: RolloutSummary.of(name, [_r(i < k) for i in range(n)])  # noqa: E731
+    assert verdict(s("policy", 85), [s("oracle", 100), s("replay", 20)], 0.8, 0.2) == (True, "")
+    assert not verdict(s("policy", 85), [s("oracle", 100), s("replay", 70)], 0.8, 0.2)[0]
+    assert not verdict(s("policy", 75), [s("oracle", 100), s("replay", 0)], 0.8, 0.2)[0]
+    ok, why = verdict(s("policy", 90), [s("oracle", 90)], 0.8, 0.2)
+    assert not ok and "world is broken" in why
+
+
+def _r(ok: bool):
+    from dpflow_core.sim.rollout import RolloutRecord
+
+    return RolloutRecord(0, ok, None if ok else "timeout", 1.0 if ok else None, 1.0, 1, [], {})
+
+
+def test_the_world_says_where_success_is():
+    world = new_world("pick_place", 16, 16)
+    state = initial_state("pick_place", EVAL_SEED_BASE + 5)
+    reset_world(world, state)
+    p = plan(state)
+    _execute(world, p)
+    assert success(world, "pick_place")
+    block = world.blocks[0]
+    assert np.all(np.abs(block.pos[:2] - np.array(state.pad_xy)) <= 0.035) and world.holding is None
