@@ -11,6 +11,7 @@ import pickle
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
 import pytest
 
 from dpflow_core.checkpoints import DownloadedCheckpoint
@@ -222,11 +223,11 @@ def test_an_instance_with_an_old_materialization_runs_the_next_asset(tmp_path):
 
     path = tmp_path / "datasets" / "pick_place" / "0123456789ab" / "dataset.npz"
     path.parent.mkdir(parents=True)
-    path.write_bytes(os.urandom(50_000))
+    np.savez(path, data__x=np.arange(6000, dtype=np.float64))  # a real archive: upload checks its CRC-32s
     path.with_suffix(".json").write_text(json.dumps({"task": "pick_place"}))
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     old_value = {
-        "path": str(path), "sha256": sha, "size_bytes": 50_000, "sidecar_path": str(path.with_suffix(".json")),
+        "path": str(path), "sha256": sha, "size_bytes": path.stat().st_size, "sidecar_path": str(path.with_suffix(".json")),
         "norm_stats_path": str(path.with_name("norm_stats.json")), "frequency_hz": 29.97, "n_episodes": 3,
         "total_steps": 120, "image_size": [224, 224],
     }
@@ -241,7 +242,7 @@ def test_an_instance_with_an_old_materialization_runs_the_next_asset(tmp_path):
     assert result.success
     value = result.output_for_node("remote_dataset")
     expected = tmp_path / "server" / "pick_place" / sha[:16] / "dataset.npz"
-    assert value == RemoteDataset(str(expected), sha, 50_000, None, 29.97, str(path.resolve()), (str(expected),))
+    assert value == RemoteDataset(str(expected), sha, path.stat().st_size, None, 29.97, str(path.resolve()), (str(expected),))
     assert expected.read_bytes() == path.read_bytes()
     with (io / "remote_dataset" / "pick_place").open("rb") as f:
         assert pickle.load(f) == value  # today's value: the typed result

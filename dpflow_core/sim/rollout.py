@@ -144,6 +144,14 @@ class _Episode:
         self.rows.append((w.gripper.pos.copy(), w.gripper.rotvec.copy(), w.gripper.opening,
                           [b.pos.copy() for b in w.blocks], [b.yaw for b in w.blocks]))
 
+    def settled(self) -> bool:
+        """Whether the gripper stands still (speed and finger motion below what the controller can resolve)."""
+        if len(self.rows) < 2:
+            return False
+        (p1, r1, o1, *_), (p0, r0, o0, *_) = self.rows[-1], self.rows[-2]
+        return (float(np.abs(p1 - p0).max()) < 1e-7 and float(np.abs(r1 - r0).max()) < 1e-7
+                and abs(o1 - o0) < 1e-9 and float(np.abs(self.world.gripper.vel).max()) < 1e-6)
+
     def state_at(self, t: float):
         """The recorded state nearest at or before ``t`` (the controller's 10 ms grid)."""
         i = int(np.clip(np.searchsorted(self.t, t + 1e-9) - 1, 0, len(self.t) - 1))
@@ -180,6 +188,10 @@ def _run_targets(ep: _Episode, times: np.ndarray, pos: np.ndarray, rotvec: np.nd
         else:
             j = k + 1 if times[k] < t and k + 1 < len(times) else k
             p, r, o = pos[j], rotvec[j], opening[j]
+        if k == len(times) - 1 and t > times[-1] and ep.settled():
+            # the last target is reached and nothing moves: the world cannot change any more
+            w.time_s = min(until, timeout)
+            return None
         w.step(p, r, o, dt)
         ep.snap()
         if on_step is not None:
