@@ -392,3 +392,19 @@ def test_settings_bind_loopback_by_default_and_refuse_bad_values():
         ServeSettings(port=70000)
     with pytest.raises(ValueError, match="max_age_s must be a positive"):
         ServeSettings(max_age_s=0)
+
+
+def test_a_rollout_through_the_server_is_the_rollout_in_process(served, policy):
+    """`dpflow rollout --server`: the closed-loop world driven through `dpflow serve` gives the records the
+    in-process policy gives on the same held-out states (same noise seeds per decision)."""
+    from dpflow_core.serving.client import RemotePolicy
+    from dpflow_core.sim.rollout import eval_seeds, rollout_policy
+
+    _, port = served
+    seeds = eval_seeds(2, seed=4)
+    local = rollout_policy(policy, "stack", seeds)
+    with RemotePolicy(f"ws://127.0.0.1:{port}") as remote:
+        through = rollout_policy(remote, "stack", seeds)
+    strip = lambda r: {k: v for k, v in r.__dict__.items() if k != "predict_s"}  # noqa: E731
+    assert [strip(r) for r in through] == [strip(r) for r in local]
+    assert all(r.decisions > 10 for r in local)

@@ -241,19 +241,43 @@ def rollout_baseline(name: str, task: str, seeds: Sequence[int], train_seed: int
     return out
 
 
-def image_hw(policy) -> tuple[int, int]:
-    """``(H, W)`` of the frames ``policy`` was trained on (its metadata when remote, else its encoder's)."""
-    if getattr(policy, "image_hw", None):
-        return tuple(int(v) for v in policy.image_hw)
-    key = policy.spec.rgb_keys[0]
-    return tuple(int(v) for v in policy.network.obs_encoder.augment[key].image_hw)
+@dataclass(frozen=True)
+class PolicyView:
+    """What a rollout needs to know of a policy, read from a local checkpoint or a server's metadata:
+    ``rgb_keys``, ``lowdim_keys``, ``n_obs_steps``, ``obs_dt_s`` (s between observation frames),
+    ``n_action_steps``, ``image_hw`` (H, W of the frames it was trained on), the observation
+    ``latency`` (s: ``camera_obs_s``, ``robot_obs_s``, ``gripper_obs_s``), and ``remote`` (served)."""
 
+    rgb_keys: tuple[str, ...]
+    lowdim_keys: tuple[str, ...]
+    n_obs_steps: int
+    obs_dt_s: float
+    n_action_steps: int
+    image_hw: tuple[int, int] | None
+    latency: dict[str, float]
+    remote: bool = False
 
-def policy_latencies(policy) -> dict[str, float]:
-    """``camera_obs_s``, ``robot_obs_s``, ``gripper_obs_s`` from the policy's trainer config (s)."""
-    task = policy.cfg.task
-    return {"camera_obs_s": float(task.camera_obs_latency), "robot_obs_s": float(task.robot_obs_latency),
-            "gripper_obs_s": float(task.gripper_obs_latency)}
+    @classmethod
+    def of(cls, policy) -> "PolicyView":
+        meta = getattr(policy, "metadata", None)
+        if isinstance(meta, dict) and "observation" in meta:  # a RemotePolicy: its server's metadata
+            obs = meta["observation"]
+            rgb = tuple(k for k, v in obs.items() if v.get("dtype") == "uint8")
+            low = tuple(k for k, v in obs.items() if v.get("dtype") != "uint8")
+            lat = meta.get("latency_s", {})
+            return cls(rgb, low, int(meta["n_obs_steps"]), float(meta["obs_dt_s"]), int(meta["n_action_steps"]),
+                       tuple(obs[rgb[0]]["shape"][:2]) if rgb else None,
+                       {f"{k}_obs_s": float(lat.get(k, 0.0)) for k in ("camera", "robot", "gripper")}, True)
+        spec, task = policy.spec, policy.cfg.task
+        rgb = tuple(spec.rgb_keys)
+        hw = None
+        if rgb:
+            hw = tuple(int(v) for v in getattr(policy, "image_hw", None)
+                       or policy.network.obs_encoder.augment[rgb[0]].image_hw)
+        return cls(rgb, tuple(spec.lowdim_keys), int(policy.n_obs_steps),
+                   spec.obs_down_sample_steps / policy.frequency_hz, int(policy.cfg.n_action_steps), hw,
+                   {"camera_obs_s": float(task.camera_obs_latency), "robot_obs_s": float(task.robot_obs_latency),
+                    "gripper_obs_s": float(task.gripper_obs_latency)})
 
 
 def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecordingSpec = SimRecordingSpec(),
@@ -268,15 +292,15 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
     """
     import torch
 
-    spec = policy.spec
-    rgb_keys = list(spec.rgb_keys)
-    lat = policy_latencies(policy) | {"action_s": float(action_latency_s)}
-    n_exec = int(n_action_steps or policy.cfg.n_action_steps)
-    obs_dt = spec.obs_down_sample_steps / policy.frequency_hz
+    view = PolicyView.of(policy)
+    rgb_keys = list(view.rgb_keys)
+    lat = view.latency | {"action_s": float(action_latency_s)}
+    n_exec = int(n_action_steps or view.n_action_steps)
+    obs_dt = view.obs_dt_s
     tick = 1.0 / recording.fps
-    hw = image_hw(policy) if rgb_keys else None
+    hw = view.image_hw
     world = new_world(task, recording.width, recording.height)
-    gen = torch.Generator().manual_seed(int(rng_seed))
+    rng = np.random.default_rng(int(rng_seed))
     out = []
     for index, seed in enumerate(seeds):
         ep = _Episode(world, task, seed)
@@ -286,7 +310,7 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
         while world.time_s < timeout - 1e-9 and t_ok is None:
             now = world.time_s
             newest = math.floor((now - lat["camera_obs_s"]) / tick + 1e-9)
-            ticks = [max(0, newest - round(k * obs_dt / tick)) for k in range(policy.n_obs_steps - 1, -1, -1)]
+            ticks = [max(0, newest - round(k * obs_dt / tick)) for k in range(view.n_obs_steps - 1, -1, -1)]
             t_frames = np.array([j * tick for j in ticks])
             obs: dict[str, Any] = {"timestamp": t_frames}
             live = (world.gripper.pos.copy(), world.gripper.rotvec.copy(), world.gripper.opening,
@@ -307,12 +331,16 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
             obs["robot0_eef_pos"] = np.stack([p for p, _ in poses])
             obs["robot0_eef_rot_axis_angle"] = np.stack([r for _, r in poses])
             obs["robot0_gripper_width"] = np.array([[ep.state_at(min(t + shift_grip, now))[2]] for t in t_frames])
-            if "robot0_demo_start_pose" in getattr(spec, "lowdim_keys", ()) or any(
-                    k.endswith("wrt_start") for k in spec.lowdim_keys):
+            if any(k.endswith("wrt_start") or k == "robot0_demo_start_pose" for k in view.lowdim_keys):
                 p0, r0 = ep.vio_pose(0.0)
                 obs["robot0_demo_start_pose"] = np.concatenate([p0, r0])
             started = time.perf_counter()
-            act = policy.predict_action(obs, generator=gen, frame="dataset")
+            # one noise seed per decision: in process and through `dpflow serve` the same seed gives the same chunk
+            noise = int(rng.integers(0, 2**31 - 1))
+            if view.remote:
+                act = policy.predict_action(obs, frame="dataset", noise_seed=noise)
+            else:
+                act = policy.predict_action(obs, generator=torch.Generator().manual_seed(noise), frame="dataset")
             spent += time.perf_counter() - started
             decisions += 1
             times = np.asarray(act["timestamp"], float)
