@@ -6,6 +6,8 @@ section of the trainer config (``_target_``, ``hydra.utils.instantiate``):
 - :class:`ResNet18GN` (here): the layout of He et al. (Deep Residual Learning,
   CVPR 2016), 18-layer variant, with every BatchNorm a GroupNorm as in
   Diffusion Policy (Chi et al., RSS 2023). The default, and what runs on a CPU.
+- :class:`KeypointEncoder` (here): four convolutions and spatial soft-argmax keypoints, for the
+  64 x 64 wrist camera of the simulated world (the ``sim`` config).
 - :class:`~dpflow_core.train.vit.ViTEncoder`: ViT-B/16 in the CLIP layout, as
   UMI's timm encoder (Chi et al., RSS 2024), loading timm / CLIP weights by key name.
 
@@ -113,6 +115,61 @@ class ResNet18GN(nn.Module):
     def forward(self, x):
         x = self.stages(self.stem(x))
         return self.proj(self.pool(x).flatten(1))
+
+
+class KeypointEncoder(nn.Module):
+    """A small convolutional encoder with spatial soft-argmax keypoints, for low-resolution cameras.
+
+    Four 3x3 convolutions (GroupNorm, ReLU; strides 2, 1, 2, 1) keep a ``H/4 x W/4`` feature map, where
+    ResNet-18's five halvings leave 2 x 2 cells of a 64 x 64 frame; a 1 x 1 convolution gives
+    ``keypoints`` heat maps, and each heat map's softmax-weighted mean position (x, y in [-1, 1]) is a
+    keypoint (spatial soft-argmax: Levine et al., End-to-End Training of Deep Visuomotor Policies, JMLR
+    2016; the pooling of robomimic's and Diffusion Policy's CNN encoders). Positions are what a
+    grasping policy must read off the image, and global average pooling discards them.
+
+    Args:
+        channels: width of the first two convolutions (the last two have twice as many).
+        keypoints: heat maps, so ``2 * keypoints`` coordinates.
+        feature_dim: output size (a linear layer over the coordinates).
+        image_hw: the input's ``(H, W)`` (from the observation encoder; any size works).
+        pretrained_path: a state dict of this module (strict), or None.
+
+    Input ``(N, 3, H, W)`` float; output ``(N, feature_dim)`` float.
+    """
+
+    def __init__(
+        self,
+        channels: int = 32,
+        keypoints: int = 32,
+        feature_dim: int = 64,
+        image_hw: Sequence[int] | None = None,
+        pretrained_path: str | None = None,
+    ):
+        super().__init__()
+        c = int(channels)
+
+        def block(cin: int, cout: int, stride: int) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), _norm(cout), nn.ReLU(inplace=True)]
+
+        self.features = nn.Sequential(*block(3, c, 2), *block(c, c, 1), *block(c, 2 * c, 2), *block(2 * c, 2 * c, 1))
+        self.heatmaps = nn.Conv2d(2 * c, int(keypoints), 1)
+        self.proj = nn.Linear(2 * int(keypoints), int(feature_dim))
+        self.feature_dim = int(feature_dim)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        if pretrained_path is not None:
+            load_weights_by_name(self, read_state_dict(pretrained_path), pretrained_path)
+
+    def forward(self, x):
+        maps = self.heatmaps(self.features(x))  # (N, K, h, w)
+        n, k, h, w = maps.shape
+        attention = torch.softmax(maps.flatten(2), dim=-1).view(n, k, h, w)
+        ys = torch.linspace(-1.0, 1.0, h, device=x.device, dtype=maps.dtype)
+        xs = torch.linspace(-1.0, 1.0, w, device=x.device, dtype=maps.dtype)
+        kx = (attention.sum(2) * xs).sum(-1)
+        ky = (attention.sum(3) * ys).sum(-1)
+        return self.proj(torch.cat([kx, ky], dim=-1))
 
 
 def crop(images: torch.Tensor, crop_hw: Sequence[int], random: bool) -> torch.Tensor:

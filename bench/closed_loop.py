@@ -1,0 +1,113 @@
+"""Closed-loop benchmark of the world's camera policy: what the README main job must reach, measured.
+
+Steps (each skipped when its product is given):
+
+1. record ``--episodes`` scripted demonstrations of ``--task`` in the world (``dpflow_core.sim.record``);
+2. pair and convert them at 64 x 64 (``dpflow pair`` / ``dpflow convert``'s functions);
+3. train the ``sim`` trainer config (the camera policy) and the same config without the camera
+   (``task.rgb_keys=[]``), each with ``python -m dpflow_core.train`` on this machine;
+4. roll each out on ``--rollouts`` held-out initial states, beside the oracle, replay and hold baselines
+   on the same states (``dpflow_core.sim.evaluate.evaluate_closed_loop``, what ``dpflow rollout`` runs).
+
+Prints one table (predictor, successes, rate, Wilson 95 % interval) and, with ``--json``, the figures
+and the wall time of each step. Example (the README main job's figures)::
+
+    .venv/bin/python bench/closed_loop.py --task pick_place --episodes 120 --rollouts 200 --out /tmp/cl
+    .venv/bin/python bench/closed_loop.py --task stack --episodes 120 --rollouts 200 --out /tmp/cl_stack
+
+``--checkpoint`` / ``--no-camera-checkpoint`` reuse trained checkpoints; ``--dataset`` a converted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _train(dataset: Path, run_dir: Path, extra: list[str]) -> Path:
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "-m", "dpflow_core.train", "--config-name=sim", f"task.dataset_path={dataset}",
+           f"hydra.run.dir={run_dir}", *extra]
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    return run_dir / "checkpoints" / "latest.ckpt"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--task", default="pick_place")
+    ap.add_argument("--episodes", type=int, default=120)
+    ap.add_argument("--rollouts", type=int, default=200)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--dataset", type=Path)
+    ap.add_argument("--checkpoint", type=Path)
+    ap.add_argument("--no-camera-checkpoint", type=Path)
+    ap.add_argument("--skip-no-camera", action="store_true", help="Do not train or roll out the camera-less policy.")
+    ap.add_argument("--train-overrides", nargs="*", default=[], help="Hydra overrides for both trainings.")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from dpflow_core.conversion import convert
+    from dpflow_core.pairing import pair_recordings, save_manifest
+    from dpflow_core.sim.evaluate import ClosedLoopSettings, evaluate_closed_loop
+    from dpflow_core.sim.record import read_sim_task, record_task
+
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    task_dir = out / "recordings" / args.task
+    dataset = args.dataset
+    if dataset is None:
+        t = time.perf_counter()
+        if not (task_dir / "sim_task.json").is_file():
+            record_task(out / "recordings", args.task, args.episodes)
+        times["record_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        dataset = out / "dataset.npz"
+        if not dataset.is_file():
+            manifest, _ = save_manifest(pair_recordings(task_dir), out / "manifests")
+            convert(manifest, dataset, image_size=(64, 64))
+        times["convert_s"] = time.perf_counter() - t
+    train_seeds = [int(e["seed"]) for e in (read_sim_task(task_dir) or {"episodes": []})["episodes"]] or None
+
+    t = time.perf_counter()
+    ckpt = args.checkpoint or _train(dataset, out / "run_camera", args.train_overrides)
+    times["train_camera_s"] = time.perf_counter() - t
+    settings = ClosedLoopSettings(episodes=args.rollouts, video_episodes=4)
+    t = time.perf_counter()
+    camera = evaluate_closed_loop(ckpt, args.task, out / "rollouts_camera", settings, training_seeds=train_seeds,
+                                  overwrite=True)
+    times["rollouts_camera_and_baselines_s"] = time.perf_counter() - t
+    rows = [("policy (camera)", camera.policy)] + sorted(camera.baselines.items())
+    if not args.skip_no_camera:
+        t = time.perf_counter()
+        blind_ckpt = args.no_camera_checkpoint or _train(dataset, out / "run_no_camera",
+                                                         [*args.train_overrides, "task.rgb_keys=[]"])
+        times["train_no_camera_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        blind = evaluate_closed_loop(blind_ckpt, args.task, out / "rollouts_no_camera",
+                                     ClosedLoopSettings(episodes=args.rollouts, baselines=(), video_episodes=0),
+                                     training_seeds=train_seeds, overwrite=True)
+        times["rollouts_no_camera_s"] = time.perf_counter() - t
+        rows.insert(1, ("no-camera policy", blind.policy))
+
+    print(f"| {args.task} predictor | successes | success | Wilson 95 % |\n|---|---:|---:|---|")
+    for name, s in rows:
+        print(f"| {name} | {s['successes']}/{s['n']} | {100 * s['success_rate']:.1f} % | "
+              f"{100 * s['wilson_low']:.1f}-{100 * s['wilson_high']:.1f} % |")
+    print(f"closed_loop_success: {'PASS' if camera.passed else 'FAIL (' + camera.reason + ')'}")
+    print("times: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
+    if args.json:
+        print(json.dumps({"task": args.task, "rows": dict(rows), "passed": camera.passed, "times_s": times,
+                          "checkpoint": str(ckpt), "load_average": os.getloadavg()}, indent=1, default=str))
+    return 0 if camera.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
