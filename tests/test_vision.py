@@ -401,3 +401,29 @@ def test_timm_umi_encoder_is_vit_b16_clip_sized(one_thread):
     assert sum(p.numel() for p in vit.trunk.parameters()) + 768 * 512 + 512 == 86_193_152
     assert vit.trunk.grid == (14, 14) and enc.augment["camera0_rgb"].crop_hw == (213, 213)
     assert enc.output_dim == 2 * (768 + 1)
+
+
+def test_keypoint_encoder_finds_where_a_bright_spot_is():
+    """Spatial soft-argmax: with the convolutions bypassed, each keypoint is the normalised (x, y) of the
+    brightest place of its heat map, whatever the image size."""
+    import torch
+    from torch import nn
+
+    from dpflow_core.train.vision import KeypointEncoder
+
+    enc = KeypointEncoder(channels=16, keypoints=2, feature_dim=4)
+    enc.features = nn.Identity()
+    enc.heatmaps = nn.Conv2d(3, 2, 1, bias=False)
+    enc.proj = nn.Identity()
+    with torch.no_grad():
+        enc.heatmaps.weight.zero_()
+        enc.heatmaps.weight[0, 0] = 60.0  # keypoint 0 follows the red channel, keypoint 1 the green one
+        enc.heatmaps.weight[1, 1] = 60.0
+    for h, w, red, green in ((16, 16, (3, 12), (10, 2)), (9, 21, (8, 0), (0, 20))):
+        x = torch.zeros(1, 3, h, w)
+        x[0, 0, red[0], red[1]] = 1.0
+        x[0, 1, green[0], green[1]] = 1.0
+        kx0, kx1, ky0, ky1 = enc(x)[0].tolist()
+        norm = lambda i, n: -1 + 2 * i / (n - 1)  # noqa: E731
+        assert (kx0, ky0) == pytest.approx((norm(red[1], w), norm(red[0], h)), abs=1e-3)
+        assert (kx1, ky1) == pytest.approx((norm(green[1], w), norm(green[0], h)), abs=1e-3)
