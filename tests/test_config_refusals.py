@@ -44,3 +44,18 @@ def test_gaussian_normalisation_with_sample_clipping_is_refused(name):
         _check_config(_cfg(name, "task.lowdim_norm=gaussian", *extra))
     _check_config(_cfg(name, "task.lowdim_norm=gaussian", "policy.noise_scheduler.clip_sample=false", *extra))
     _check_config(_cfg(name, "task.lowdim_norm=range", *extra))
+
+
+def test_spacing_in_seconds_means_the_same_time_at_any_rate():
+    """DESIGN rule 15: ``task.obs_dt_s`` / ``action_dt_s`` become steps from the measured frequency."""
+    sim = _cfg("sim")
+    for hz, steps in ((30.0, 3), (29.97, 3), (60.0, 6), (15.0, 2)):
+        spec = spec_from_config(sim, hz)
+        assert (spec.obs_down_sample_steps, spec.action_down_sample_steps) == (steps, steps)
+    umi = _cfg(UMI, "task.tx_cam_tcp=identity")
+    assert spec_from_config(umi, 59.94).action_down_sample_steps == 3  # UMI's own 0.05 s at its GoPro rate
+    assert spec_from_config(umi, 30.0).action_down_sample_steps == 2  # was 3 steps = 0.1 s on 30 Hz data
+    steps = _cfg("tiny", "task.obs_down_sample_steps=4")  # no seconds given: the step keys, as before
+    assert spec_from_config(steps, 30.0).obs_down_sample_steps == 4
+    with pytest.raises(ValueError, match="obs_dt_s must be > 0"):
+        spec_from_config(_cfg("sim", "task.obs_dt_s=0"), 30.0)

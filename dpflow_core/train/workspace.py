@@ -89,6 +89,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def down_sample_steps(task: DictConfig, which: str, frequency_hz: float) -> int:
+    """Steps between observation frames (``which="obs"``) or actions (``"action"``).
+
+    ``task.<which>_dt_s`` (seconds, DESIGN rule 15) when set: ``round(dt x frequency)``, at least 1, so
+    one config means the same spacing on 30 Hz and 60 Hz data; a rounding that misses ``dt`` by more than
+    10 % is logged. Otherwise ``task.<which>_down_sample_steps`` (steps, the UMI configs' keys).
+
+    Raises:
+        ValueError: a spacing that is not positive, or seconds without a usable frequency.
+    """
+    dt = OmegaConf.select(task, f"{which}_dt_s")
+    if dt is None:
+        return int(task[f"{which}_down_sample_steps"])
+    dt = float(dt)
+    if not dt > 0:
+        raise ValueError(f"task.{which}_dt_s must be > 0 seconds, got {dt}")
+    if not frequency_hz or frequency_hz <= 0:
+        raise ValueError(f"task.{which}_dt_s={dt} s needs the dataset's frequency, got {frequency_hz!r}")
+    steps = max(1, round(dt * frequency_hz))
+    if abs(steps / frequency_hz - dt) > 0.1 * dt:
+        log.warning("task.%s_dt_s=%.4g s is %d steps at %.3f Hz (%.4g s)", which, dt, steps, frequency_hz,
+                    steps / frequency_hz)
+    return steps
+
+
 def spec_from_config(cfg: DictConfig, frequency_hz: float) -> ObsActionSpec:
     """The observation/action spec of a trainer config, latencies scaled by ``frequency_hz``.
 
@@ -120,8 +145,8 @@ def spec_from_config(cfg: DictConfig, frequency_hz: float) -> ObsActionSpec:
         action_keys=tuple(task.action_keys),
         n_obs_steps=int(cfg.n_obs_steps),
         horizon=int(cfg.horizon),
-        obs_down_sample_steps=int(task.obs_down_sample_steps),
-        action_down_sample_steps=int(task.action_down_sample_steps),
+        obs_down_sample_steps=down_sample_steps(task, "obs", frequency_hz),
+        action_down_sample_steps=down_sample_steps(task, "action", frequency_hz),
         obs_latency_steps=lat,
         obs_pose_repr=str(task.pose_repr.obs_pose_repr),
         action_pose_repr=str(task.pose_repr.action_pose_repr),
