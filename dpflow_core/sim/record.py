@@ -39,7 +39,8 @@ from scipy.spatial.transform import Rotation, Slerp
 from dpflow_core.files import write_text_atomic
 from dpflow_core.recordings.samples import SampleSpec, encode_h264, write_recording
 from dpflow_core.recordings.topics import DAS_DEFAULT
-from dpflow_core.sim.demonstrator import plan
+from dpflow_core.sim.demonstrator import Plan, plan
+from dpflow_core.sim.faults import FaultSpec, inject_faults, write_truth
 from dpflow_core.sim.tasks import TASKS, InitialState, check_task, initial_state, new_world, reset_world
 from dpflow_core.sim.world import CONTROL_HZ, TX_CAM_TCP, GripperWorld, pose_mat
 
@@ -86,11 +87,11 @@ class History:
         return lerp(self.pos), rot, lerp(self.opening[:, None])[:, 0], lerp(self.block_pos).reshape(-1, nb, 3), lerp(self.block_yaw)
 
 
-def demonstrate(world: GripperWorld, state: InitialState, tail_s: float = 0.5) -> History:
-    """Execute the demonstrator's track for ``state`` in ``world``; the state history (``tail_s`` of
-    holding still appended)."""
+def demonstrate(world: GripperWorld, state: InitialState, tail_s: float = 0.5, track: Plan | None = None) -> History:
+    """Execute the demonstrator's track for ``state`` (or ``track``) in ``world``; the state history
+    (``tail_s`` of holding still appended)."""
     reset_world(world, state)
-    p = plan(state)
+    p = plan(state) if track is None else track
     n_tail = int(round(tail_s * CONTROL_HZ))
     rows = []
 
@@ -149,12 +150,12 @@ def imu_readings(history: History, t: np.ndarray, rng: np.random.Generator) -> t
 
 
 def record_episode(task_dir: Path, stem: str, state: InitialState, spec: SimRecordingSpec,
-                   world: GripperWorld | None = None) -> dict:
+                   world: GripperWorld | None = None, track: Plan | None = None) -> dict:
     """Record the demonstration of ``state`` as ``<STEM>.mcap``, ``<STEM>_vio.mcap`` and
     ``<STEM>_vio.json`` in ``task_dir``; returns the episode's entry of ``sim_task.json``."""
     world = world or new_world(state.task, spec.width, spec.height)
     rng = np.random.default_rng([0xCA11, state.seed])
-    hist = demonstrate(world, state)
+    hist = demonstrate(world, state, track=track)
     end = float(hist.t_s[-1])
     n = int(end * spec.fps)
     t_cam = np.maximum.accumulate(np.arange(n) / spec.fps + rng.normal(0, 3e-4, n)).clip(0, end)
@@ -188,12 +189,13 @@ def record_episode(task_dir: Path, stem: str, state: InitialState, spec: SimReco
 
 def record_task(out_dir: str | Path, task: str, episodes: int, seed: int = 0,
                 spec: SimRecordingSpec = SimRecordingSpec(),
-                progress: Callable[[int, int], None] | None = None) -> Path:
+                progress: Callable[[int, int], None] | None = None, faults: FaultSpec | None = None) -> Path:
     """Write a Matrix Studio task folder ``out_dir/<task>/`` of ``episodes`` demonstrations of ``task``.
 
     Episode ``k`` starts from the initial state of seed ``seed * 1000 + k`` (so ``seed`` < 1000 and
     ``episodes`` <= 1000 keep every training seed below the rollouts' ``EVAL_SEED_BASE``). Also writes
-    ``vio_result.json`` and ``sim_task.json``. Returns the task folder.
+    ``vio_result.json`` and ``sim_task.json``. ``faults``: make that share of the demonstrations bad
+    (:mod:`~dpflow_core.sim.faults`; their ground truth in ``curation_truth.json``). Returns the task folder.
 
     Raises:
         FileExistsError: the folder already holds recordings.
@@ -209,8 +211,10 @@ def record_task(out_dir: str | Path, task: str, episodes: int, seed: int = 0,
     world = new_world(task, spec.width, spec.height)
     entries = []
     try:
-        for k in range(episodes):
-            entries.append(record_episode(task_dir, f"{task}_{k:04d}", initial_state(task, seed * 1000 + k), spec, world))
+        jobs = [(f"{task}_{k:04d}", initial_state(task, seed * 1000 + k), None) for k in range(episodes)]
+        jobs, truth = inject_faults(jobs, faults) if faults is not None else (jobs, None)
+        for k, (stem, state, track) in enumerate(jobs):
+            entries.append(record_episode(task_dir, stem, state, spec, world, track))
             if progress is not None:
                 progress(k + 1, episodes)
     finally:
@@ -219,6 +223,8 @@ def record_task(out_dir: str | Path, task: str, episodes: int, seed: int = 0,
     write_text_atomic(task_dir / "vio_result.json", json.dumps(summary, indent=2))
     meta = {"world": WORLD_VERSION, "task": task, "recording": asdict(spec), "episodes": entries}
     write_text_atomic(task_dir / SIM_TASK_FILE, json.dumps(meta, indent=2))
+    if truth is not None:
+        write_truth(task_dir, truth)
     return task_dir
 
 
