@@ -17,7 +17,6 @@ from dpflow_core.pairing import (
     pair_recordings,
     parse_vio_status,
     save_manifest,
-    snapshot_stems,
     write_manifest,
 )
 from recording_fixtures import (
@@ -351,17 +350,6 @@ def test_explicit_manifest_for_other_naming_schemes(task, tmp_path):
 )
 def test_parse_vio_status_layouts(doc, state):
     assert parse_vio_status(doc) == state
-
-
-def test_snapshot_stems_reports_completeness_and_status(task):
-    snaps = snapshot_stems(task["dir"])
-    assert snaps[GOOD[0]].complete and snaps[GOOD[0]].final and snaps[GOOD[0]].status == "success"
-    assert not snaps["novio"].complete and not snaps["novio"].final
-    assert snaps["badjson"].status == "unparseable" and not snaps["badjson"].final
-    assert snaps["running"].status == "running" and not snaps["running"].final
-    assert snaps["failed"].final
-    ep = task["good"][0]
-    assert snaps[GOOD[0]].size_bytes == sum(p.stat().st_size for p in (ep.raw_mcap, ep.vio_mcap, ep.vio_json))
 
 
 def test_cli_pair_matches_the_core_function(task, tmp_path):
