@@ -14,6 +14,9 @@ episode of a pairing manifest this module reads the ``<STEM>_vio.mcap`` once
 - the gripper width range;
 - the plausibility findings of the pose and gripper streams (:mod:`dpflow_core.recordings.plausibility`:
   spikes, jumps, frozen VIO, a dead, stuck or out-of-range gripper), each of which flags the episode;
+- the camera's and the IMU's offsets against the pose clock, measured from the recording
+  (:mod:`dpflow_core.offsets`); an offset farther than
+  :attr:`~dpflow_core.offsets.OffsetOptions.flag_threshold_s` from the task's median flags the episode;
 - a preview PNG: a strip of decoded frames, the 3-D trajectory and the gripper
   width over time (matplotlib, Agg backend).
 
@@ -49,6 +52,7 @@ from dpflow_core.conversion.align import DEFAULT_MAX_GAP_S
 from dpflow_core.errors import DpflowError, InvalidNameError, PairingError, RecordingError
 from dpflow_core.files import atomic_path, write_text_atomic
 from dpflow_core.names import validate_name
+from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, measure_offsets, task_offsets
 from dpflow_core.recordings import EpisodeStreams, read_streams
 from dpflow_core.recordings.plausibility import check_gripper, check_pose, frame_motion
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -121,6 +125,8 @@ class EpisodeQuality:
         findings: the plausibility findings of its pose and gripper streams
             (:class:`~dpflow_core.recordings.plausibility.Finding` as dicts: code, stream, time,
             figure, limit, and the action conversion's default policy takes); each also flags it.
+        camera_offset, imu_offset: the offsets against the pose clock
+            (:meth:`~dpflow_core.offsets.OffsetEstimate.to_dict`: status, ``offset_s``, confidence).
         outlier_reasons: why the episode is flagged (empty when it is not).
         robust_z: metric -> ``(x - task median) / scale`` (see module docstring).
         preview_png: path of the preview image, ``None`` when not drawn.
@@ -151,6 +157,8 @@ class EpisodeQuality:
     log_time_inversions: int
     camera_gaps: tuple[dict, ...] = ()
     findings: tuple[dict, ...] = ()
+    camera_offset: dict = field(default_factory=dict)
+    imu_offset: dict = field(default_factory=dict)
     outlier_reasons: tuple[str, ...] = ()
     robust_z: dict[str, float] = field(default_factory=dict)
     preview_png: str | None = None
@@ -279,8 +287,10 @@ def _pose_gaps(ts_ns: np.ndarray, valid: np.ndarray, t0_ns: int) -> tuple[PoseGa
     return tuple(gaps)
 
 
-def _decode_strip(streams: EpisodeStreams, n: int) -> tuple[list[tuple[int, np.ndarray]], int | None, np.ndarray, np.ndarray]:
-    """Decode every camera packet; keep about ``n`` evenly spaced RGB frames.
+def _decode_strip(streams: EpisodeStreams, n: int, image_motion: ImageMotion | None = None,
+                  ) -> tuple[list[tuple[int, np.ndarray]], int | None, np.ndarray, np.ndarray]:
+    """Decode every camera packet; keep about ``n`` evenly spaced RGB frames; feed each decoded frame's
+    64x48 copy to ``image_motion`` (in the order of ``motion_ts_ns``).
 
     Returns ``([(capture_time_ns, (H, W, 3) uint8 RGB)], undecodable_packet_count, motion_ts_ns,
     motion)``; the count is ``None`` for a codec PyAV is not asked to decode; ``motion`` is each
@@ -307,7 +317,10 @@ def _decode_strip(streams: EpisodeStreams, n: int) -> tuple[list[tuple[int, np.n
             decoded += 1
             idx = int(frame.pts) if frame.pts is not None else -1
             if 0 <= idx < len(packets):
-                change, thumb = frame_motion(frame.reformat(width=64, height=48, format="rgb24").to_ndarray(), thumb)
+                small = frame.reformat(width=64, height=48, format="rgb24").to_ndarray()
+                change, thumb = frame_motion(small, thumb)
+                if image_motion is not None:
+                    image_motion.add(small)
                 motion_ts.append(int(streams.camera_ts_ns[idx]))
                 motion.append(change)
             if k < len(targets) and idx >= targets[k]:
@@ -385,7 +398,9 @@ def flag_outliers(episodes: Sequence[EpisodeQuality]) -> list[EpisodeQuality]:
     For each metric in :data:`OUTLIER_FLOORS` (duration, median score, total
     ``pose_valid`` gap time): ``z = (x - median) / max(1.4826 * MAD, floor)``,
     flagged when ``|z| > OUTLIER_Z``. The duration floor is relative (a fraction
-    of the median duration); the others are absolute.
+    of the median duration); the others are absolute. A measured camera or IMU offset farther
+    than :attr:`~dpflow_core.offsets.OffsetOptions.flag_threshold_s` from the task's median
+    flags the episode with both figures (:func:`~dpflow_core.offsets.task_offsets`).
     """
     if not episodes:
         return []
@@ -399,6 +414,11 @@ def flag_outliers(episodes: Sequence[EpisodeQuality]) -> list[EpisodeQuality]:
         med = float(np.median(x))
         floor = OUTLIER_FLOORS[name] * (abs(med) if name == "duration_s" else 1.0)
         stats[name] = (med, max(1.4826 * float(np.median(np.abs(x - med))), floor, 1e-12))
+    offset_flags: dict[str, list[str]] = {}
+    entries = [{"stem": e.stem, "camera_offset_s": e.camera_offset.get("offset_s"), "camera_offset": e.camera_offset,
+                "imu_offset_s": e.imu_offset.get("offset_s"), "imu_offset": e.imu_offset} for e in episodes]
+    for f in task_offsets(entries, OFFSET_OPTIONS.flag_threshold_s)["flagged"]:
+        offset_flags.setdefault(f["stem"], []).append(f["reason"])
     out = []
     for i, e in enumerate(episodes):
         z, reasons = {}, []
@@ -409,6 +429,7 @@ def flag_outliers(episodes: Sequence[EpisodeQuality]) -> list[EpisodeQuality]:
                 unit = "" if name == "score_median" else " s"
                 reasons.append(f"{_METRIC_NAMES[name]} {x[i]:.3g}{unit} vs task median {med:.3g}{unit} (z={z[name]:+.1f})")
         reasons.extend(f"implausible {f['reason']}" for f in e.findings)
+        reasons.extend(offset_flags.get(e.stem, []))
         for g in e.camera_gaps:
             reasons.append(f"camera hole {g['duration_s']:.2f} s after {g['at_s']:.2f} s "
                            f"({g['missing_frames']} frames missing; conversion splits or rejects, never bridges)")
@@ -482,11 +503,16 @@ def episode_quality(
             unreadable.append({"stem": stem, "path": str(path), "code": code, "reason": reason, "stage": "report"})
             continue
         q, t0 = _measure(stem, path, sha, streams, max_gap_s)
-        frames, undecodable, motion_ts, motion = _decode_strip(streams, strip_frames if preview_dir is not None else 0)
+        image_motion = ImageMotion(len(streams.camera_packets))
+        frames, undecodable, motion_ts, motion = _decode_strip(streams, strip_frames if preview_dir is not None else 0,
+                                                               image_motion)
+        offsets = measure_offsets(image_motion, motion_ts, streams.pose_ts_ns, streams.quat_xyzw, streams.position_m,
+                                  streams.pose_valid, streams.imu_ts_ns, streams.gyro_rps)
         findings = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, t0,
                               motion_ts_ns=motion_ts, motion=motion).findings
         findings += check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, streams.pose_ts_ns, streams.position_m, t0)
-        episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(f.to_dict() for f in findings)))
+        episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(f.to_dict() for f in findings),
+                                camera_offset=offsets["camera_offset"], imu_offset=offsets["imu_offset"]))
         if preview_dir is not None:
             previews.append(PreviewData(
                 frames=frames,
@@ -590,8 +616,16 @@ def draw_preview(quality: EpisodeQuality, data: PreviewData, out_png: str | Path
 
 _COLUMNS = (
     "episode", "duration s", "camera/pose/gripper Hz", "score p05 / median", "valid %",
-    "pose gaps (n, longest s)", "frames trimmed/dropped/undecodable", "gripper mm", "outlier",
+    "pose gaps (n, longest s)", "frames trimmed/dropped/undecodable", "gripper mm", "camera / IMU offset ms",
+    "outlier",
 )
+
+
+def _offset_cell(estimate: Mapping[str, Any]) -> str:
+    """An offset in ms with its peak R^2, ``not measurable`` or ``-`` (no such stream / not measured)."""
+    if estimate.get("status") == "measured":
+        return f"{1e3 * estimate['offset_s']:+.1f} (R\u00b2 {estimate['r2']:.2f})"
+    return "not measurable" if estimate.get("status") == "not_measurable" else "-"
 
 
 def quality_figures(episodes: Sequence[EpisodeQuality]) -> dict[str, int | float]:
@@ -622,6 +656,7 @@ def _row(e: EpisodeQuality) -> list[str]:
         f"{len(e.pose_gaps)}, {e.pose_gap_longest_s:.2f}",
         f"{e.frames_trimmed} / {e.frames_dropped} / {undec}",
         f"{1e3 * e.gripper_min_m:.1f}-{1e3 * e.gripper_max_m:.1f}",
+        f"{_offset_cell(e.camera_offset)} / {_offset_cell(e.imu_offset)}",
         "; ".join(e.outlier_reasons) if e.outlier_reasons else "",
     ]
 
@@ -680,7 +715,8 @@ tr.outlier td {{ background: #fde8e8; }}
 <h1>Episode quality: {esc(task)}</h1>
 <p>Manifest: <code>{esc(manifest_label)}</code><br>
 {len(episodes)} accepted episodes, {total:.1f} s in all; {len(rejected)} rejected; {n_out} flagged as outliers
-(|x &minus; median| &gt; {OUTLIER_Z} &times; max(1.4826 MAD, floor) on duration, median VIO score, pose_valid gaps).</p>
+(|x &minus; median| &gt; {OUTLIER_Z} &times; max(1.4826 MAD, floor) on duration, median VIO score, pose_valid gaps;
+camera or IMU offset more than {1e3 * OFFSET_OPTIONS.flag_threshold_s:g} ms from the task median).</p>
 <table><thead><tr>{head}</tr></thead><tbody>
 {chr(10).join(rows)}
 </tbody></table>

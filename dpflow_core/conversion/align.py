@@ -34,7 +34,8 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: other bytes, so dataset keys and cache entries of version 2 are not reused.
 #: 4: the plausibility rules (:mod:`dpflow_core.recordings.plausibility`): pose spikes repaired,
 #: jumps and frozen VIO cut out, implausible grippers rejected; one minimum episode length.
-CONVERTER_VERSION = "4"
+#: 5: each episode's camera-to-VIO and IMU-to-VIO offsets measured (:mod:`dpflow_core.offsets`).
+CONVERTER_VERSION = "5"
 INVALID_POSE_POLICIES = ("trim", "reject")
 GAP_POLICIES = ("split", "reject")
 #: Camera intervals longer than this (seconds) are never bridged by interpolation.
@@ -248,7 +249,8 @@ def align_episode(
         frame interval), ``coverage``, the reader's ordering counts, and ``long_gaps``
         ({max_gap_s, policy, gaps: [{at_s, duration_s, missing_frames, row, action}],
         segments: [{rows, frames, start_s, end_s, kept}]}: every camera gap longer than
-        ``max_gap_s`` and what was done with it).
+        ``max_gap_s`` and what was done with it), and ``offsets``: the camera's and the IMU's
+        offsets against the pose clock (:func:`dpflow_core.offsets.measure_offsets`).
 
     Raises:
         RecordingError: the file cannot be read (see :func:`read_streams`).
@@ -264,6 +266,7 @@ def align_episode(
     """
     from scipy.spatial.transform import Rotation, Slerp
 
+    from dpflow_core.offsets import ImageMotion, measure_offsets
     from dpflow_core.recordings.inspection import clock_domain_note
     from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_pose, decide
     from dpflow_core.recordings.reader import read_streams
@@ -291,8 +294,9 @@ def align_episode(
         fmt = (streams.camera_format or "").lower()
         if fmt not in ("h264", "h.264"):
             raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
+        image_motion = ImageMotion(len(streams.camera_packets))
         frames, pkt_idx, errors, frame_range, prefix_crc32, motion = decode_camera(
-            streams.camera_packets, image_size, "h264", rgb_path, path, streams.camera_ts_ns)
+            streams.camera_packets, image_size, "h264", rgb_path, path, streams.camera_ts_ns, image_motion.add)
         n_packets = len(streams.camera_packets)
     finally:
         if hasattr(streams.camera_packets, "close"):
@@ -417,6 +421,11 @@ def align_episode(
     gaps, segments, long_info = plan_segments(t_s, period, max_gap_s, gap_policy, min_segment_frames, path)
     segments, plaus_info = cut_implausible(kept_ns, segments, verdict.drop_ns, min_segment_frames, path, findings)
     plaus_info["options"] = checks.to_dict()
+    usable = pose_ok.copy()
+    for a, b in verdict.drop_ns:
+        usable &= (pose_t <= a) | (pose_t >= b)
+    offsets = measure_offsets(image_motion, cam_ns, pose_t, verdict.quat_xyzw, verdict.position_m, usable,
+                              streams.imu_ts_ns, streams.gyro_rps)
     report = {
         "stem": stem,
         "path": str(path),
@@ -442,6 +451,7 @@ def align_episode(
         "plausibility": plaus_info,
         "log_time_inversions": dict(streams.log_time_inversions),
         "duplicate_timestamps": dict(streams.duplicate_timestamps),
+        "offsets": offsets,
     }
     rgb = frames[lo:hi]
     return AlignedEpisode(

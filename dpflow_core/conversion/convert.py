@@ -33,6 +33,7 @@ from dpflow_core.conversion.jobs import FrameStreamer, align_all, alignment_job
 from dpflow_core.episode_cache import EpisodeCache, resolve_cache
 from dpflow_core.errors import ConversionError, DatasetError
 from dpflow_core.files import fsync_dir
+from dpflow_core.offsets import offset_warnings, task_offsets
 from dpflow_core.replay_buffer.writer import FRAMES_MEMBER, NpzMember, NpzStreamWriter, npy_data_offset
 from dpflow_core.recordings.topics import TopicMap
 from dpflow_core.results import StageResult
@@ -151,31 +152,26 @@ def convert(
 ) -> ConversionResult:
     """Convert the accepted episodes of a pairing manifest into one ``dataset.npz``.
 
-    Each episode goes through :func:`align_episode` in a worker process and is
-    written to temporary ``.npy`` files beside the output (or into the cache); the
-    parent appends its frames, in manifest order, to an uncompressed zip
-    (formats.md section 2 members, ``data__camera0_rgb`` first) as soon as it and
-    every episode before it are aligned, while later ones are still aligning; once
-    all are, it writes the other members (plus ``meta__info_json``: the metadata as
-    1-D uint8 JSON) and the frames' headers, and hashes the file (SHA-256). An
-    episode whose frames were appended but that is rejected afterwards (its
-    frequency, known against all episodes' median) is cut out of the file again.
-    Memory stays bounded by one episode per worker.
-    The dataset frequency is 1 / the median frame interval over all episodes;
-    an episode whose own frequency differs from the median episode frequency by
-    more than ``frequency_tolerance`` (relative) is rejected with the numbers.
+    Each episode goes through :func:`align_episode` in a worker process and is written to temporary ``.npy``
+    files beside the output (or into the cache); the parent appends its frames, in manifest order, to an
+    uncompressed zip (formats.md section 2 members, ``data__camera0_rgb`` first) as soon as it and every episode
+    before it are aligned, while later ones are still aligning; once all are, it writes the other members (plus
+    ``meta__info_json``: the metadata as 1-D uint8 JSON) and the frames' headers, and hashes the file (SHA-256).
+    An episode whose frames were appended but that is rejected afterwards (its frequency, known against all
+    episodes' median) is cut out of the file again. Memory stays bounded by one episode per worker. The dataset
+    frequency is 1 / the median frame interval over all episodes; an episode whose own frequency differs from
+    the median episode frequency by more than ``frequency_tolerance`` (relative) is rejected with the numbers.
 
-    Metadata (the same document in ``meta__info_json`` and in the sidecar):
-    episode count, total steps, episode lengths (min/mean/max) and per-episode
-    reports (length, frequency, trimmed seconds, gaps, pose-invalid handling),
-    measured frequency, image size, member shapes and dtypes, value ranges, the
-    input manifest (stems and file SHA-256), rejected episodes with reasons,
-    options, converter version and ``dataset_key``. Values known only once the
-    file is complete (``sha256``, ``size_bytes``) are null in the member and filled in the
-    sidecar. What differs between two runs on the same input (:data:`RUN_ONLY_KEYS`: creation
-    time, workers, timings, stale files removed, and per episode :data:`RUN_ONLY_EPISODE_KEYS`)
-    is in the sidecar only, never in the member, so converting the same manifest with the same
-    options twice gives a byte-identical ``dataset.npz`` (the zip times are fixed as well).
+    Metadata (the same document in ``meta__info_json`` and in the sidecar): episode count, total steps, episode
+    lengths (min/mean/max) and per-episode reports (length, frequency, trimmed seconds, gaps, pose-invalid
+    handling, the camera's and IMU's offsets), measured frequency, image size, member shapes and dtypes, value
+    ranges, the input manifest (stems and file SHA-256), rejected episodes with reasons, options, converter
+    version, ``dataset_key`` and ``offsets`` (the task's offset figures, flags and latency recommendation,
+    :func:`~dpflow_core.offsets.task_offsets`). Values known only once the file is complete (``sha256``,
+    ``size_bytes``) are null in the member and filled in the sidecar. What differs between two runs on the same
+    input (:data:`RUN_ONLY_KEYS`: creation time, workers, timings, stale files removed, and per episode
+    :data:`RUN_ONLY_EPISODE_KEYS`) is in the sidecar only, never in the member, so converting the same manifest
+    with the same options twice gives a byte-identical ``dataset.npz`` (the zip times are fixed as well).
 
     Args:
         manifest_or_paths: see :func:`load_inputs` (manifest, dict, path, task folder, or a list).
@@ -457,6 +453,7 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
             "pose_gaps": rep["pose_gaps"],
             "pose_invalid": rep["pose_invalid"],
             "plausibility": {k: v for k, v in (rep.get("plausibility") or {}).items() if k != "options"},
+            **(rep.get("offsets") or {}),
             "short_episode": rep.get("short_episode") or [],
             "leading_undecodable_packets": rep["leading_undecodable_packets"],
             "undecodable_packets": rep["undecodable_packets"],
@@ -465,6 +462,7 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
             "worker_peak_rss_mb": round(r["peak_rss_mb"], 1),
         })
         start += r["n"]
+    offsets = task_offsets(episodes)
     return {
         "metadata_version": METADATA_VERSION,
         "format": "replay_buffer_npz",
@@ -490,8 +488,9 @@ def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_s
         },
         "rejected": rejected,
         "options": options,
+        "offsets": offsets,
         "stale_files_removed": stale,
-        "warnings": [],
+        "warnings": offset_warnings(offsets),
         "workers": None,
         "timings_s": None,
         "wall_time_s": None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import zlib
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import av
 import numpy as np
@@ -81,6 +81,7 @@ def decode_camera(
     rgb_path: Path | None,
     path: Path,
     ts_ns: np.ndarray | None = None,
+    on_frame: Callable[[np.ndarray], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray | None, np.ndarray]:
     """Decode H.264 access units to RGB frames.
 
@@ -96,7 +97,8 @@ def decode_camera(
 
     With ``rgb_path`` the frames stream to that ``.npy`` file as they are decoded
     (:class:`FrameFile`) and are returned as a read-only memory map of it: nothing the
-    size of the episode is held in this process.
+    size of the episode is held in this process. ``on_frame`` receives each kept (H, W, 3) RGB frame,
+    in order, while it is in memory (the image motion of :mod:`dpflow_core.offsets`).
 
     Returns:
         frames (K, H, W, 3) uint8 (a read-only memory map when ``rgb_path`` is given; rows
@@ -144,6 +146,8 @@ def decode_camera(
                 buf[len(index)] = rgb
             ranges.append((int(rgb.min()), int(rgb.max())))
             change, thumb = frame_motion(rgb, thumb)
+            if on_frame is not None:
+                on_frame(rgb)
             motion.append(change)
             index.append(int(frame.pts))
 

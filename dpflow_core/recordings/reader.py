@@ -52,6 +52,8 @@ class EpisodeStreams:
         message_counts: per topic, messages read in the streaming pass.
         sha256: SHA-256 (hex) of the whole file, computed from the bytes the streaming pass
             read (the file is read once: parsing and hashing share the read).
+        imu_ts_ns, gyro_rps: (I,) int64 capture times and (I, 3) float64 angular velocity (rad/s) of
+            the optional IMU topic (messages of a schema in ``topics.imu_schemas``), sorted; None without.
     """
 
     path: Path
@@ -69,6 +71,8 @@ class EpisodeStreams:
     duplicate_timestamps: dict[str, int] = field(default_factory=dict)
     message_counts: dict[str, int] = field(default_factory=dict)
     sha256: str | None = None
+    imu_ts_ns: np.ndarray | None = None
+    gyro_rps: np.ndarray | None = None
 
 
 class SpooledPackets(Sequence):
@@ -181,6 +185,9 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT, spool_path: s
 def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
     """The streaming pass of :func:`read_streams` (camera payloads to ``spool`` when it is a file)."""
     wanted = {topics.camera: "camera", topics.pose: "pose", topics.gripper: "gripper"}
+    if topics.imu:  # optional: read in the same pass, for the offsets (dpflow_core.offsets)
+        wanted[topics.imu] = "imu"
+    imu_ts, imu_vals = [], []
     cam_ts, cam_lt, cam_data = [], [], []
     pose_ts, pose_lt, pose_vals = [], [], []
     grip_ts, grip_lt, grip_vals = [], [], []
@@ -214,10 +221,14 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
                     pose_ts.append(ts)
                     pose_lt.append(message.log_time)
                     pose_vals.append((p.x, p.y, p.z, q.x, q.y, q.z, q.w, decoded.pose_valid, decoded.score))
-                else:
+                elif kind == "gripper":
                     grip_ts.append(ts)
                     grip_lt.append(message.log_time)
                     grip_vals.append(decoded.value)
+                elif seen_schemas[topic] in topics.imu_schemas:
+                    w = decoded.angular_velocity
+                    imu_ts.append(ts)
+                    imu_vals.append((w.x, w.y, w.z))
         except DecoderNotFoundError as exc:
             raise RecordingError(f"unknown message encoding: {exc}", path, code="unknown_encoding") from exc
         except (McapError, EOFError, ValueError, KeyError) as exc:
@@ -227,14 +238,14 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
                 code="corrupt_mcap",
             ) from exc
         digest = f.sha256()
-    missing = [t for t in wanted if t not in counts]
+    missing = [t for t, kind in wanted.items() if kind != "imu" and t not in counts]
     if missing:
         raise RecordingError(
             f"not a Matrix Studio recording: missing topics {', '.join(missing)}", path, code="missing_topics"
         )
     accepted = {topics.camera: topics.camera_schemas, topics.pose: topics.pose_schemas, topics.gripper: topics.gripper_schemas}
     for topic, schema_name in seen_schemas.items():
-        if schema_name not in accepted[topic]:
+        if topic in accepted and schema_name not in accepted[topic]:
             raise RecordingError(
                 f"topic {topic} has schema {schema_name!r}, expected one of {list(accepted[topic])}",
                 path,
@@ -270,4 +281,6 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
         duplicate_timestamps=duplicates,
         message_counts=counts,
         sha256=digest,
+        imu_ts_ns=np.asarray(imu_ts, dtype=np.int64)[np.argsort(imu_ts, kind="stable")] if imu_ts else None,
+        gyro_rps=np.asarray(imu_vals, dtype=np.float64)[np.argsort(imu_ts, kind="stable")] if imu_ts else None,
     )
