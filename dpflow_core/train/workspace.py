@@ -43,6 +43,7 @@ from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train import checkpoint as ckpt
 from dpflow_core import pose
+from dpflow_core.offsets import obs_latencies_s
 from dpflow_core.train.data import (
     DEFAULT_ACTION_KEYS,
     ObsActionSpec,
@@ -114,11 +115,12 @@ def down_sample_steps(task: DictConfig, which: str, frequency_hz: float) -> int:
     return steps
 
 
-def spec_from_config(cfg: DictConfig, frequency_hz: float) -> ObsActionSpec:
+def spec_from_config(cfg: DictConfig, frequency_hz: float, metadata: Mapping | None = None) -> ObsActionSpec:
     """The observation/action spec of a trainer config, latencies scaled by ``frequency_hz``.
 
     Reads ``task.camera_obs_latency`` / ``robot_obs_latency`` / ``gripper_obs_latency``
-    (s), ``task.pose_repr``, ``task.tx_cam_tcp`` (null or ``identity``: the camera pose is the
+    (s; with ``task.latency: measured`` less the camera offset the dataset ``metadata`` measured,
+    :func:`dpflow_core.offsets.obs_latencies_s`), ``task.pose_repr``, ``task.tx_cam_tcp`` (null or ``identity``: the camera pose is the
     TCP; a 4 x 4 list; ``{translation, rotation}``) and ``task.lowdim_norm``.
 
     Raises:
@@ -128,9 +130,7 @@ def spec_from_config(cfg: DictConfig, frequency_hz: float) -> ObsActionSpec:
     lowdim = tuple(task.lowdim_keys)
     lat = latency_steps(
         tuple(dict.fromkeys(lowdim + DEFAULT_ACTION_KEYS)),
-        float(task.camera_obs_latency),
-        float(task.robot_obs_latency),
-        float(task.gripper_obs_latency),
+        *obs_latencies_s(task, metadata),
         frequency_hz,
     )
     tx = task.tx_cam_tcp
@@ -362,7 +362,7 @@ class Workspace:
                 )
         self.frequency_hz = resolve_frequency(task.dataset_frequeny, buffer)
         try:
-            self.spec = spec = spec_from_config(cfg, self.frequency_hz)
+            self.spec = spec = spec_from_config(cfg, self.frequency_hz, buffer.metadata)
             train_mask, val_mask = split_episodes(
                 buffer.n_episodes, float(task.val_ratio), int(task.split_seed), int(task.get("val_min_episodes", 1))
             )
