@@ -50,6 +50,7 @@ from dpflow_core.cli import scale as _scale  # noqa: E402,F401
 from dpflow_core.cli import serve as _serve  # noqa: E402,F401
 from dpflow_core.cli import sim as _sim  # noqa: E402,F401
 from dpflow_core.cli import view as _view  # noqa: E402,F401
+from dpflow_core.cli import curate as _curate  # noqa: E402,F401
 
 
 def main() -> None:
