@@ -371,7 +371,7 @@ def run_demo(
         else:
             console.print(f"using the recordings already in {recordings}")
     recordings = Path(recordings).expanduser().resolve()
-    from dpflow_dagster.partitions import holds_recordings, task_folders
+    from dpflow_core.pairing.tasks import holds_recordings, task_folders
 
     if not recordings.is_dir():
         raise typer.BadParameter(f"{recordings}: no such folder (expected a Matrix Studio task folder)")

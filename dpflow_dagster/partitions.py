@@ -6,15 +6,12 @@ checkpoint, evaluation) is one partition, so the UI shows which tasks are
 converted and trained and re-runs one task alone. The partition key is the
 task folder's name (checked with :func:`dpflow_core.names.validate_name`).
 
-Where a task's recordings are (:func:`task_folder`), with ``root`` the
-configured root (``paired_episodes`` config ``root``, else
-``$DPFLOW_RECORDINGS_ROOT``, else ``<cwd>/outputs/recordings``):
-
-1. ``<root>/<task>`` when that is a folder: ``root`` is the Matrix Studio output
-   root holding task folders (the usual case);
-2. ``root`` itself when its name is the task: ``root`` is that task folder
-   (what earlier versions took, and what ``dpflow pair ROOT`` takes);
-3. otherwise the run fails, naming the task folders that ``root`` does hold.
+Where a task's recordings are (:func:`task_folder`) follows the core's rule
+(:mod:`dpflow_core.pairing.tasks`), with ``root`` the configured root
+(``paired_episodes`` config ``root``, else ``$DPFLOW_RECORDINGS_ROOT``, else
+``<cwd>/outputs/recordings``): ``<root>/<task>``, else ``root`` itself when its name
+is the task; otherwise the run fails, naming the task folders that ``root`` does hold
+and where the root is configured.
 
 Every asset check follows its asset's partition (:func:`task_asset_check`,
 :func:`task_check_spec`): a check step loads and evaluates the materialized
@@ -44,9 +41,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import dagster as dg
 
-from dpflow_core.errors import DpflowError, InvalidNameError
-from dpflow_core.names import validate_name
-from dpflow_core.pairing import split_name
+from dpflow_core.pairing.tasks import task_folder as _core_task_folder
 
 #: One partition per Matrix Studio task folder (added by the recordings sensor, ``dpflow demo``
 #: or by hand in the UI).
@@ -69,56 +64,16 @@ def recordings_root() -> Path:
     return Path(env) if env else Path.cwd() / "outputs" / "recordings"
 
 
-def holds_recordings(folder: Path) -> bool:
-    """Whether ``folder`` directly holds ``<STEM>.mcap`` / ``_vio.mcap`` / ``_vio.json`` files."""
-    try:
-        return any(split_name(p.name) is not None and p.is_file() for p in folder.iterdir())
-    except OSError:
-        return False
-
-
-def task_folders(root: Path) -> dict[str, Path]:
-    """Task name -> folder under an output root (or ``{root.name: root}`` when ``root`` is a task folder).
-
-    Sub-folders whose names are not valid task names (:func:`validate_name`) are left out.
-    """
-    if holds_recordings(root):
-        return {root.name: root}
-    out = {}
-    try:
-        entries = sorted(root.iterdir())
-    except OSError:
-        return {}
-    for entry in entries:
-        if not entry.is_dir():
-            continue
-        try:
-            out[validate_name(entry.name, "task")] = entry
-        except InvalidNameError:
-            continue
-    return out
-
-
 def task_folder(root: Path, task: str) -> Path:
-    """The recordings folder of partition ``task`` under ``root`` (rule in the module docstring).
+    """The recordings folder of partition ``task`` under ``root`` (:func:`dpflow_core.pairing.tasks.task_folder`).
 
     Raises:
         InvalidNameError: ``task`` is not a valid task name.
-        DpflowError: (code ``no_task_folder``) neither ``<root>/<task>`` nor ``root`` is that task's folder.
+        DpflowError: (code ``no_task_folder``) neither ``<root>/<task>`` nor ``root`` is that task's
+            folder; the reason also says where the root is configured.
     """
-    validate_name(task, "task")
-    if (root / task).is_dir():
-        return root / task
-    if root.name == task:
-        return root
-    if holds_recordings(root):
-        reason = f"this is the task folder {root.name!r}, not the output root holding a task folder {task!r}"
-    else:
-        found = sorted(task_folders(root)) if root.is_dir() else []
-        reason = (f"no task folder {task!r} here" if root.is_dir() else "no such folder") + (
-            f" (task folders: {', '.join(found[:20])})" if found else ""
-        ) + "; set DPFLOW_RECORDINGS_ROOT or the asset's `root` config to the Matrix Studio output folder"
-    raise DpflowError(reason, root, code="no_task_folder")
+    return _core_task_folder(
+        root, task, hint="; set DPFLOW_RECORDINGS_ROOT or the asset's `root` config to the Matrix Studio output folder")
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Sensors: request pairing when finished recordings land in the Matrix Studio output root.
 
 The sensor scans ``$DPFLOW_RECORDINGS_ROOT`` (default ``<cwd>/outputs/recordings``),
-the folder holding one folder per task (:func:`dpflow_dagster.partitions.task_folders`;
+the folder holding one folder per task (:func:`dpflow_core.pairing.tasks.task_folders`;
 a root that itself holds recordings is taken as one task folder). For each task
 folder with new finished recordings it adds the task's dynamic partition when
 missing and requests ``paired_episodes`` for that partition, in the same tick.
@@ -52,7 +52,8 @@ from dpflow_core.watch import (
     states_from_json,
     states_to_json,
 )
-from dpflow_dagster.partitions import recordings_root, task_folders, task_partitions
+from dpflow_core.pairing.tasks import task_folders
+from dpflow_dagster.partitions import recordings_root, task_partitions
 
 paired_episodes_job = dg.define_asset_job(
     "paired_episodes_job",

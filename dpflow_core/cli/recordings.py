@@ -141,30 +141,6 @@ def inspect_recording_cmd(
         raise typer.Exit(1)
 
 
-def _task_folder(root: Path) -> Path:
-    """``root`` when it holds recordings itself; else its one sub-folder that does (said on stderr).
-
-    Raises:
-        PairingError: (code ``several_task_folders``) ``root`` holds no recordings and several task folders.
-    """
-    from dpflow_core.pairing import split_name
-
-    def holds(folder: Path) -> bool:
-        return any(split_name(p.name) is not None and p.is_file() for p in folder.iterdir())
-
-    if not root.is_dir() or holds(root):
-        return root
-    tasks = [d for d in sorted(root.iterdir()) if d.is_dir() and holds(d)]
-    if len(tasks) > 1:
-        raise PairingError(
-            f"holds no recordings itself but {len(tasks)} task folders ({', '.join(d.name for d in tasks[:20])}); "
-            "give one of them", root, code="several_task_folders")
-    if len(tasks) == 1:
-        typer.echo(f"{root} holds one task folder: pairing {tasks[0]}", err=True)
-        return tasks[0]
-    return root
-
-
 @app.command("pair")
 def pair(
     root: Path = typer.Argument(..., help="The Matrix Studio task folder (output/<task_name>)."),
@@ -181,10 +157,13 @@ def pair(
     """
     from rich.console import Console
     from dpflow_core.pairing import PairedEpisodes, pair_recordings, reject_summary, write_manifest
+    from dpflow_core.pairing.tasks import resolve_task_folder
 
     if output.exists() and not overwrite:
         raise PairingError("manifest already exists (pass --overwrite to replace it)", output, code="output_exists")
-    root = _task_folder(root) if manifest is None else root
+    if manifest is None and (folder := resolve_task_folder(root)) != root:
+        typer.echo(f"{root} holds one task folder: pairing {folder}", err=True)
+        root = folder
     with _progress() as bar:
         job = bar.add_task("pairing", total=None)
         result = pair_recordings(

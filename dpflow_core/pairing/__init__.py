@@ -49,6 +49,8 @@ and read back by :func:`load_manifest` (the conversion stage's input).
 
 Modules, in the order a task folder meets them:
 
+- :mod:`~dpflow_core.pairing.tasks`: which folder is a task folder (the CLI, the sensor and the
+  Dagster partitions share these rules);
 - :mod:`~dpflow_core.pairing.naming`: which file belongs to which stem;
 - :mod:`~dpflow_core.pairing.explicit`: the explicit manifest, for naming schemes that differ;
 - :mod:`~dpflow_core.pairing.status`: the ``_vio.json`` and ``vio_result.json`` status files;
@@ -84,11 +86,15 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "split_name": "naming",
     "parse_vio_status": "status",
     "pair_recordings": "pair",
+    "holds_recordings": "tasks",
+    "resolve_task_folder": "tasks",
+    "task_folder": "tasks",
+    "task_folders": "tasks",
 })
 
 __all__ = [
     "MANIFEST_VERSION", "ROLES", "AcceptedEpisode", "FileEntry", "Manifest", "PairedEpisodes", "PairingReject",
     "load_manifest", "manifest_from_dict", "manifest_path_for", "pair_recordings", "parse_vio_status",
     "read_manifest_json", "reject_summary", "save_manifest", "split_name", "topic_map_from_dict",
-    "topic_map_to_dict", "write_manifest",
+    "topic_map_to_dict", "write_manifest", "holds_recordings", "resolve_task_folder", "task_folder", "task_folders",
 ]
