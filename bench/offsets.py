@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--size", default="320x240", help="recorded camera W x H")
     ap.add_argument("--convert-size", default="224x224", help="decoded (conversion) W x H")
     ap.add_argument("--tasks", default="pick_place,stack")
+    ap.add_argument("--lags", default=",".join(str(v) for v in LAGS_S), help="camera lags, s")
     ap.add_argument("--out", default="/tmp/dpflow-bench-offsets")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -97,7 +98,7 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     rows = []
     for task in args.tasks.split(","):
-        for k, lag in enumerate(LAGS_S):
+        for k, lag in enumerate(float(v) for v in args.lags.split(",")):
             shift = IMU_SHIFTS_S[k % len(IMU_SHIFTS_S)]
             path = record(out, task, k, lag, shift, size)
             r = measure(path, convert_size)
