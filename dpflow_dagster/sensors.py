@@ -12,7 +12,7 @@ A recording is finished when its three files (``<STEM>.mcap``, ``<STEM>_vio.mcap
 ``<STEM>_vio.json``) are present, the status file holds a final status (success, failed,
 or a layout that pairing reports as unknown) and the size and mtime of the stem's files
 are the same on two consecutive scans: files still being written or copied are never
-paired. The scan is incremental (:mod:`dpflow_core.watch`): a task folder whose mtime is
+paired. The scan is incremental (:mod:`dpflow_core.pairing.watch`): a task folder whose mtime is
 unchanged, with nothing waiting, is not even listed, so a tick costs the same over 10 or
 30,000 unchanged recordings; ``_vio.json`` files are parsed only when new or changed.
 A finished recording rewritten in place (its folder's mtime does not change) is found by
@@ -22,7 +22,7 @@ recordings: a small root is re-verified on every tick); a folder larger than tha
 scanned alone once its last scan is ``$DPFLOW_SENSOR_AUDIT_S`` seconds old (default 600).
 
 Cursor (JSON): ``{"version": 2, "tasks": {task: FolderState}}``
-(:class:`dpflow_core.watch.FolderState`): per task folder a fixed set of fields (the
+(:class:`dpflow_core.pairing.watch.FolderState`): per task folder a fixed set of fields (the
 newest mtime already requested, the folder mtime, one SHA-256 digest over the recordings
 waiting for their second look), never a list of every stem; its size does not grow
 with the recordings. The run key is a SHA-256 over the task folder and each requested
@@ -44,7 +44,8 @@ from pathlib import Path
 import dagster as dg
 
 from dpflow_core.errors import DpflowError
-from dpflow_core.watch import (
+from dpflow_core.pairing.tasks import task_folders
+from dpflow_core.pairing.watch import (
     DEFAULT_AUDIT_FILES,
     DEFAULT_AUDIT_INTERVAL_S,
     FolderState,
@@ -52,7 +53,6 @@ from dpflow_core.watch import (
     states_from_json,
     states_to_json,
 )
-from dpflow_core.pairing.tasks import task_folders
 from dpflow_dagster.partitions import recordings_root, task_partitions
 
 paired_episodes_job = dg.define_asset_job(
@@ -63,7 +63,7 @@ paired_episodes_job = dg.define_asset_job(
 
 
 def parse_cursor(cursor: str | None) -> dict[str, FolderState]:
-    """Task -> :class:`~dpflow_core.watch.FolderState` from a cursor string.
+    """Task -> :class:`~dpflow_core.pairing.watch.FolderState` from a cursor string.
 
     An absent or unreadable cursor starts afresh; a version-1 cursor (``max_mtime`` and
     ``pending`` per task) keeps its ``max_mtime``, so requested stems are not requested again.

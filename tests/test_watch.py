@@ -1,4 +1,4 @@
-"""The incremental recordings scan behind the sensor (dpflow_core.watch), on real folders.
+"""The incremental recordings scan behind the sensor (dpflow_core.pairing.watch), on real folders.
 
 mtimes are set explicitly (os.utime, in ns) so that the tests do not depend on the clock
 or on the file system's timestamp granularity; "unchanged-looking" folders are made by
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dpflow_core.watch import RACY_WINDOW_NS, FolderState, scan_tick, states_from_json, states_to_json
+from dpflow_core.pairing.watch import RACY_WINDOW_NS, FolderState, scan_tick, states_from_json, states_to_json
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S  # file mtimes (ns)

@@ -51,6 +51,8 @@ Modules, in the order a task folder meets them:
 
 - :mod:`~dpflow_core.pairing.tasks`: which folder is a task folder (the CLI, the sensor and the
   Dagster partitions share these rules);
+- :mod:`~dpflow_core.pairing.watch`: the recordings sensor's incremental scan for finished,
+  stable recordings (unchanged task folders skipped by mtime, a bounded cursor);
 - :mod:`~dpflow_core.pairing.naming`: which file belongs to which stem;
 - :mod:`~dpflow_core.pairing.explicit`: the explicit manifest, for naming schemes that differ;
 - :mod:`~dpflow_core.pairing.status`: the ``_vio.json`` and ``vio_result.json`` status files;

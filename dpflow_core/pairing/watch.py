@@ -6,7 +6,7 @@ whose task folders are all unchanged stats each task folder once and reads nothi
 
 A recording (``<STEM>.mcap``, ``<STEM>_vio.mcap``, ``<STEM>_vio.json``) is *ready* when
 its three files are present, its status file holds a final status (success, failed, or
-a layout pairing reports as unknown: :func:`dpflow_core.pairing.parse_vio_status`) and
+a layout pairing reports as unknown: :func:`dpflow_core.pairing.status.parse_vio_status`) and
 its files' sizes and mtimes were the same at the previous full scan of its folder: files
 still being written or copied are never requested.
 
@@ -52,7 +52,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dpflow_core.pairing import ROLES, parse_vio_status, split_name
+from dpflow_core.pairing.manifest import ROLES
+from dpflow_core.pairing.naming import split_name
+from dpflow_core.pairing.status import read_vio_status
 
 #: A folder mtime younger than this at the time it was read is not trusted (ns): 2 s covers FAT's granularity.
 RACY_WINDOW_NS = 2_000_000_000
@@ -178,13 +180,6 @@ def _watch_changed(folder: Path, watch: Mapping[str, list[int]]) -> tuple[bool, 
     return False, calls
 
 
-def _read_status(path: Path) -> str:
-    try:
-        return parse_vio_status(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return "unparseable"
-
-
 def scan_folder(folder: Path, state: FolderState, *, now_ns: int | None = None) -> FolderResult:
     """Full scan of one task folder: list it, stat its recording files, decide what is ready.
 
@@ -247,7 +242,7 @@ def scan_folder(folder: Path, state: FolderState, *, now_ns: int | None = None) 
         if state.watch.get(stem) == [size, mtime_ns]:
             status = "running"  # unchanged since it was found not final: no need to read it again
         else:
-            status = _read_status(folder / f"{stem}_vio.json")
+            status = read_vio_status(folder / f"{stem}_vio.json")
             parsed += 1
         if status in _FINAL:
             final[stem] = (files, status)
@@ -311,7 +306,7 @@ def scan_tick(
     """One sensor tick over the task folders: skip the unchanged ones, fully scan the others.
 
     Args:
-        folders: task name -> task folder (:func:`dpflow_dagster.partitions.task_folders`).
+        folders: task name -> task folder (:func:`dpflow_core.pairing.tasks.task_folders`).
         states: the cursor's state per task; a task missing here is scanned.
         audit_files: stat calls this tick may spend on full scans of unchanged-looking
             folders (the audit; see the module docstring); 0 audits only by age.
