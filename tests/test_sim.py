@@ -198,17 +198,18 @@ class _ProbePolicy:
         self.calls = []
 
     def predict_action(self, obs, generator=None, frame="tcp"):
-        assert frame == "dataset"
-        self.calls.append({k: np.array(v) for k, v in obs.items()})
-        t = obs["timestamp"][-1] + np.arange(self.horizon) * self.action_dt_s
-        hold = lambda k: np.repeat(obs[k][-1:], self.horizon, 0)  # noqa: E731
+        """Batched as the rollout calls it: every key ``(B, To, ...)``; returns ``(B, H, ...)``."""
+        assert frame == "dataset" and obs["robot0_eef_pos"].ndim == 3
+        self.calls.extend({k: np.array(v[b]) for k, v in obs.items()} for b in range(len(obs["timestamp"])))
+        t = obs["timestamp"][:, -1:] + np.arange(self.horizon) * self.action_dt_s
+        hold = lambda k: np.repeat(obs[k][:, -1:], self.horizon, 1)  # noqa: E731
         return {"robot0_eef_pos": hold("robot0_eef_pos"), "robot0_eef_rot_axis_angle": hold("robot0_eef_rot_axis_angle"),
                 "robot0_gripper_width": hold("robot0_gripper_width"), "timestamp": t}
 
 
 def test_rollouts_feed_predict_action_as_a_robot_would(tmp_path):
     probe = _ProbePolicy()
-    records = rollout_policy(probe, "pick_place", eval_seeds(2))
+    records = rollout_policy(probe, "pick_place", eval_seeds(2), batch=1)
     assert [r.failure_mode for r in records] == ["never_grasped", "never_grasped"]
     first = probe.calls[0]
     assert first["camera0_rgb"].shape == (2, 48, 48, 3) and first["camera0_rgb"].dtype == np.uint8
@@ -221,6 +222,12 @@ def test_rollouts_feed_predict_action_as_a_robot_would(tmp_path):
     starts = [c["timestamp"][-1] for c in probe.calls[1:5]]
     assert np.allclose(np.diff(starts), 0.7, atol=1 / 30 + 1e-9)
     assert records[0].decisions == len(probe.calls) // 2 and records[0].latency["camera_obs_s"] == 0.1
+    # in lockstep, two episodes in one batch see the same decision times and their own worlds
+    both = _ProbePolicy()
+    assert [r.__dict__ | {"predict_s": 0} for r in rollout_policy(both, "pick_place", eval_seeds(2), batch=2)] == [
+        r.__dict__ | {"predict_s": 0} for r in records]
+    assert [c["timestamp"][-1] for c in both.calls[::2]] == [c["timestamp"][-1] for c in probe.calls[:len(both.calls) // 2]]
+    assert not np.array_equal(both.calls[2]["camera0_rgb"], both.calls[3]["camera0_rgb"])
     res = evaluate_closed_loop(_ProbePolicy(), "pick_place", tmp_path / "r",
                                ClosedLoopSettings(episodes=2, baselines=("oracle", "hold"), video_episodes=1))
     assert not res.passed and res.reason.startswith("policy success 0.0 % < target 80 %")

@@ -280,82 +280,110 @@ class PolicyView:
                     "gripper_obs_s": float(task.gripper_obs_latency)})
 
 
+def _observe(ep: _Episode, view: PolicyView, lat: dict[str, float], tick: float,
+             frames: dict[int, np.ndarray]) -> dict[str, Any]:
+    """The observation of ``ep`` at its current time, as a robot's sensors give it (module docstring)."""
+    world, now = ep.world, ep.world.time_s
+    newest = math.floor((now - lat["camera_obs_s"]) / tick + 1e-9)
+    ticks = [max(0, newest - round(k * view.obs_dt_s / tick)) for k in range(view.n_obs_steps - 1, -1, -1)]
+    t_frames = np.array([j * tick for j in ticks])
+    obs: dict[str, Any] = {"timestamp": t_frames}
+    if view.rgb_keys:
+        hw = view.image_hw
+        live = (world.gripper.pos.copy(), world.gripper.rotvec.copy(), world.gripper.opening,
+                [(b.pos.copy(), b.yaw, b.held, b.grasp_in_tcp) for b in world.blocks])
+        for j in ticks:
+            if j not in frames:  # render the past state the frame was captured in
+                g_pos, g_rv, g_op, b_pos, b_yaw = ep.state_at(j * tick)
+                set_state(world, g_pos, Rotation.from_rotvec(g_rv), g_op, b_pos, b_yaw)
+                frames[j] = cv2.resize(world.render(), (hw[1], hw[0]), interpolation=cv2.INTER_AREA)
+        obs[view.rgb_keys[0]] = np.stack([frames[j] for j in ticks])
+        world.gripper.pos, world.gripper.rotvec, world.gripper.opening = live[0], live[1], live[2]
+        for b, (p, y, h, g) in zip(world.blocks, live[3]):
+            b.pos, b.yaw, b.held, b.grasp_in_tcp = p, y, h, g
+    shift_pose = lat["camera_obs_s"] - lat["robot_obs_s"]
+    shift_grip = lat["camera_obs_s"] - lat["gripper_obs_s"]
+    poses = [ep.vio_pose(min(t + shift_pose, now)) for t in t_frames]
+    obs["robot0_eef_pos"] = np.stack([p for p, _ in poses])
+    obs["robot0_eef_rot_axis_angle"] = np.stack([r for _, r in poses])
+    obs["robot0_gripper_width"] = np.array([[ep.state_at(min(t + shift_grip, now))[2]] for t in t_frames])
+    if any(k.endswith("wrt_start") or k == "robot0_demo_start_pose" for k in view.lowdim_keys):
+        p0, r0 = ep.vio_pose(0.0)
+        obs["robot0_demo_start_pose"] = np.concatenate([p0, r0])
+    return obs
+
+
+def _execute(ep: _Episode, act: dict[str, np.ndarray], lat: dict[str, float], n_exec: int, timeout: float,
+             hook: Callable[[GripperWorld], None] | None) -> float | None:
+    """Run one predicted chunk (one episode's slice): drop the past actions, execute the next ``n_exec``."""
+    world, now = ep.world, ep.world.time_s
+    times = np.asarray(act["timestamp"], float)
+    keep = np.flatnonzero(times >= now + lat["action_s"] - 1e-9)[:n_exec]
+    if len(keep) == 0:
+        keep = np.array([len(times) - 1])
+    targets = [ep.tcp_target(p, r) for p, r in zip(act["robot0_eef_pos"][keep], act["robot0_eef_rot_axis_angle"][keep])]
+    tt = np.concatenate([[now], times[keep]])
+    tp = np.stack([world.gripper.pos] + [p for p, _ in targets])
+    tr = np.stack([world.gripper.rotvec] + [r for _, r in targets])
+    to = np.concatenate([[world.gripper.opening], act["robot0_gripper_width"][keep, 0]])
+    return _run_targets(ep, tt, tp, tr, to, max(tt[-1], now + 1.0 / CONTROL_HZ), timeout, hook)
+
+
 def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecordingSpec = SimRecordingSpec(),
                    action_latency_s: float = 0.0, n_action_steps: int | None = None,
                    video: Callable[[int, GripperWorld], None] | None = None, video_episodes: int = 0,
-                   rng_seed: int = 0) -> list[RolloutRecord]:
-    """Closed-loop rollouts of ``policy`` (a :class:`~dpflow_core.inference.Policy` or anything with its
-    ``predict_action``, ``n_obs_steps``, ``horizon``, ``action_dt_s``, ``frequency_hz``, ``spec`` and
-    ``cfg``) on the initial states of ``seeds`` (module docstring). ``recording``: the camera the
-    policy's dataset was recorded with (rate, size). ``video(episode_index, world)`` is called after
-    every controller step of the first ``video_episodes`` episodes (to film them).
+                   rng_seed: int = 0, batch: int = 16) -> list[RolloutRecord]:
+    """Closed-loop rollouts of ``policy`` (a :class:`~dpflow_core.inference.Policy`, a
+    :class:`~dpflow_core.serving.client.RemotePolicy`, or anything :class:`PolicyView` can read) on the
+    initial states of ``seeds`` (module docstring). ``recording``: the camera the policy's dataset was
+    recorded with (rate, size). ``video(episode_index, world)`` is called after every controller step of
+    the first ``video_episodes`` episodes (to film them).
+
+    Up to ``batch`` episodes run in lockstep (they decide at the same simulated times), and their
+    observations go to one batched ``predict_action`` call: each episode still sees only its own world.
+    A served policy gets one request per episode and decision, with one noise seed each.
     """
     import torch
 
     view = PolicyView.of(policy)
-    rgb_keys = list(view.rgb_keys)
     lat = view.latency | {"action_s": float(action_latency_s)}
     n_exec = int(n_action_steps or view.n_action_steps)
-    obs_dt = view.obs_dt_s
     tick = 1.0 / recording.fps
-    hw = view.image_hw
-    world = new_world(task, recording.width, recording.height)
+    timeout = TIMEOUT_S[task]
+    size = 1 if view.remote else max(1, int(batch))
+    worlds = [new_world(task, recording.width, recording.height) for _ in range(min(size, len(seeds)))]
     rng = np.random.default_rng(int(rng_seed))
-    out = []
-    for index, seed in enumerate(seeds):
-        ep = _Episode(world, task, seed)
-        timeout = TIMEOUT_S[task]
-        frames: dict[int, np.ndarray] = {}
-        decisions, t_ok, spent = 0, None, 0.0
-        while world.time_s < timeout - 1e-9 and t_ok is None:
-            now = world.time_s
-            newest = math.floor((now - lat["camera_obs_s"]) / tick + 1e-9)
-            ticks = [max(0, newest - round(k * obs_dt / tick)) for k in range(view.n_obs_steps - 1, -1, -1)]
-            t_frames = np.array([j * tick for j in ticks])
-            obs: dict[str, Any] = {"timestamp": t_frames}
-            live = (world.gripper.pos.copy(), world.gripper.rotvec.copy(), world.gripper.opening,
-                    [(b.pos.copy(), b.yaw, b.held, b.grasp_in_tcp) for b in world.blocks])
-            if rgb_keys:
-                for j in ticks:
-                    if j not in frames:
-                        g_pos, g_rv, g_op, b_pos, b_yaw = ep.state_at(j * tick)
-                        set_state(world, g_pos, Rotation.from_rotvec(g_rv), g_op, b_pos, b_yaw)
-                        frames[j] = cv2.resize(world.render(), (hw[1], hw[0]), interpolation=cv2.INTER_AREA)
-                obs[rgb_keys[0]] = np.stack([frames[j] for j in ticks])
-                world.gripper.pos, world.gripper.rotvec, world.gripper.opening = live[0], live[1], live[2]
-                for b, (p, y, h, g) in zip(world.blocks, live[3]):
-                    b.pos, b.yaw, b.held, b.grasp_in_tcp = p, y, h, g
-            shift_pose = lat["camera_obs_s"] - lat["robot_obs_s"]
-            shift_grip = lat["camera_obs_s"] - lat["gripper_obs_s"]
-            poses = [ep.vio_pose(min(t + shift_pose, now)) for t in t_frames]
-            obs["robot0_eef_pos"] = np.stack([p for p, _ in poses])
-            obs["robot0_eef_rot_axis_angle"] = np.stack([r for _, r in poses])
-            obs["robot0_gripper_width"] = np.array([[ep.state_at(min(t + shift_grip, now))[2]] for t in t_frames])
-            if any(k.endswith("wrt_start") or k == "robot0_demo_start_pose" for k in view.lowdim_keys):
-                p0, r0 = ep.vio_pose(0.0)
-                obs["robot0_demo_start_pose"] = np.concatenate([p0, r0])
+    out: list[RolloutRecord] = []
+    for first in range(0, len(seeds), size):
+        group = list(enumerate(seeds))[first:first + size]
+        eps = [_Episode(worlds[k], task, seed) for k, (_, seed) in enumerate(group)]
+        frames: list[dict[int, np.ndarray]] = [{} for _ in group]
+        t_ok: list[float | None] = [None] * len(group)
+        decisions, spent = [0] * len(group), [0.0] * len(group)
+        active = [k for k in range(len(group)) if eps[k].world.time_s < timeout - 1e-9]
+        while active:
+            obs = [_observe(eps[k], view, lat, tick, frames[k]) for k in active]
             started = time.perf_counter()
-            # one noise seed per decision: in process and through `dpflow serve` the same seed gives the same chunk
-            noise = int(rng.integers(0, 2**31 - 1))
-            if view.remote:
-                act = policy.predict_action(obs, frame="dataset", noise_seed=noise)
+            if view.remote:  # one noise seed per request: the same seed in process gives the same chunk
+                acts = [policy.predict_action(o, frame="dataset", noise_seed=int(rng.integers(0, 2**31 - 1)))
+                        for o in obs]
             else:
-                act = policy.predict_action(obs, generator=torch.Generator().manual_seed(noise), frame="dataset")
-            spent += time.perf_counter() - started
-            decisions += 1
-            times = np.asarray(act["timestamp"], float)
-            keep = np.flatnonzero(times >= now + lat["action_s"] - 1e-9)[:n_exec]
-            if len(keep) == 0:
-                keep = np.array([len(times) - 1])
-            targets = [ep.tcp_target(p, r) for p, r in zip(act["robot0_eef_pos"][keep], act["robot0_eef_rot_axis_angle"][keep])]
-            tt = np.concatenate([[now], times[keep]])
-            tp = np.stack([world.gripper.pos] + [p for p, _ in targets])
-            tr = np.stack([world.gripper.rotvec] + [r for _, r in targets])
-            to = np.concatenate([[world.gripper.opening], act["robot0_gripper_width"][keep, 0]])
-            hook = (lambda w, i=index: video(i, w)) if video is not None and index < video_episodes else None
-            t_ok = _run_targets(ep, tt, tp, tr, to, max(tt[-1], now + 1.0 / CONTROL_HZ), timeout, hook)
-        out.append(_record(seed, ep, t_ok, decisions, lat, round(spent / max(1, decisions), 5)))
-    world.close()
+                batched = {key: np.stack([o[key] for o in obs]) for key in obs[0]}
+                gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31 - 1)))
+                out_b = policy.predict_action(batched, generator=gen, frame="dataset")
+                acts = [{key: v[i] for key, v in out_b.items()} for i in range(len(obs))]
+            took = (time.perf_counter() - started) / len(active)
+            for k, act in zip(active, acts):
+                index = group[k][0]
+                spent[k] += took
+                decisions[k] += 1
+                hook = (lambda w, i=index: video(i, w)) if video is not None and index < video_episodes else None
+                t_ok[k] = _execute(eps[k], act, lat, n_exec, timeout, hook)
+            active = [k for k in active if t_ok[k] is None and eps[k].world.time_s < timeout - 1e-9]
+        out.extend(_record(seed, eps[k], t_ok[k], decisions[k], lat, round(spent[k] / max(1, decisions[k]), 5))
+                   for k, (_, seed) in enumerate(group))
+    for w in worlds:
+        w.close()
     return out
 
 
