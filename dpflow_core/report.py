@@ -53,6 +53,7 @@ from dpflow_core.errors import DpflowError, InvalidNameError, PairingError, Reco
 from dpflow_core.files import atomic_path, write_text_atomic
 from dpflow_core.names import validate_name
 from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, measure_offsets, task_offsets
+from dpflow_core.pairing.manifest import read_manifest_json
 from dpflow_core.recordings import EpisodeStreams, read_streams
 from dpflow_core.recordings.plausibility import check_gripper, check_pose, frame_motion
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -219,8 +220,12 @@ class ReportResult:
 
 # ---------------------------------------------------------------- manifest
 
-def load_manifest(manifest: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], Path | None]:
-    """Read a pairing manifest (JSON) and return it with the folder it came from.
+def _manifest_data(manifest: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], Path | None]:
+    """A pairing manifest as a dict, with the folder it came from.
+
+    The report reads only ``root``, ``task``, ``rejected`` and each accepted entry's stem and
+    ``files.vio_mcap``, so a hand-made manifest with just those (relative paths allowed) is
+    measured too; the file is read by pairing's one reader (:func:`dpflow_core.pairing.read_manifest_json`).
 
     Args:
         manifest: path of the manifest JSON, or the already-parsed dict.
@@ -229,21 +234,12 @@ def load_manifest(manifest: str | Path | Mapping[str, Any]) -> tuple[dict[str, A
         ``(manifest_dict, manifest_folder_or_None)``.
 
     Raises:
-        PairingError: the file is missing, not JSON, or has no ``accepted`` list.
+        PairingError: the file is missing, not a JSON object, or has no ``accepted`` list.
     """
     if isinstance(manifest, Mapping):
         data, folder = dict(manifest), None
     else:
-        path = Path(manifest)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError as exc:
-            raise PairingError("manifest not found", path, code="missing_manifest") from exc
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise PairingError(f"manifest is not valid JSON: {exc}", path, code="bad_manifest") from exc
-        folder = path.resolve().parent
-        if not isinstance(data, dict):
-            raise PairingError("manifest must be a JSON object", path, code="bad_manifest")
+        data, folder = read_manifest_json(manifest), Path(manifest).resolve().parent
     if not isinstance(data.get("accepted"), list):
         raise PairingError("manifest has no 'accepted' list", None if folder is None else manifest, code="bad_manifest")
     return data, folder
@@ -475,7 +471,7 @@ def episode_quality(
         InvalidNameError: (``unreadable`` None) a stem is not a safe file name.
         OSError: (``unreadable`` None) a recording cannot be read.
     """
-    data, folder = load_manifest(manifest)
+    data, folder = _manifest_data(manifest)
     where = None if folder is None else str(manifest)
     root = Path(data["root"]) if data.get("root") else None
     if root is not None and not root.is_absolute() and folder is not None:
@@ -754,7 +750,7 @@ def write_report(
     html_path, json_path, preview_dir = out_dir / "report.html", out_dir / "quality.json", out_dir / "previews"
     if not overwrite and (html_path.exists() or json_path.exists()):
         raise DpflowError("a report already exists here; pass --overwrite (overwrite=True from Python) to replace it", out_dir, code="output_exists")
-    data, _ = load_manifest(manifest)
+    data, _ = _manifest_data(manifest)
     out_dir.mkdir(parents=True, exist_ok=True)
     unreadable: list[dict] = []
     episodes = episode_quality(data if isinstance(manifest, Mapping) else manifest, preview_dir, topics, unreadable=unreadable)

@@ -29,10 +29,9 @@ def report(
         typer.echo(f"{r['stem']}: not measured: {r['code']}: {r['reason']}")
     typer.echo(f"{len(result.episodes)} episodes, {len(result.outliers)} outliers -> {result.html_path}")
     if not result.episodes:
-        from dpflow_core.pairing import reject_summary
-        from dpflow_core.report import load_manifest
+        from dpflow_core.pairing import read_manifest_json, reject_summary
 
-        rejected = list(load_manifest(manifest)[0].get("rejected") or []) + result.unreadable
+        rejected = list(read_manifest_json(manifest).get("rejected") or []) + result.unreadable
         typer.secho(f"error: no episode to report on in {manifest}; reasons:\n{reject_summary(rejected)}",
                     fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
