@@ -307,7 +307,7 @@ def _rotation_rms(pose_s: np.ndarray, rot_cum: np.ndarray, lo: float, hi: float)
 
 def _usable_poses(pose_ts_ns, quat_xyzw, position_m, pose_ok):
     keep = np.ones(len(pose_ts_ns), bool) if pose_ok is None else np.asarray(pose_ok, bool)
-    t0 = int(pose_ts_ns[0])
+    t0 = int(pose_ts_ns[0]) if len(pose_ts_ns) else 0
     pose_s = (np.asarray(pose_ts_ns, np.int64)[keep] - t0) / 1e9
     return t0, pose_s, np.asarray(quat_xyzw)[keep], None if position_m is None else np.asarray(position_m)[keep]
 
@@ -334,18 +334,18 @@ def camera_offset(frame_ts_ns: np.ndarray, pairs: np.ndarray, features: np.ndarr
         lie inside the pose track, the camera barely rotates, or the peak is weak or flat.
     """
     opts = options
-    if len(pose_ts_ns) < 3 or not len(pairs):
-        return OffsetEstimate("camera", "not_measurable", reason="no frame pair or pose track to compare")
     t0, pose_s, quat, pos = _usable_poses(pose_ts_ns, quat_xyzw, position_m, pose_ok)
+    if len(pose_s) < 3 or not len(pairs):
+        return OffsetEstimate("camera", "not_measurable", reason=f"{len(pairs)} frame pairs, {len(pose_s)} usable poses")
     ts = (np.asarray(frame_ts_ns, np.int64) - t0) / 1e9
     a, b = ts[pairs[:, 0]], ts[pairs[:, 1]]
     period = float(np.median(b - a))
-    pose_step = float(np.median(np.diff(pose_s))) if len(pose_s) > 1 else 0.0
+    pose_step = float(np.median(np.diff(pose_s)))
     ok = (np.isfinite(features).all(axis=1) & (b - a > 0) & (b - a <= 1.5 * period)
           & _spans_clear(a - opts.search_s, b + opts.search_s, pose_s, 3 * max(pose_step, period)))
     use = np.flatnonzero(ok)
     use = use[_strided(len(use), opts.max_samples)]
-    if len(use) < opts.min_samples or len(pose_s) < 3:
+    if len(use) < opts.min_samples:
         return OffsetEstimate("camera", "not_measurable", samples=int(len(use)),
                               reason=f"{len(use)} frame pairs inside the pose track, fewer than {opts.min_samples}")
     cum = _body_increments(pose_s, quat, pos)
@@ -367,9 +367,9 @@ def imu_offset(imu_ts_ns: np.ndarray, gyro_rps: np.ndarray, pose_ts_ns: np.ndarr
         The estimate; ``not_measurable`` as :func:`camera_offset`.
     """
     opts = options
-    if len(imu_ts_ns) < 3 or len(pose_ts_ns) < 3:
-        return OffsetEstimate("imu", "not_measurable", reason="too few IMU or pose samples")
     t0, pose_s, quat, _ = _usable_poses(pose_ts_ns, quat_xyzw, None, pose_ok)
+    if len(imu_ts_ns) < 3 or len(pose_s) < 3:
+        return OffsetEstimate("imu", "not_measurable", reason=f"{len(imu_ts_ns)} IMU samples, {len(pose_s)} usable poses")
     imu_s = (np.asarray(imu_ts_ns, np.int64) - t0) / 1e9
     order = np.argsort(imu_s, kind="stable")
     imu_s, gyro = imu_s[order], np.asarray(gyro_rps, np.float64)[order]
