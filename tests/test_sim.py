@@ -261,3 +261,39 @@ def test_the_world_says_where_success_is():
     assert success(world, "pick_place")
     block = world.blocks[0]
     assert np.all(np.abs(block.pos[:2] - np.array(state.pad_xy)) <= 0.035) and world.holding is None
+
+
+class _DemonstratorPolicy(_ProbePolicy):
+    """Answers each decision with the scripted demonstrator's own future camera poses and widths (VIO frame)
+    at the chunk's times: what a perfect policy would predict. It knows its episodes' seeds, nothing else."""
+
+    def __init__(self, task, seeds):
+        super().__init__()
+        self.plans = [plan(initial_state(task, s)) for s in seeds]
+        self.episode = -1
+
+    def predict_action(self, obs, generator=None, frame="tcp"):
+        assert len(obs["timestamp"]) == 1  # one episode at a time: a new one starts at time 0
+        self.episode += int(obs["timestamp"][0, -1] == 0)
+        out = {k: [] for k in ("robot0_eef_pos", "robot0_eef_rot_axis_angle", "robot0_gripper_width", "timestamp")}
+        for b in range(1):
+            p = self.plans[self.episode]
+            t = obs["timestamp"][b, -1] + np.arange(self.horizon) * self.action_dt_s
+            idx = np.clip(np.searchsorted(p.t_s, t), 0, len(p.t_s) - 1)
+            cam_pos, cam_rot = camera_poses(p.pos[idx], Rotation.from_rotvec(p.rotvec[idx]))
+            c0, r0 = camera_poses(p.pos[:1], Rotation.from_rotvec(p.rotvec[:1]))
+            inv = np.linalg.inv(vio_origin(c0[0], r0[0]))
+            out["robot0_eef_pos"].append(cam_pos @ inv[:3, :3].T + inv[:3, 3])
+            out["robot0_eef_rot_axis_angle"].append((Rotation.from_matrix(inv[:3, :3]) * cam_rot).as_rotvec())
+            out["robot0_gripper_width"].append(p.opening[idx][:, None])
+            out["timestamp"].append(t)
+        return {k: np.stack(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("task", ["pick_place", "stack"])
+def test_the_demonstrators_own_chunks_through_the_loop_succeed(task):
+    """The action path of a rollout (VIO frame -> world TCP targets, chunk timing, the latency drop, the
+    controller): the demonstrator's future poses fed back as a policy's chunks do the task."""
+    seeds = eval_seeds(6, seed=9)
+    records = rollout_policy(_DemonstratorPolicy(task, seeds), task, seeds, batch=1)
+    assert [r.success for r in records] == [True] * 6, [r.grasp_attempts for r in records]
