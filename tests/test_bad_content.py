@@ -494,7 +494,8 @@ def _shift_topic(src: Path, dst: Path, topic: str, delta_ns: int) -> None:
 def test_formats_md_lists_every_reject_and_warning_code():
     import re
 
-    files = [REPO / "dpflow_core" / f for f in ("pairing.py", "report.py", "recordings/inspection.py",
+    pairing = [f"pairing/{m}.py" for m in ("naming", "status", "checks", "explicit", "pair", "manifest")]
+    files = [REPO / "dpflow_core" / f for f in (*pairing, "report.py", "recordings/inspection.py",
                                                 "recordings/reader.py", "conversion/align.py", "conversion/jobs.py",
                                                 "conversion/convert.py", "conversion/inputs.py", "conversion/gaps.py")]
     codes = set()

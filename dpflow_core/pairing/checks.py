@@ -27,6 +27,7 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
@@ -63,9 +64,58 @@ def check_candidate(
     Raises:
         OSError: a file became unreadable between checks (the caller rejects the stem ``unreadable``).
     """
-    stem = cand.stem
-    root_resolved = root.resolve()
+    reject = _path_reject(cand, root)
+    if reject is None and not cand.explicit:
+        reject = _naming_reject(cand, root, all_stems, topics)
+    if reject is None:
+        reject = _file_reject(cand)
+    if reject is not None:
+        return reject
 
+    vio_json = cand.files["vio_json"]
+    try:
+        vio_json_bytes = vio_json.read_bytes()
+        vio_status = json.loads(vio_json_bytes.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return PairingReject(cand.stem, str(vio_json), "unparseable_status", f"cannot parse {vio_json.name}: {exc}")
+
+    reject = _status_reject(cand, vio_status, task, summary)
+    if reject is not None:
+        return reject
+
+    try:
+        vio_report = inspect_recording(cand.files["vio_mcap"], topics)
+        raw_report = inspect_recording(cand.files["raw_mcap"], topics, required=(topics.camera, topics.gripper), probe_video=False)
+    except RecordingError as exc:
+        return PairingReject(cand.stem, exc.path or "", exc.code, exc.reason)
+    for role, report in (("vio_mcap", vio_report), ("raw_mcap", raw_report)):
+        if report.errors:
+            first = report.errors[0]
+            n_more = len(report.errors) - 1
+            more = f" (and {n_more} more problem{'s' if n_more > 1 else ''})" if n_more else ""
+            return PairingReject(cand.stem, str(cand.files[role]), first.code, first.reason + more)
+
+    validation = vio_report.to_dict()
+    # An explicit manifest maps the files itself, so names inside its status files may differ.
+    validation["status_stems"] = [] if cand.explicit else status_stems(vio_status)
+    raw = raw_report.to_dict()
+    validation["raw_mcap"] = {
+        k: raw[k] for k in ("indexed", "message_counts", "summary_counts", "rates_hz", "log_time_inversions", "warnings")
+    }
+    validation["warnings"] = validation["warnings"] + raw["warnings"]
+    # Each hash comes from the bytes already read for validation (each file is read once); the
+    # raw .mcap is not hashed at all: conversion never reads it (it is validated, sized and listed).
+    digests = {"vio_mcap": vio_report.sha256, "vio_json": hashlib.sha256(vio_json_bytes).hexdigest(), "raw_mcap": None}
+    files = {}
+    for role in ROLES:
+        p = cand.files[role].resolve()
+        files[role] = FileEntry(p, p.stat().st_size, digests[role])
+    return AcceptedEpisode(cand.stem, files, vio_status, validation)
+
+
+def _path_reject(cand: Candidate, root: Path) -> PairingReject | None:
+    """Step 1: a file outside the task folder (``path_escapes_root``)."""
+    stem, root_resolved = cand.stem, root.resolve()
     for role in ROLES:
         p = cand.files.get(role)
         if p is None:
@@ -74,39 +124,48 @@ def check_candidate(
             target = os.path.realpath(p)
             how = f"is a link to {target}" if p.is_symlink() else f"resolves to {target}"
             return PairingReject(stem, str(p), "path_escapes_root", f"{p.name} {how}, outside the root {root}")
+    return None
 
-    if not cand.explicit:
-        any_file = next(iter(cand.files.values()))
-        if ".merge" in stem:
-            return PairingReject(
-                stem, str(any_file), "unsupported_multi_arm",
-                f"{any_file.name} is a Matrix Studio merged (multi-arm) recording; only single-arm recordings are "
-                "converted and an arm is never dropped silently: use each arm's own recordings",
-            )
-        base = retry_base(stem)
-        if base is not None and base in all_stems:
-            return PairingReject(
-                stem, str(any_file), "retry_duplicate",
-                f"{any_file.name} is a retry duplicate of stem {base!r}: exact pairing uses {base}'s files "
-                "(list this stem in an explicit manifest to use it instead)",
-            )
-        missing = [r for r in ROLES if r not in cand.files]
-        if missing == ["vio_mcap", "vio_json"]:
-            raw = cand.files["raw_mcap"]
-            absent = _summary_missing_topics(raw, (topics.camera, topics.gripper))
-            if absent:
-                return PairingReject(
-                    stem, str(raw), "missing_topics",
-                    f"{raw.name}: not a Matrix Studio recording: missing topics {', '.join(absent)}",
-                )
-        if missing:
-            names = [f"{stem}{SUFFIX[r]}" for r in missing]
-            have = ", ".join(sorted(p.name for p in cand.files.values()))
-            return PairingReject(
-                stem, str(root / names[0]), "missing_partner",
-                f"missing partner {' and '.join(names)} for {have}",
-            )
 
+def _naming_reject(cand: Candidate, root: Path, all_stems: set[str], topics: TopicMap) -> PairingReject | None:
+    """Step 2, the folder naming rules: merged, retry, not a Matrix Studio recording, missing partner."""
+    stem = cand.stem
+    any_file = next(iter(cand.files.values()))
+    if ".merge" in stem:
+        return PairingReject(
+            stem, str(any_file), "unsupported_multi_arm",
+            f"{any_file.name} is a Matrix Studio merged (multi-arm) recording; only single-arm recordings are "
+            "converted and an arm is never dropped silently: use each arm's own recordings",
+        )
+    base = retry_base(stem)
+    if base is not None and base in all_stems:
+        return PairingReject(
+            stem, str(any_file), "retry_duplicate",
+            f"{any_file.name} is a retry duplicate of stem {base!r}: exact pairing uses {base}'s files "
+            "(list this stem in an explicit manifest to use it instead)",
+        )
+    missing = [r for r in ROLES if r not in cand.files]
+    if missing == ["vio_mcap", "vio_json"]:
+        raw = cand.files["raw_mcap"]
+        absent = _summary_missing_topics(raw, (topics.camera, topics.gripper))
+        if absent:
+            return PairingReject(
+                stem, str(raw), "missing_topics",
+                f"{raw.name}: not a Matrix Studio recording: missing topics {', '.join(absent)}",
+            )
+    if missing:
+        names = [f"{stem}{SUFFIX[r]}" for r in missing]
+        have = ", ".join(sorted(p.name for p in cand.files.values()))
+        return PairingReject(
+            stem, str(root / names[0]), "missing_partner",
+            f"missing partner {' and '.join(names)} for {have}",
+        )
+    return None
+
+
+def _file_reject(cand: Candidate) -> PairingReject | None:
+    """Step 3: every file a regular file, and none empty."""
+    stem = cand.stem
     for role in ROLES:
         p = cand.files[role]
         if p.exists() and not p.is_file():
@@ -123,14 +182,12 @@ def check_candidate(
         p = cand.files[role]
         if p.stat().st_size == 0:
             return PairingReject(stem, str(p), "empty_file", f"{p.name} is empty (0 bytes)")
+    return None
 
-    vio_json = cand.files["vio_json"]
-    try:
-        vio_json_bytes = vio_json.read_bytes()
-        vio_status = json.loads(vio_json_bytes.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return PairingReject(stem, str(vio_json), "unparseable_status", f"cannot parse {vio_json.name}: {exc}")
 
+def _status_reject(cand: Candidate, vio_status: Any, task: str, summary: TaskSummary | None) -> PairingReject | None:
+    """Step 4: the parsed ``_vio.json`` names this task and says success, as ``vio_result.json`` does."""
+    stem, vio_json = cand.stem, cand.files["vio_json"]
     own_task = None
     if isinstance(vio_status, dict):
         own_task = next((vio_status[k] for k in ("task_name", "task") if isinstance(vio_status.get(k), str)), None)
@@ -162,35 +219,7 @@ def check_candidate(
                 stem, str(summary.path), "status_conflict",
                 f"{vio_json.name} says success but vio_result.json does not list {stem} in success_mcap_files",
             )
-
-    try:
-        vio_report = inspect_recording(cand.files["vio_mcap"], topics)
-        raw_report = inspect_recording(cand.files["raw_mcap"], topics, required=(topics.camera, topics.gripper), probe_video=False)
-    except RecordingError as exc:
-        return PairingReject(stem, exc.path or "", exc.code, exc.reason)
-    for role, report in (("vio_mcap", vio_report), ("raw_mcap", raw_report)):
-        if report.errors:
-            first = report.errors[0]
-            n_more = len(report.errors) - 1
-            more = f" (and {n_more} more problem{'s' if n_more > 1 else ''})" if n_more else ""
-            return PairingReject(stem, str(cand.files[role]), first.code, first.reason + more)
-
-    validation = vio_report.to_dict()
-    # An explicit manifest maps the files itself, so names inside its status files may differ.
-    validation["status_stems"] = [] if cand.explicit else status_stems(vio_status)
-    raw = raw_report.to_dict()
-    validation["raw_mcap"] = {
-        k: raw[k] for k in ("indexed", "message_counts", "summary_counts", "rates_hz", "log_time_inversions", "warnings")
-    }
-    validation["warnings"] = validation["warnings"] + raw["warnings"]
-    # Each hash comes from the bytes already read for validation (each file is read once); the
-    # raw .mcap is not hashed at all: conversion never reads it (it is validated, sized and listed).
-    digests = {"vio_mcap": vio_report.sha256, "vio_json": hashlib.sha256(vio_json_bytes).hexdigest(), "raw_mcap": None}
-    files = {}
-    for role in ROLES:
-        p = cand.files[role].resolve()
-        files[role] = FileEntry(p, p.stat().st_size, digests[role])
-    return AcceptedEpisode(stem, files, vio_status, validation)
+    return None
 
 
 def content_rejects(accepted: list[AcceptedEpisode]) -> tuple[list[AcceptedEpisode], list[PairingReject]]:
