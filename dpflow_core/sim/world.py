@@ -43,12 +43,17 @@ BLOCK_HALF = np.array([0.035, 0.0125, 0.015])
 PAD_HALF = 0.035
 #: Finger opening range (m).
 MIN_OPENING_M, MAX_OPENING_M = 0.0, 0.08
-#: Largest misalignment (rad) between the block's long axis and the gripper's x axis that still holds.
-GRASP_YAW_TOL_RAD = np.radians(15.0)
-#: Largest offset (m) of the TCP from the block centre along the block's long axis / across it.
-GRASP_ALONG_TOL_M, GRASP_ACROSS_TOL_M = 0.022, 0.015
-#: The TCP must be at most this high above the block's centre, and not below the table (m).
-GRASP_HEIGHT_TOL_M = 0.008
+# The grasp tolerances are what the finger opening allows, each with a margin (documented simplification):
+# closing parallel fingers centre a block and square it up as long as both fingers land beside it.
+#: Largest misalignment (rad) between the block's long axis and the gripper's x axis that still holds: at
+#: 30 degrees the block spans 2 * (1.25 cos + 3.5 sin) = 5.7 cm across the fingers' 8 cm, and the closing
+#: fingers turn it square; beyond it a corner lands under a finger.
+GRASP_YAW_TOL_RAD = np.radians(30.0)
+#: Largest offset (m) of the TCP from the block centre along the block's long axis (its half length less a
+#: finger's half width, 3.5 - 0.8 cm, less 2 mm) / across it ((8 - 2.5) / 2 cm less 5 mm for the finger pad).
+GRASP_ALONG_TOL_M, GRASP_ACROSS_TOL_M = 0.025, 0.0225
+#: The TCP (the fingertips) must be at most this high above the block's centre: 5 mm of contact below its top.
+GRASP_HEIGHT_TOL_M = 0.010
 #: The camera's optical centre in the TCP frame (m): behind and above the fingertips.
 CAMERA_IN_TCP = np.array([-0.03, 0.0, 0.13])
 #: The TCP pose in the camera frame (4 x 4), what ``task.tx_cam_tcp`` takes.
@@ -57,6 +62,9 @@ TX_CAM_TCP[:3, 3] = -CAMERA_IN_TCP
 MAX_SPEED_M_S, MAX_ACCEL_M_S2 = 0.35, 2.5
 MAX_ANG_SPEED_RAD_S = 2.5
 FINGER_SPEED_M_S = 0.2
+#: A held block is let go once the fingers are commanded this much wider than it (m): a command a hair
+#: above the block's width (a regression's noise around the encoder's reading while holding) still grips it.
+RELEASE_MARGIN_M = 0.004
 #: Controller rate (Hz): every stream is sampled from the state at this rate.
 CONTROL_HZ = 100.0
 #: Lowest TCP height the controller allows (m): the fingertips do not enter the table.
@@ -286,7 +294,7 @@ class GripperWorld:
         held = self.holding
         width = 2 * BLOCK_HALF[1]
         if held is not None:
-            if step > 0:  # opening: the block is let go and rests on what is below it
+            if target > width + RELEASE_MARGIN_M:  # opened: the block is let go and rests on what is below it
                 held.held, held.grasp_in_tcp = False, None
                 rest = self._rest_height(held)
                 self.last_drop_m = float(held.pos[2] - rest)
