@@ -256,3 +256,28 @@ def test_serve_in_headless_chromium(episode, tmp_path):
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(20)
     assert proc.returncode == 0
+
+
+def test_predict_view_draws_the_checkpoints_chunks_beside_the_recorded_ones(tiny_checkpoint, tmp_path):
+    """`dpflow view --predict`: every predicted anchor's chunk and its recorded chunk, read back, equal what
+    `predict_dataset` gives for the same checkpoint, episode and noise seed (computed here independently)."""
+    from dpflow_core.inference import load_policy, predict_dataset
+    from dpflow_core.replay_buffer import ReplayBuffer
+
+    out = tmp_path / "pred.rrd"
+    proc = subprocess.run([*DPFLOW, "view", "--predict", str(tiny_checkpoint.checkpoint), str(tiny_checkpoint.dataset),
+                           "--episode", "2", "-o", str(out)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    tables = read_rrd(out)
+    expected = predict_dataset(load_policy(tiny_checkpoint.checkpoint), ReplayBuffer(tiny_checkpoint.dataset),
+                               episodes=[2], seed=0)
+    start = int(np.asarray(ReplayBuffer(tiny_checkpoint.dataset).episode_ends)[1])
+    steps, pred = column(tables["/world/predicted_chunk"], "LineStrips3D:strips", "step")
+    _, rec = column(tables["/world/recorded_chunk"], "LineStrips3D:strips", "step")
+    assert np.array_equal(steps, expected.rows[:, 0] - start)
+    for k in (0, len(steps) // 2, len(steps) - 1):
+        np.testing.assert_allclose(np.array(pred[k][0]), expected.predicted[k, :, :3], atol=1e-5)
+        np.testing.assert_allclose(np.array(rec[k][0]), expected.recorded[k, :, :3], atol=1e-6)
+    _, err = column(tables["/prediction/position_error_m"], "Scalars:scalars", "step")
+    truth = np.linalg.norm(expected.predicted[..., :3] - expected.recorded[..., :3], axis=-1).mean(1)
+    np.testing.assert_allclose([c[0] for c in err], truth, rtol=1e-4, atol=1e-6)
