@@ -381,8 +381,9 @@ def convert(
         from dpflow_core.dataset import compute_norm_stats
 
         t_stats = time.perf_counter()
-        # One episode: its start and end pose are constant by construction (not a data fault).
-        constant_ok = ("robot0_demo_start_pose", "robot0_demo_end_pose") if len(ok) == 1 else ()
+        # Start and end poses are constant within an episode, and the start pose is the VIO origin (formats.md
+        # section 1) in every episode whose pose track starts with it: constant by construction, not a fault.
+        constant_ok = ("robot0_demo_start_pose", "robot0_demo_end_pose")
         try:
             stats = compute_norm_stats(partial, sha256=sha256, allow_zero_variance=constant_ok)
         except DatasetError as exc:
