@@ -298,3 +298,19 @@ def test_the_demonstrators_own_chunks_through_the_loop_succeed(task):
     seeds = eval_seeds(6, seed=9)
     records = rollout_policy(_DemonstratorPolicy(task, seeds), task, seeds, batch=1)
     assert [r.success for r in records] == [True] * 6, [r.grasp_attempts for r in records]
+
+
+def test_rollout_refuses_a_task_its_recordings_or_checkpoint_do_not_hold(stack_dataset, tmp_path):
+    from typer.testing import CliRunner
+
+    from dpflow_core.cli import app
+
+    task_dir, _, _ = stack_dataset
+    r = CliRunner().invoke(app, ["rollout", str(tmp_path / "x.ckpt"), "--task", "pick_place", "--recordings",
+                                 str(task_dir), "-o", str(tmp_path / "r")])
+    said = lambda res: " ".join(res.output.replace("│", " ").split())  # noqa: E731 - rich's box, unwrapped
+    assert r.exit_code == 2 and "holds 'stack' demonstrations, not --task 'pick_place'" in said(r)
+    r = CliRunner().invoke(app, ["rollout", str(tmp_path / "x.ckpt"), "--task", "stack", "--recordings",
+                                 str(tmp_path / "nowhere"), "-o", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "no such folder" in said(r)
+    assert not (tmp_path / "r").exists()

@@ -11,6 +11,19 @@ import typer
 from dpflow_core.cli import app
 
 
+def _trained_task(checkpoint: Path) -> str | None:
+    """The task of the dataset a checkpoint was trained on (its sidecar's ``task``), when that is known here."""
+    from dpflow_core.errors import DpflowError
+    from dpflow_core.train.checkpoint import load_checkpoint
+
+    try:
+        dataset = (load_checkpoint(checkpoint, require_complete=False).get("dataset") or {}).get("path")
+        sidecar = Path(dataset).with_suffix(".json") if dataset else None
+        return json.loads(sidecar.read_text()).get("task") if sidecar and sidecar.is_file() else None
+    except (DpflowError, OSError, ValueError):
+        return None  # an unreadable checkpoint is reported by the rollout itself
+
+
 @app.command("rollout")
 def rollout_cmd(
     checkpoint: Optional[Path] = typer.Argument(None, help="A checkpoint trained on a world task (omit with --server)."),
@@ -45,10 +58,17 @@ def rollout_cmd(
     chosen = [] if baselines.strip() == "none" else [b.strip() for b in baselines.split(",") if b.strip()]
     train_seeds = None
     if recordings is not None:
+        if not recordings.is_dir():
+            raise typer.BadParameter(f"{recordings}: no such folder (expected the task folder it was trained on)")
         meta = read_sim_task(recordings)
         if meta is None:
             raise typer.BadParameter(f"{recordings}: no sim_task.json (not recorded in the world)")
+        if meta["task"] != task:
+            raise typer.BadParameter(f"{recordings} holds {meta['task']!r} demonstrations, not --task {task!r}")
         train_seeds = [int(e["seed"]) for e in meta["episodes"]]
+    trained_on = _trained_task(checkpoint) if checkpoint is not None else None
+    if trained_on is not None and trained_on != task:
+        raise typer.BadParameter(f"{checkpoint} was trained on task {trained_on!r} (its dataset's metadata), not --task {task!r}")
     try:
         settings = ClosedLoopSettings(episodes, seed, tuple(chosen), target, margin, video_episodes)
         result = evaluate_closed_loop(policy, task, out, settings, training_seeds=train_seeds, overwrite=overwrite)

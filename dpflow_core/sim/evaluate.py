@@ -200,7 +200,7 @@ def evaluate_closed_loop(
     check_task(task)
     out = Path(out_dir)
     if (out / "closed_loop.json").exists() and not overwrite:
-        raise RunError("closed-loop results exist already (pass overwrite to replace them)", path=out, code="exists")
+        raise RunError("closed-loop results exist already (pass --overwrite to replace them)", path=out, code="exists")
     s = settings
     episodes, baselines, target, margin, video_episodes = s.episodes, s.baselines, s.target, s.margin, s.video_episodes
     seeds = eval_seeds(episodes, s.seed)
