@@ -419,13 +419,13 @@ def run_demo(
         f"DPFLOW_RECORDINGS_ROOT={os.environ['DPFLOW_RECORDINGS_ROOT']} .venv/bin/dg dev  "
         "(then http://127.0.0.1:3000; the same variables let the UI re-materialise this task)"
     )
+    for line in warnings:
+        console.print(f"[yellow]  {line}[/yellow]")
     if not result.success or failures:
         console.print(f"[red]dpflow demo failed[/red] (task {task!r}):")
         for line in failures or ["the run failed without a failed step or check (see the run in the UI)"]:
             console.print(f"  {line}")
         return 1
-    for line in warnings:
-        console.print(f"[yellow]  {line}[/yellow]")
     if warnings:
         console.print(f"[green]dpflow demo: every step and blocking check passed[/green] ({len(warnings)} warning(s) above)")
     else:

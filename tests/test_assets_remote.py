@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
 import pytest
 
 from dpflow_dagster.defs.remote import remote_dataset, remote_dataset_sha256_match
@@ -31,11 +32,12 @@ def dataset(tmp_path) -> dict:
     """A dataset file with its sidecar, and the ``dataset_npz`` contract dict for it."""
     path = tmp_path / "datasets" / "pick_place" / "0123456789ab" / "dataset.npz"
     path.parent.mkdir(parents=True)
-    path.write_bytes(os.urandom(SIZE))
+    # a real archive of random bytes (upload checks the archive's own CRC-32s before it sends anything)
+    np.savez(path, data__x=np.frombuffer(os.urandom(SIZE), dtype=np.uint8))
     sidecar = path.with_suffix(".json")
     sidecar.write_text(json.dumps({"task": "pick_place"}))
     return {
-        "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "size_bytes": SIZE,
+        "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "size_bytes": path.stat().st_size,
         "sidecar_path": str(sidecar), "norm_stats_path": str(path.parent / "norm_stats.json"),
         "frequency_hz": 29.97, "n_episodes": 3, "total_steps": 120, "image_size": [224, 224],
     }
@@ -85,7 +87,7 @@ def test_materialize_upload_and_check_then_catch_corruption(tmp_path, dataset):
     assert result.success
     expected_path = str(data_root / "pick_place" / dataset["sha256"][:16] / "dataset.npz")
     assert result.output_for_node("remote_dataset").to_dict() == {
-        "remote_path": expected_path, "sha256": dataset["sha256"], "size_bytes": SIZE, "host": None,
+        "remote_path": expected_path, "sha256": dataset["sha256"], "size_bytes": dataset["size_bytes"], "host": None,
         "frequency_hz": 29.97, "local_path": dataset["path"], "remote_paths": [expected_path],
     }
     assert Path(expected_path).read_bytes() == Path(dataset["path"]).read_bytes()
@@ -94,7 +96,7 @@ def test_materialize_upload_and_check_then_catch_corruption(tmp_path, dataset):
     [mat] = [m for m in result.get_asset_materialization_events() if m.asset_key == dg.AssetKey("remote_dataset")]
     meta = {k: v.value for k, v in mat.materialization.metadata.items()}
     assert meta["sha256"] == dataset["sha256"] and meta["task"] == "pick_place" and meta["host"] == "local"
-    assert meta["method"] in ("rsync", "copy") and meta["bytes_sent"] == SIZE
+    assert meta["method"] in ("rsync", "copy") and meta["bytes_sent"] == dataset["size_bytes"]
     assert meta["preflight/ok"] is True and meta["preflight/gpu_status"] == "no_gpu"
     assert meta["preflight/nproc"] == len(os.sched_getaffinity(0))
     assert meta["preflight/repo_commit"] and "no_gpu" in meta["preflight/gpus"]
@@ -102,7 +104,7 @@ def test_materialize_upload_and_check_then_catch_corruption(tmp_path, dataset):
     evaluation, check_meta = _check_evaluation(result)
     assert evaluation.passed
     assert check_meta["local_sha256"] == check_meta["remote_sha256"] == dataset["sha256"]
-    assert check_meta["local_size_bytes"] == check_meta["remote_size_bytes"] == SIZE
+    assert check_meta["local_size_bytes"] == check_meta["remote_size_bytes"] == dataset["size_bytes"]
 
     # One byte flipped on the server after the upload: the check (run again, with the
     # downstream asset) fails, quarantines the file and blocks the downstream asset.
@@ -145,7 +147,7 @@ def test_mismatch_at_upload_fails_with_both_hashes(tmp_path, dataset):
     meta = {k: v.value for k, v in info.metadata.items()}
     assert meta["local_sha256"] == dataset["sha256"]
     assert meta["remote_sha256"] == hashlib.sha256(corrupted).hexdigest()
-    assert meta["local_size_bytes"] == meta["remote_size_bytes"] == SIZE
+    assert meta["local_size_bytes"] == meta["remote_size_bytes"] == dataset["size_bytes"]
     assert Path(meta["quarantine_path"]).read_bytes() == bytes(corrupted) and not final.exists()
     assert dataset["sha256"] in info.description
     materialized = {m.asset_key for m in result.get_asset_materialization_events()}
