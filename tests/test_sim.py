@@ -276,19 +276,16 @@ class _DemonstratorPolicy(_ProbePolicy):
     def predict_action(self, obs, generator=None, frame="tcp"):
         assert len(obs["timestamp"]) == 1  # one episode at a time: a new one starts at time 0
         self.episode += int(obs["timestamp"][0, -1] == 0)
-        out = {k: [] for k in ("robot0_eef_pos", "robot0_eef_rot_axis_angle", "robot0_gripper_width", "timestamp")}
-        for b in range(1):
-            p = self.plans[self.episode]
-            t = obs["timestamp"][b, -1] + np.arange(self.horizon) * self.action_dt_s
-            idx = np.clip(np.searchsorted(p.t_s, t), 0, len(p.t_s) - 1)
-            cam_pos, cam_rot = camera_poses(p.pos[idx], Rotation.from_rotvec(p.rotvec[idx]))
-            c0, r0 = camera_poses(p.pos[:1], Rotation.from_rotvec(p.rotvec[:1]))
-            inv = np.linalg.inv(vio_origin(c0[0], r0[0]))
-            out["robot0_eef_pos"].append(cam_pos @ inv[:3, :3].T + inv[:3, 3])
-            out["robot0_eef_rot_axis_angle"].append((Rotation.from_matrix(inv[:3, :3]) * cam_rot).as_rotvec())
-            out["robot0_gripper_width"].append(p.opening[idx][:, None])
-            out["timestamp"].append(t)
-        return {k: np.stack(v) for k, v in out.items()}
+        p = self.plans[self.episode]
+        t = obs["timestamp"][0, -1] + np.arange(self.horizon) * self.action_dt_s
+        idx = np.clip(np.searchsorted(p.t_s, t), 0, len(p.t_s) - 1)
+        cam_pos, cam_rot = camera_poses(p.pos[idx], Rotation.from_rotvec(p.rotvec[idx]))
+        c0, r0 = camera_poses(p.pos[:1], Rotation.from_rotvec(p.rotvec[:1]))
+        inv = np.linalg.inv(vio_origin(c0[0], r0[0]))
+        out = {"robot0_eef_pos": cam_pos @ inv[:3, :3].T + inv[:3, 3],
+               "robot0_eef_rot_axis_angle": (Rotation.from_matrix(inv[:3, :3]) * cam_rot).as_rotvec(),
+               "robot0_gripper_width": p.opening[idx][:, None], "timestamp": t}
+        return {k: v[None] for k, v in out.items()}
 
 
 @pytest.mark.parametrize("task", ["pick_place", "stack"])
