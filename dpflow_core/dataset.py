@@ -331,3 +331,16 @@ def recorded_sha256(dataset_path: str | Path) -> str | None:
     if not sidecar.exists():
         return None
     return read_recorded_sha256(sidecar)
+
+
+def origin_start_keys(npz_path: str | Path) -> tuple[str, ...]:
+    """``("robot0_demo_start_pose",)`` when every constant dimension of the buffer's start pose is 0: the VIO
+    origin (formats.md section 1), where every episode's track starts, so constant by construction; ``()``
+    otherwise (a start pose constant at another value, such as the same take twice, is a fault)."""
+    key = "robot0_demo_start_pose"
+    buffer = ReplayBuffer(Path(npz_path))
+    if key not in buffer:
+        return ()
+    v = np.asarray(buffer[key], dtype=np.float64).reshape(buffer.n_steps, -1)
+    flat = v.min(axis=0) == v.max(axis=0)
+    return (key,) if flat.any() and bool(np.all(np.abs(v[0, flat]) < 1e-12)) else ()

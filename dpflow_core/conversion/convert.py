@@ -378,12 +378,12 @@ def convert(
         shutil.rmtree(work, ignore_errors=True)
         timings["write"] = round(time.perf_counter() - t_write, 3)
 
-        from dpflow_core.dataset import compute_norm_stats
+        from dpflow_core.dataset import compute_norm_stats, origin_start_keys
 
         t_stats = time.perf_counter()
-        # Start and end poses are constant within an episode, and the start pose is the VIO origin (formats.md
-        # section 1) in every episode whose pose track starts with it: constant by construction, not a fault.
-        constant_ok = ("robot0_demo_start_pose", "robot0_demo_end_pose")
+        # One episode: start and end pose constant by construction; a start pose at the VIO origin in every
+        # episode too (origin_start_keys); a start pose constant elsewhere (one take twice) still fails.
+        constant_ok = ("robot0_demo_start_pose", "robot0_demo_end_pose") if len(ok) == 1 else origin_start_keys(partial)
         try:
             stats = compute_norm_stats(partial, sha256=sha256, allow_zero_variance=constant_ok)
         except DatasetError as exc:
