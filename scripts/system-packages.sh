@@ -20,6 +20,8 @@ PACKAGES=(
   "slurm-wlm|test -x /usr/sbin/slurmctld && test -x /usr/sbin/slurmd && command -v sbatch"
   "munge|test -x /usr/sbin/munged"
   "iproute2|command -v ip"
+  "libegl1|ls /usr/lib/*/libEGL.so.1"
+  "libgl1-mesa-dri|ls /usr/lib/*/dri/swrast_dri.so"
 )
 [ $# -eq 0 ] || PACKAGES=("$@")
 
