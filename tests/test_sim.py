@@ -111,12 +111,12 @@ def test_rollout_seeds_never_meet_training_seeds(tmp_path):
         record_task(tmp_path / "b", "stack", 2, seed=1000)
 
 
-def test_wilson_interval_matches_scipy():
-    from scipy.stats import binomtest
-
-    for k, n in ((160, 200), (8, 10), (0, 50), (50, 50), (37, 51)):
-        ci = binomtest(k, n).proportion_ci(method="wilson")
-        assert wilson_interval(k, n) == pytest.approx((ci.low, ci.high), abs=1e-8)
+def test_wilson_interval_gives_the_score_interval():
+    # (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z = 1.96, worked by hand
+    assert wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert wilson_interval(160, 200) == pytest.approx((0.7391, 0.8495), abs=1e-4)
+    assert wilson_interval(0, 50) == pytest.approx((0.0, 0.0713), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
 @pytest.fixture(scope="module")

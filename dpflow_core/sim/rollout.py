@@ -54,14 +54,15 @@ from dpflow_core.sim.world import CONTROL_HZ, TX_CAM_TCP, GripperWorld, mat_to_r
 BASELINES = ("oracle", "replay", "hold")
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval (default 95 %) of a success rate ``successes / n``; ``(0, 1)`` when ``n == 0``."""
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a success rate ``successes / n`` (scipy's ``binomtest``); ``(0, 1)`` when
+    ``n == 0``."""
     if n <= 0:
         return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 @dataclass(frozen=True)

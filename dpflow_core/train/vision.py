@@ -37,6 +37,20 @@ def _norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(max(1, channels // 16), channels)
 
 
+def init_weights(module: nn.Module, pretrained_path: str | None) -> None:
+    """Kaiming (fan-out, ReLU) initialisation of every convolution, then a strict load of ``pretrained_path``
+    (the module's own parameter names) when given.
+
+    Raises:
+        WeightsError: ``pretrained_path`` missing or not matching ``module``.
+    """
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+    if pretrained_path is not None:
+        load_weights_by_name(module, read_state_dict(pretrained_path), pretrained_path)
+
+
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions with a residual connection (projected when shape changes)."""
 
@@ -106,11 +120,7 @@ class ResNet18GN(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.proj = nn.Identity() if feature_dim is None else nn.Linear(in_ch, int(feature_dim))
         self.feature_dim = in_ch if feature_dim is None else int(feature_dim)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-        if pretrained_path is not None:
-            load_weights_by_name(self, read_state_dict(pretrained_path), pretrained_path)
+        init_weights(self, pretrained_path)
 
     def forward(self, x):
         x = self.stages(self.stem(x))
@@ -155,11 +165,7 @@ class KeypointEncoder(nn.Module):
         self.heatmaps = nn.Conv2d(2 * c, int(keypoints), 1)
         self.proj = nn.Linear(2 * int(keypoints), int(feature_dim))
         self.feature_dim = int(feature_dim)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-        if pretrained_path is not None:
-            load_weights_by_name(self, read_state_dict(pretrained_path), pretrained_path)
+        init_weights(self, pretrained_path)
 
     def forward(self, x):
         maps = self.heatmaps(self.features(x))  # (N, K, h, w)
