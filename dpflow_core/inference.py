@@ -128,7 +128,14 @@ class Policy:
             self.horizon, int(self.network.n_action_steps), self.action_dt_s, self.camera_obs_latency_s + float(command_latency_s)
         )
 
-    def _check_obs(self, obs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], bool]:
+    def check_obs(self, obs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], bool]:
+        """``({key: (B, To, ...) array}, whether obs was batched)`` of an observation
+        :meth:`predict_action` accepts (one robot gets B = 1); the server checks each request
+        with it before stacking requests into one batch.
+
+        Raises:
+            ValueError: as :meth:`predict_action`.
+        """
         spec = self.spec
         needed = list(spec.rgb_keys) + [POS_KEY, ROT_KEY]
         needed += [k for k in spec.lowdim_keys if k not in needed and k != ROT_WRT_START_KEY]
@@ -180,7 +187,8 @@ class Policy:
                 ``robot0_gripper_width`` ``(To, 1)`` m; ``robot0_demo_start_pose``
                 ``(6,)`` when the policy observes the rotation w.r.t. the episode
                 start; optionally ``timestamp`` ``(To,)`` s, the camera frames' times.
-            generator: optional ``torch.Generator`` for the initial noise.
+            generator: optional ``torch.Generator`` for the initial noise; for a batch, also
+                B of them (or None), each giving its observation the noise it gives it alone.
             frame: ``"tcp"`` (default): TCP poses (``pose @ tx_cam_tcp``), what a
                 robot controller targets; ``"dataset"``: camera poses, comparable
                 with the recordings.
@@ -195,7 +203,7 @@ class Policy:
         Raises:
             ValueError: a key missing, a wrong step count, dtype or shape, non-finite values.
         """
-        arrays, batched = self._check_obs(obs)
+        arrays, batched = self.check_obs(obs)
         net, base = self._run(arrays, generator)
         action = D.decode_action(net, base, self.spec, frame=frame)
         t0 = np.zeros(len(action))

@@ -110,6 +110,7 @@ def run(name, seed_offset):
         a = c.infer(obs(j % len(seeds)) | {"noise_seed": 100 * seed_offset + j})
         arrays[f"{name}{j}_action"] = a["action"]
         stamps.append(time.monotonic())
+        result.setdefault("batch_sizes", []).append(a["server_timing"]["batch_size"])
     times[name] = stamps
 threads = [threading.Thread(target=run, args=(n, k)) for k, n in enumerate(("A", "B"), start=1)]
 [t.start() for t in threads]
@@ -133,7 +134,9 @@ def served(tiny_checkpoint, tmp_path_factory):
     with open(log, "w") as err:
         command = shlex.split(serve_command(tiny_checkpoint.checkpoint, ServeSettings(port=0)))  # as Dagster shows it
         assert command[:2] == ["dpflow", "serve"]
-        proc = subprocess.Popen([str(VENV_BIN / "dpflow"), *command[1:]], stdout=subprocess.PIPE, stderr=err, text=True)
+        # a window long enough that the two concurrent clients' requests meet in one batch on a loaded machine
+        proc = subprocess.Popen([str(VENV_BIN / "dpflow"), *command[1:], "--batch-window-s", "0.05"],
+                                stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("serving "), f"dpflow serve did not start: {line!r}\n{log.read_text()}"
@@ -209,8 +212,9 @@ def test_openpi_client_gets_the_in_process_actions(openpi_session, policy):
         # action k is for the newest frame's time + k / 10 Hz
         np.testing.assert_allclose(arrays[f"aligned{i}_timestamp"], obs[i]["timestamp"][-1] + np.arange(8) * 0.1)
         timing = result[f"timing{i}"]
-        assert set(timing) == {"decode_ms", "preprocess_ms", "queue_ms", "inference_ms", "postprocess_ms", "total_ms"}
-        assert 0 < timing["inference_ms"] < timing["total_ms"]
+        assert set(timing) == {"decode_ms", "preprocess_ms", "queue_ms", "inference_ms", "postprocess_ms", "total_ms",
+                               "batch_size"}
+        assert 0 < timing["inference_ms"] < timing["total_ms"] and timing["batch_size"] == 1
     # streams stamped on the dataset grid align to exactly the same observation (no latency in this config)
     np.testing.assert_allclose(arrays["streams0_action"], arrays["aligned0_action"], atol=1e-12, rtol=0)
     np.testing.assert_array_equal(arrays["streams0_timestamp"], arrays["aligned0_timestamp"])
@@ -234,14 +238,30 @@ def test_bad_requests_get_an_error_and_the_server_keeps_serving(openpi_session, 
     assert served[0].poll() is None, "the server died"
 
 
-def test_two_clients_at_once_are_both_served(openpi_session, policy):
+def test_two_clients_at_once_are_batched_and_each_gets_its_own_answer(openpi_session, policy):
+    """Requests of two clients stacked into one predict_action call each get what they get alone."""
     result, arrays, obs = openpi_session
+    assert 2 in result["batch_sizes"], result["batch_sizes"]
     for k, name in enumerate(("A", "B"), start=1):
         for j in range(6):
             want = in_process(policy, obs[j % len(SEEDS)], 100 * k + j)["action"]
             np.testing.assert_allclose(arrays[f"{name}{j}_action"], want, atol=1e-6, rtol=0)
     a, b = result["times"]["A"], result["times"]["B"]
     assert a[0] < b[-1] and b[0] < a[-1], "one client was served only after the other had finished"
+
+
+def test_a_batch_with_a_generator_per_observation_equals_each_alone(policy, tiny_checkpoint):
+    obs = observations(tiny_checkpoint.dataset, policy)
+    stacked = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
+    got = policy.predict_action(stacked, generator=[torch.Generator().manual_seed(s) for s in SEEDS], frame="dataset")
+    for i, seed in enumerate(SEEDS):
+        want = policy.predict_action(obs[i], generator=torch.Generator().manual_seed(seed), frame="dataset")
+        for key in want:
+            np.testing.assert_allclose(got[key][i], want[key], atol=1e-6, rtol=0)
+    one = policy.predict_action(stacked, generator=torch.Generator().manual_seed(0))["action"]
+    assert not np.allclose(one[1], got["action"][1]), "one generator for the batch gave the per-observation noise"
+    with pytest.raises(ValueError, match="2 generators for a batch of 3"):
+        policy.predict_action(stacked, generator=[torch.Generator(), torch.Generator()])
 
 
 def test_remote_policy_matches_the_in_process_policy(served, policy, tiny_checkpoint):
@@ -392,6 +412,10 @@ def test_settings_bind_loopback_by_default_and_refuse_bad_values():
         ServeSettings(port=70000)
     with pytest.raises(ValueError, match="max_age_s must be a positive"):
         ServeSettings(max_age_s=0)
+    with pytest.raises(ValueError, match="batch_window_s must be a non-negative"):
+        ServeSettings(batch_window_s=-0.01)
+    with pytest.raises(ValueError, match="max_batch must be >= 1"):
+        ServeSettings(max_batch=0)
 
 
 def test_a_rollout_through_the_server_is_the_rollout_in_process(served, policy):

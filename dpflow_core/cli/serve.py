@@ -22,12 +22,16 @@ def serve_cmd(
     threads: int = typer.Option(_DEFAULT.threads, "--threads", help="torch intra-op threads for CPU inference."),
     max_age_s: float = typer.Option(
         _DEFAULT.max_age_s, "--max-age-s", help="Refuse observations whose newest frame is older than this at the request's now_s."),
+    batch_window_s: float = typer.Option(
+        _DEFAULT.batch_window_s, "--batch-window-s", help="With several clients connected: how long a batch waits for their requests."),
+    max_batch: int = typer.Option(_DEFAULT.max_batch, "--max-batch", help="Most requests stacked into one inference."),
 ) -> None:
     """Serve CHECKPOINT to robots: metadata on connect, an action chunk with target times per observation."""
     from dpflow_core.serving.server import serve
 
     try:
-        settings = ServeSettings(host=host, port=port, device=device, max_age_s=max_age_s, threads=threads)
+        settings = ServeSettings(host=host, port=port, device=device, max_age_s=max_age_s, threads=threads,
+                                 batch_window_s=batch_window_s, max_batch=max_batch)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

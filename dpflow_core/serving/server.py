@@ -21,10 +21,16 @@ gripper widths, ``action`` and ``timestamp``, the actions' target times) plus
 adds the network time as the round trip less ``total``).
 
 Concurrency: the event loop only reads, decodes and sends; alignment runs in the
-default thread pool, and every inference runs on one worker thread, first come
-first served. A client waits at most for the inferences queued before its own; the
-others' network and decoding never block it (openpi's own server runs inference on
-its event loop, so a second client waits for the first, openpi #717).
+default thread pool, and inference on one worker thread, in batches. Requests that
+arrive while an inference runs wait for it and then go into the next batch together:
+single-observation requests with the same keys, shapes and frame are stacked into one
+``predict_action`` call (each keeps its own noise seed, so each answer is what it would
+be alone) and answered one by one, each with its own timing split and ``batch_size``.
+When more clients are connected than requests are waiting, the server waits up to
+``batch_window_s`` for the others before it starts (a lone client never waits). A
+client therefore waits for at most one inference ahead of its own; the others' network
+and decoding never block it (openpi's own server runs inference on its event loop, so a
+second client waits for the first, openpi #717).
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +112,39 @@ def policy_metadata(policy, checkpoint_sha256: str, image_shapes: Mapping[str, A
     }
 
 
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request that passed every check, ready for inference.
+
+    Attributes:
+        obs: the aligned observation ``predict_action`` takes (``(To, ...)`` per key, or ``(B, To, ...)``).
+        arrays: :meth:`~dpflow_core.inference.Policy.check_obs`'s ``(B, To, ...)`` arrays of it.
+        batched: whether the client sent a batch itself (then it is inferred on its own).
+        frame: ``"tcp"`` or ``"dataset"``.
+        noise_seed: the request's noise seed, or None (torch's global generator).
+    """
+
+    obs: dict[str, np.ndarray]
+    arrays: dict[str, np.ndarray]
+    batched: bool
+    frame: str
+    noise_seed: int | None
+
+    def stack_key(self) -> tuple | None:
+        """Requests with equal keys stack into one batch; None: never stacked."""
+        if self.batched:
+            return None
+        shapes = tuple((k, a.shape, a.dtype.str) for k, a in sorted(self.arrays.items()))
+        return self.frame, "timestamp" in self.obs, shapes
+
+
+@dataclass
+class _Waiting:
+    request: CheckedRequest
+    answer: asyncio.Future
+    timing: dict[str, float] = field(default_factory=dict)
+
+
 class PolicyServer:
     """Serves one :class:`~dpflow_core.inference.Policy` over the protocol (see the module docstring).
 
@@ -113,34 +154,49 @@ class PolicyServer:
         image_shapes: per image key ``(H, W, 3)`` trained on.
         max_age_s: oldest anchor frame accepted, seconds before ``now_s``.
         clock: the server's time in seconds (``time.time``) for stream requests without ``now_s``.
+        batch_window_s: how long a batch waits for the other connected clients' requests.
+        max_batch: most requests in one batch.
     """
 
     def __init__(self, policy, metadata: Mapping[str, Any], image_shapes: Mapping[str, Any],
-                 max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.time):
+                 max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.time,
+                 batch_window_s: float = ServeSettings.batch_window_s, max_batch: int = ServeSettings.max_batch):
         self.policy = policy
         self.metadata = dict(metadata)
         self.image_shapes = {k: tuple(int(n) for n in v) for k, v in image_shapes.items()}
         self.max_age_s = float(max_age_s)
         self.clock = clock
+        self.batch_window_s = float(batch_window_s)
+        self.max_batch = int(max_batch)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpflow-inference")
+        self._waiting: deque[_Waiting] = deque()
+        self._arrived = asyncio.Event()
+        self._clients = 0
         self._requests = 0
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ request handling
-    def preprocess(self, request: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """``(obs for predict_action, options)`` of a decoded request.
+    def preprocess(self, request: Any) -> CheckedRequest:
+        """The :class:`CheckedRequest` of a decoded request (streams aligned, every array checked).
 
         Raises:
             ObservationError: malformed; StaleObservationError: too old for its ``now_s``.
         """
         if not isinstance(request, Mapping):
             raise ObservationError(f"a request must be a map of observation keys, got {type(request).__name__}")
-        opts = {"frame": request.get("frame", "tcp"), "noise_seed": request.get("noise_seed")}
-        if opts["frame"] not in ("tcp", "dataset"):
-            raise ObservationError(f"frame must be 'tcp' or 'dataset', got {opts['frame']!r}")
-        seed = opts["noise_seed"]
+        frame, seed = request.get("frame", "tcp"), request.get("noise_seed")
+        if frame not in ("tcp", "dataset"):
+            raise ObservationError(f"frame must be 'tcp' or 'dataset', got {frame!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ObservationError(f"noise_seed must be a non-negative integer, got {seed!r}")
+        obs = self._observation(request)
+        try:
+            arrays, batched = self.policy.check_obs(obs)
+        except ValueError as exc:  # predict_action's shape, dtype and key checks
+            raise ObservationError(str(exc)) from exc
+        return CheckedRequest(obs, arrays, batched, frame, None if seed is None else int(seed))
+
+    def _observation(self, request: Mapping[str, Any]) -> dict[str, np.ndarray]:
         now = request.get("now_s")
         if now is not None and (not isinstance(now, (int, float, np.number)) or not math.isfinite(float(now))):
             raise ObservationError(f"now_s must be a finite number of seconds, got {now!r}")
@@ -154,7 +210,7 @@ class PolicyServer:
                     f"arrays {sorted(k for k, s in kinds.items() if not s)}"
                 )
             when = self.clock() if now is None else float(now)
-            return align_observation(request, self.policy, when, self.max_age_s, self.image_shapes), opts
+            return align_observation(request, self.policy, when, self.max_age_s, self.image_shapes)
         obs = {k: request[k] for k in [*rgb_keys, *lowdim_keys, START_POSE_KEY, "timestamp"] if k in request}
         for key in rgb_keys:
             a = obs.get(key)
@@ -172,21 +228,73 @@ class PolicyServer:
                     f"the newest frame was captured at {anchor:.6f} s, {float(now) - anchor:.3f} s before now_s: "
                     f"older than the {self.max_age_s:g} s accepted"
                 )
-        return obs, opts
+        return obs
 
-    def infer(self, obs: Mapping[str, np.ndarray], opts: Mapping[str, Any]) -> dict[str, Any]:
-        """``predict_action`` on the worker thread, with the request's noise seed."""
+    def infer(self, requests: Sequence[CheckedRequest]) -> list[dict[str, Any]]:
+        """One ``predict_action`` call for ``requests`` of one :meth:`~CheckedRequest.stack_key`; answers in order.
+
+        Several requests are stacked along a batch dimension, each with its own noise
+        generator (:meth:`~dpflow_core.inference.Policy.predict_action`), so each answer
+        equals the request's own in-process ``predict_action`` to float precision.
+        """
         import torch
 
-        generator = None
-        if opts.get("noise_seed") is not None:
-            device = next(self.policy.network.parameters()).device
-            generator = torch.Generator(device=device).manual_seed(int(opts["noise_seed"]))
+        device = next(self.policy.network.parameters()).device
+        generators = [None if r.noise_seed is None else torch.Generator(device=device).manual_seed(r.noise_seed)
+                      for r in requests]
+        if len(requests) == 1:
+            obs, generator = requests[0].obs, generators[0]
+        else:
+            obs = {k: np.concatenate([r.arrays[k] for r in requests]) for k in requests[0].arrays}
+            if "timestamp" in requests[0].obs:
+                obs["timestamp"] = np.stack([np.asarray(r.obs["timestamp"], dtype=np.float64) for r in requests])
+            generator = generators
         try:
             with torch.no_grad():
-                return self.policy.predict_action(obs, generator=generator, frame=opts["frame"])
-        except ValueError as exc:  # predict_action's shape, dtype and key checks
+                out = self.policy.predict_action(obs, generator=generator, frame=requests[0].frame)
+        except ValueError as exc:
             raise ObservationError(str(exc)) from exc
+        if len(requests) == 1:
+            return [out]
+        return [{k: v[i] for k, v in out.items()} for i in range(len(requests))]
+
+    def _timed_infer(self, requests: Sequence[CheckedRequest]) -> tuple[list[dict[str, Any]], float, float]:
+        start = time.perf_counter()
+        answers = self.infer(requests)
+        return answers, start, time.perf_counter()
+
+    async def _serve_batches(self) -> None:
+        """Forever: collect the waiting requests into a batch, infer it group by group, hand out the answers."""
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._waiting:
+                self._arrived.clear()
+                await self._arrived.wait()
+            deadline = loop.time() + self.batch_window_s
+            while len(self._waiting) < min(self._clients, self.max_batch) and deadline > loop.time():
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
+                except TimeoutError:
+                    break
+            batch = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch))]
+            groups: dict[Any, list[_Waiting]] = {}
+            for i, w in enumerate(batch):
+                if not w.answer.done():  # its client left
+                    groups.setdefault(w.request.stack_key() or ("alone", i), []).append(w)
+            for group in groups.values():
+                try:
+                    answers, start, end = await loop.run_in_executor(
+                        self._worker, self._timed_infer, [w.request for w in group])
+                except Exception as exc:  # handed to each request's handler, which answers it on its socket
+                    for w in group:
+                        if not w.answer.done():
+                            w.answer.set_exception(exc)
+                    continue
+                for w, answer in zip(group, answers):
+                    w.timing |= {"start": start, "end": end, "batch_size": len(group)}
+                    if not w.answer.done():
+                        w.answer.set_result(answer)
 
     async def handle(self, websocket) -> None:
         """One connection: metadata, then request -> answer until the client leaves."""
@@ -195,6 +303,7 @@ class PolicyServer:
         peer = websocket.remote_address
         log.info("client %s connected", peer)
         loop = asyncio.get_running_loop()
+        self._clients += 1
         try:
             await websocket.send(pack(self.metadata))
             async for message in websocket:
@@ -202,17 +311,21 @@ class PolicyServer:
                 try:
                     request = unpack(message)
                     t1 = time.perf_counter()
-                    obs, opts = await asyncio.to_thread(self.preprocess, request)
+                    checked = await asyncio.to_thread(self.preprocess, request)
                     t2 = time.perf_counter()
-                    timing: dict[str, float] = {}
-                    answer = await loop.run_in_executor(self._worker, self._timed_infer, obs, opts, timing)
+                    waiting = _Waiting(checked, loop.create_future())
+                    self._waiting.append(waiting)
+                    self._arrived.set()
+                    answer = await waiting.answer
                     t3 = time.perf_counter()
-                    answer |= {"n_action_steps": int(self.metadata["n_action_steps"]), "frame": opts["frame"]}
+                    timing = waiting.timing
+                    answer = dict(answer) | {"n_action_steps": int(self.metadata["n_action_steps"]), "frame": checked.frame}
                     answer["server_timing"] = {
                         "decode_ms": (t1 - t0) * 1e3,
                         "preprocess_ms": (t2 - t1) * 1e3,
                         "queue_ms": (timing["start"] - t2) * 1e3,
                         "inference_ms": (timing["end"] - timing["start"]) * 1e3,
+                        "batch_size": int(timing["batch_size"]),
                     }
                     t4 = time.perf_counter()
                     answer["server_timing"] |= {"postprocess_ms": (t4 - t3) * 1e3, "total_ms": (t4 - t0) * 1e3}
@@ -230,14 +343,9 @@ class PolicyServer:
                     self._requests += 1
         except websockets.ConnectionClosed:
             pass
-        log.info("client %s left", peer)
-
-    def _timed_infer(self, obs, opts, timing: dict[str, float]) -> dict[str, Any]:
-        timing["start"] = time.perf_counter()
-        try:
-            return self.infer(obs, opts)
         finally:
-            timing["end"] = time.perf_counter()
+            self._clients -= 1
+        log.info("client %s left", peer)
 
     @property
     def requests_served(self) -> int:
@@ -263,12 +371,17 @@ class PolicyServer:
             bound = server.sockets[0].getsockname()
             if ready is not None:
                 ready(bound[0], int(bound[1]))
-            await (stop.wait() if stop is not None else asyncio.Future())
+            batches = asyncio.create_task(self._serve_batches())
+            try:
+                await (stop.wait() if stop is not None else asyncio.Future())
+            finally:
+                batches.cancel()
         self._worker.shutdown(wait=True)
 
 
-def load_server(checkpoint: str | Path, device: str = "cpu", max_age_s: float = MAX_AGE_S) -> PolicyServer:
-    """Load ``checkpoint`` (:func:`~dpflow_core.inference.load_policy`), hash it, and build its server.
+def load_server(checkpoint: str | Path, settings: ServeSettings = ServeSettings()) -> PolicyServer:
+    """Load ``checkpoint`` (:func:`~dpflow_core.inference.load_policy`) on ``settings.device``, hash it,
+    and build its server with the settings' age limit and batching.
 
     Raises:
         RunError: the checkpoint is missing, unreadable or incomplete (see ``load_policy``).
@@ -277,11 +390,12 @@ def load_server(checkpoint: str | Path, device: str = "cpu", max_age_s: float = 
     from dpflow_core.inference import load_policy
     from dpflow_core.train.checkpoint import load_checkpoint
 
-    policy = load_policy(checkpoint, device=device)
+    policy = load_policy(checkpoint, device=settings.device)
     shape_meta = load_checkpoint(checkpoint, require_complete=False)["shape_meta"]
     image_shapes = {k: tuple(v) for k, v in shape_meta["rgb"].items()}
-    metadata = policy_metadata(policy, sha256_file(checkpoint), image_shapes, max_age_s)
-    return PolicyServer(policy, metadata, image_shapes, max_age_s=max_age_s)
+    metadata = policy_metadata(policy, sha256_file(checkpoint), image_shapes, settings.max_age_s)
+    return PolicyServer(policy, metadata, image_shapes, max_age_s=settings.max_age_s,
+                        batch_window_s=settings.batch_window_s, max_batch=settings.max_batch)
 
 
 def serve(checkpoint: str | Path, settings: ServeSettings = ServeSettings(),
@@ -300,5 +414,5 @@ def serve(checkpoint: str | Path, settings: ServeSettings = ServeSettings(),
     import torch
 
     torch.set_num_threads(int(settings.threads))
-    server = load_server(checkpoint, device=settings.device, max_age_s=settings.max_age_s)
+    server = load_server(checkpoint, settings)
     asyncio.run(server.run(settings.host, settings.port, ready=ready))

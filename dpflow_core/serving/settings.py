@@ -33,9 +33,14 @@ class ServeSettings:
             loaded 2-core machine the tiny demo policy took 300-550 ms per request with
             torch's default of one thread per core (OpenMP threads spin-waiting on the
             event loop's and the other clients' threads) and 12-15 ms with one.
+        batch_window_s: when other clients are connected, how long a batch waits for
+            their requests before inference starts (a lone client never waits); 0: stack
+            only the requests that arrived during the previous inference.
+        max_batch: most requests stacked into one inference.
 
     Raises:
-        ValueError: a port outside 0..65535 or a max_age_s that is not a positive number.
+        ValueError: a port outside 0..65535, a max_age_s that is not a positive number, a
+            negative or non-finite batch_window_s, threads or max_batch below 1.
     """
 
     host: str = "127.0.0.1"
@@ -43,6 +48,8 @@ class ServeSettings:
     device: str = "cpu"
     max_age_s: float = 1.0
     threads: int = 1
+    batch_window_s: float = 0.005
+    max_batch: int = 16
 
     def __post_init__(self):
         if not 0 <= int(self.port) <= 65535:
@@ -51,6 +58,10 @@ class ServeSettings:
             raise ValueError(f"max_age_s must be a positive number of seconds, got {self.max_age_s}")
         if int(self.threads) < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if not math.isfinite(float(self.batch_window_s)) or float(self.batch_window_s) < 0:
+            raise ValueError(f"batch_window_s must be a non-negative number of seconds, got {self.batch_window_s}")
+        if int(self.max_batch) < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
 
     @property
     def loopback(self) -> bool:

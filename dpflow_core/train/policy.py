@@ -265,14 +265,16 @@ class DiffusionUnetImagePolicy(nn.Module):
 
     @torch.no_grad()
     def predict_action(
-        self, obs: Mapping[str, torch.Tensor], generator: torch.Generator | None = None
+        self, obs: Mapping[str, torch.Tensor], generator: torch.Generator | Sequence[torch.Generator | None] | None = None
     ) -> dict[str, torch.Tensor]:
         """Sample actions for a batch of observation histories.
 
         Args:
             obs: ``{rgb_key: (B, To, H, W, 3) uint8, lowdim_key: (B, To, D) float}`` in
                 dataset units, the layout of ``SequenceDataset`` samples.
-            generator: optional generator for the initial noise.
+            generator: optional generator for the initial noise; or B of them (None: the
+                global one), one per observation, each drawing that observation's noise
+                as it would for it alone (so a batch of requests equals each on its own).
 
         Returns:
             ``{"action_pred": (B, H, Da), "action": (B, n_action_steps, Da)}`` float32,
@@ -286,7 +288,13 @@ class DiffusionUnetImagePolicy(nn.Module):
         b = cond.shape[0]
         sched = self.inference_scheduler
         sched.set_timesteps(self.num_inference_steps)
-        x = torch.randn((b, self.horizon, self.action_dim), device=cond.device, generator=generator)
+        if isinstance(generator, Sequence):
+            if len(generator) != b:
+                raise ValueError(f"{len(generator)} generators for a batch of {b} observations")
+            x = torch.cat([torch.randn((1, self.horizon, self.action_dim), device=cond.device, generator=g)
+                           for g in generator])
+        else:
+            x = torch.randn((b, self.horizon, self.action_dim), device=cond.device, generator=generator)
         for t in sched.timesteps:
             out = self.model(x, t.to(cond.device), cond)
             x = sched.step(out, t, x).prev_sample
