@@ -25,13 +25,14 @@ def serve_cmd(
     batch_window_s: float = typer.Option(
         _DEFAULT.batch_window_s, "--batch-window-s", help="With several clients connected: how long a batch waits for their requests."),
     max_batch: int = typer.Option(_DEFAULT.max_batch, "--max-batch", help="Most requests stacked into one inference."),
+    mkldnn: bool = typer.Option(_DEFAULT.mkldnn, "--mkldnn/--no-mkldnn", help="oneDNN convolutions on the CPU (slower for small policies)."),
 ) -> None:
     """Serve CHECKPOINT to robots: metadata on connect, an action chunk with target times per observation."""
     from dpflow_core.serving.server import serve
 
     try:
         settings = ServeSettings(host=host, port=port, device=device, max_age_s=max_age_s, threads=threads,
-                                 batch_window_s=batch_window_s, max_batch=max_batch)
+                                 batch_window_s=batch_window_s, max_batch=max_batch, mkldnn=mkldnn)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

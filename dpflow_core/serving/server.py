@@ -414,5 +414,6 @@ def serve(checkpoint: str | Path, settings: ServeSettings = ServeSettings(),
     import torch
 
     torch.set_num_threads(int(settings.threads))
+    torch.backends.mkldnn.enabled = bool(settings.mkldnn)
     server = load_server(checkpoint, settings)
     asyncio.run(server.run(settings.host, settings.port, ready=ready))

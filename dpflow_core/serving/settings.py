@@ -35,8 +35,16 @@ class ServeSettings:
             event loop's and the other clients' threads) and 12-15 ms with one.
         batch_window_s: when other clients are connected, how long a batch waits for
             their requests before inference starts (a lone client never waits); 0: stack
-            only the requests that arrived during the previous inference.
+            only the requests that arrived during the previous inference. Measured with two
+            clients sending back to back (docs/benchmarks.md, "Serving latency"): with 0 they
+            fall into turns and never share a batch (p95 1.85-2.1x one client's); 2-10 ms
+            batched every request (1.1-1.6x); 5 ms is the default.
         max_batch: most requests stacked into one inference.
+        mkldnn: let torch use oneDNN convolutions on the CPU. Off by default: torch picks
+            them for batches above one, and on the demo and sim policies (1 thread) a batch
+            of 2 then took 29-46 ms against 14-31 ms without them (a batch of 1: 13 and 22 ms
+            either way; bench/serve_latency.py's section of docs/benchmarks.md). A large
+            image encoder on the CPU may gain from them.
 
     Raises:
         ValueError: a port outside 0..65535, a max_age_s that is not a positive number, a
@@ -50,6 +58,7 @@ class ServeSettings:
     threads: int = 1
     batch_window_s: float = 0.005
     max_batch: int = 16
+    mkldnn: bool = False
 
     def __post_init__(self):
         if not 0 <= int(self.port) <= 65535:
