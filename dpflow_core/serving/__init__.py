@@ -5,8 +5,8 @@
   timed chunk are still ahead (:func:`~dpflow_core.serving.timing.actions_to_execute`);
 - :mod:`~dpflow_core.serving.protocol`: msgpack frames with numpy arrays, as ``openpi-client``;
 - :mod:`~dpflow_core.serving.settings`: :class:`~dpflow_core.serving.settings.ServeSettings`;
-- :mod:`~dpflow_core.serving.server`: ``dpflow serve`` (metadata on connect, one worker
-  thread for inference, errors answered on the socket);
+- :mod:`~dpflow_core.serving.server`: ``dpflow serve`` (metadata on connect, concurrent
+  requests batched on one inference thread, errors answered on the socket);
 - :mod:`~dpflow_core.serving.client`: :class:`~dpflow_core.serving.client.RemotePolicy`,
   a served policy with the surface of :class:`dpflow_core.inference.Policy`.
 
