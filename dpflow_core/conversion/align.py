@@ -35,7 +35,10 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: 4: the plausibility rules (:mod:`dpflow_core.recordings.plausibility`): pose spikes repaired,
 #: jumps and frozen VIO cut out, implausible grippers rejected; one minimum episode length.
 #: 5: each episode's camera-to-VIO and IMU-to-VIO offsets measured (:mod:`dpflow_core.offsets`).
-CONVERTER_VERSION = "5"
+#: 6: camera messages split into their access units (several per message each give a frame) and
+#: B-frames decoded in decode order, placed by presentation time: version 5 gave a message with two
+#: units one frame and shifted every later frame, so its cache entries are not reused.
+CONVERTER_VERSION = "6"
 INVALID_POSE_POLICIES = ("trim", "reject")
 GAP_POLICIES = ("split", "reject")
 #: Camera intervals longer than this (seconds) are never bridged by interpolation.
@@ -196,9 +199,10 @@ def align_episode(
 ) -> AlignedEpisode:
     """Decode and align one episode on its camera frames.
 
-    Method: the camera stream (one H.264 Annex-B access unit per message) is
-    decoded with PyAV; each frame is paired with the capture time of the message
-    that produced it (never by index: frames before the first IDR are lost).
+    Method: the camera stream (H.264 Annex-B, any number of access units per message,
+    B-frames allowed) is decoded with PyAV in decode order (:func:`~dpflow_core.conversion.decode.decode_camera`);
+    each frame is paired with the capture time of the message that produced it and placed by
+    presentation time (never by index: frames before the first IDR are lost).
     Frames are converted to RGB and resized with area averaging in one swscale
     pass (``SWS_AREA`` with full-resolution chroma, as accurate as and faster
     than decode-to-BGR + OpenCV ``INTER_AREA``). All streams are cut to the interval
@@ -295,14 +299,14 @@ def align_episode(
         if fmt not in ("h264", "h.264"):
             raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
         image_motion = ImageMotion(len(streams.camera_packets))
-        frames, pkt_idx, errors, frame_range, prefix_crc32, motion = decode_camera(
-            streams.camera_packets, image_size, "h264", rgb_path, path, streams.camera_ts_ns, image_motion.add)
+        frames, pkt_idx, errors, frame_range, prefix_crc32, motion, cam_ns = decode_camera(
+            streams.camera_packets, image_size, "h264", rgb_path, path, streams.camera_ts_ns, image_motion.add,
+            streams.camera_decode_order)
         n_packets = len(streams.camera_packets)
     finally:
         if hasattr(streams.camera_packets, "close"):
             streams.camera_packets.close()
-    first_decoded = int(pkt_idx[0])
-    cam_ns = streams.camera_ts_ns[pkt_idx]
+    first_decoded = int(pkt_idx.min())
 
     origin = int(min(streams.camera_ts_ns[0], streams.pose_ts_ns[0], streams.gripper_ts_ns[0]))
     end = int(max(streams.camera_ts_ns[-1], streams.pose_ts_ns[-1], streams.gripper_ts_ns[-1]))

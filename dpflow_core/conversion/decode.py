@@ -1,9 +1,11 @@
-"""Camera decoding: H.264 access units in, RGB frames resized in one swscale pass out.
+"""Camera decoding: H.264 camera messages in, RGB frames resized in one swscale pass out.
 
-Takes one episode's access units (``bytes``, capture order) and the image size (W, H pixels);
-gives uint8 ``(K, H, W, 3)`` frames, in memory or streamed to a scratch ``.npy`` file with plain
-writes (:class:`FrameFile`: nothing the size of the episode stays in the process), the packet
-index of each frame, the packets the decoder rejected and each frame's pixel range.
+Takes one episode's camera messages (``bytes``, capture order, each holding any number of access
+units), their capture times, the order to decode them in and the image size (W, H pixels); gives
+uint8 ``(K, H, W, 3)`` frames in presentation order, in memory or streamed to a scratch ``.npy``
+file with plain writes (:class:`FrameFile`: nothing the size of the episode stays in the process),
+the message and capture time of each frame, the messages the decoder rejected and each frame's
+pixel range.
 """
 
 from __future__ import annotations
@@ -74,40 +76,85 @@ class FrameFile:
         self.path.unlink(missing_ok=True)
 
 
+def access_unit_times(ts_ns: np.ndarray, i: int, n: int, period_ns: float) -> list[int]:
+    """Capture times (ns) of the ``n`` access units of camera message ``i``.
+
+    A message carries one capture time; when it carries ``n > 1`` access units, the others are
+    frames whose own messages are missing, so they fill the hole beside it: the longer of the
+    intervals to the previous and the next message (capture order), at the spacing
+    ``min(hole, n * period) / n`` from the message's time (after it when the hole follows, ending
+    at it when the hole precedes). ``ts_ns``: (N,) int64 capture times, capture order;
+    ``period_ns``: the stream's median message interval.
+    """
+    t = int(ts_ns[i])
+    if n == 1:
+        return [t]
+    before = t - int(ts_ns[i - 1]) if i > 0 else None
+    after = int(ts_ns[i + 1]) - t if i + 1 < len(ts_ns) else None
+    forward = before is None or (after is not None and after >= before)
+    hole = after if forward else before
+    step = min(hole if hole is not None else n * period_ns, n * period_ns) / n
+    if forward:
+        return [t + int(round(k * step)) for k in range(n)]
+    return [t - int(round((n - 1 - k) * step)) for k in range(n)]
+
+
 def decode_camera(
     packets: Sequence[bytes],
     image_size: tuple[int, int] | None,
     codec: str,
     rgb_path: Path | None,
     path: Path,
-    ts_ns: np.ndarray | None = None,
+    ts_ns: np.ndarray,
     on_frame: Callable[[np.ndarray], None] | None = None,
-) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray | None, np.ndarray]:
-    """Decode H.264 access units to RGB frames.
+    decode_order: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """Decode H.264 camera messages to RGB frames, as the standard allows them to be packed.
 
-    Each packet gets ``pts`` = its message index, so every decoded frame says
-    which message (and so which capture time) it came from; packets before the
-    first IDR frame produce no frame (and usually a decoder error). Every packet
-    is decoded, in order, even when ``ts_ns`` repeats a capture time (a later frame
-    may reference it); a frame whose capture time equals the previous kept frame's is
-    then dropped, so the kept frames are bit-identical to a full decode.
+    Messages are fed to the decoder in decode order (``decode_order``: indices into ``packets``,
+    e.g. :attr:`~dpflow_core.recordings.reader.EpisodeStreams.camera_decode_order`; None: capture
+    order). Each message is split into its access units by the codec's own parser
+    (``CodecContext.parse``, flushed after every message so each unit stays with its message): a
+    message may carry any number of them, each its own frame, timed by :func:`access_unit_times`.
+    Every unit gets ``pts`` = its position in the decode sequence, so each decoded frame says which
+    unit (and message) it came from; units before the first IDR frame produce no frame.
 
-    Frames are converted to RGB and resized by one ``VideoReformatter`` (one swscale context,
-    :data:`_SWS_FLAGS`) for the whole stream: bit-identical to ``VideoFrame.reformat`` per frame.
+    Frames leave the decoder in presentation order. With B-frames that differs from decode order;
+    the frames are then placed by presentation: when the units' capture times, in the order the
+    decoder presents them, increase, each frame keeps its unit's time (the messages carry each
+    frame's capture time); when they do not (the messages were stamped in decode order), the
+    k-th presented frame takes the k-th earliest of those times. A stream the decoder did not
+    reorder whose capture times still go backwards is an error (``decode_error``).
+
+    Every unit is decoded even when ``ts_ns`` repeats a capture time (a later frame may reference
+    it); a frame whose capture time equals the previous kept frame's is then dropped, so the kept
+    frames are bit-identical to a full decode. Frames are converted to RGB and resized by one
+    ``VideoReformatter`` (one swscale context, :data:`_SWS_FLAGS`) for the whole stream:
+    bit-identical to ``VideoFrame.reformat`` per frame.
 
     With ``rgb_path`` the frames stream to that ``.npy`` file as they are decoded
     (:class:`FrameFile`) and are returned as a read-only memory map of it: nothing the
     size of the episode is held in this process. ``on_frame`` receives each kept (H, W, 3) RGB frame,
-    in order, while it is in memory (the image motion of :mod:`dpflow_core.offsets`).
+    in presentation order, while it is in memory (the image motion of :mod:`dpflow_core.offsets`).
+
+    Args:
+        packets: (N,) camera message payloads (H.264 Annex-B), capture order.
+        ts_ns: (N,) int64 capture time of each message, ns, non-decreasing.
 
     Returns:
-        frames (K, H, W, 3) uint8 (a read-only memory map when ``rgb_path`` is given; rows
-        in decode order), packet index (K,) int64 of each frame, the indices
-        of packets the decoder rejected, (K, 2) uint8 per-frame (min, max) pixel values, and with
-        ``rgb_path`` the (K + 1,) int64 CRC-32 of the file's first k rows (:attr:`FrameFile.prefix_crc32`),
-        else None; and (K,) float32 image change of each frame against the one before
-        (:func:`~dpflow_core.recordings.plausibility.frame_motion`, grey levels; 0 for the first).
+        frames (K, H, W, 3) uint8 (a read-only memory map when ``rgb_path`` is given; rows in
+        presentation order), message index (K,) int64 of each frame (a message with several units
+        appears once per frame), the indices of messages a unit of which the decoder rejected,
+        (K, 2) uint8 per-frame (min, max) pixel values, with ``rgb_path`` the (K + 1,) int64 CRC-32
+        of the file's first k rows (:attr:`FrameFile.prefix_crc32`), else None; (K,) float32 image
+        change of each frame against the one before (:func:`~dpflow_core.recordings.plausibility.frame_motion`,
+        grey levels; 0 for the first); and (K,) int64 capture time of each frame, ns, increasing.
     """
+    ts_ns = np.asarray(ts_ns, dtype=np.int64)
+    order = np.arange(len(packets)) if decode_order is None else np.asarray(decode_order, dtype=np.int64)
+    steps = np.diff(np.unique(ts_ns))
+    period_ns = float(np.median(steps)) if len(steps) else 1e9 / 30
+    parser = av.CodecContext.create(codec, "r")
     ctx = av.CodecContext.create(codec, "r")
     # Parallelism comes from worker processes; decoder threads did not help.
     ctx.thread_count = 1
@@ -117,8 +164,12 @@ def decode_camera(
     scaler = VideoReformatter()
     buf: np.ndarray | None = None
     out: FrameFile | None = None
+    unit_msg: list[int] = []
+    unit_ns: list[int] = []
     index: list[int] = []
-    errors: list[int] = []
+    serial: list[int] = []
+    frame_ns: list[int] = []
+    errors: set[int] = set()
     ranges: list[tuple[int, int]] = []
     motion: list[float] = []
     thumb: np.ndarray | None = None
@@ -126,9 +177,10 @@ def decode_camera(
     def take(frames: Iterable[av.VideoFrame]) -> None:
         nonlocal buf, out, thumb
         for frame in frames:
-            if frame.pts is None or not 0 <= frame.pts < len(packets):
+            if frame.pts is None or not 0 <= frame.pts < len(unit_msg):
                 raise ConversionError(f"decoder returned a frame with pts {frame.pts!r}", path, code="decode_error")
-            if ts_ns is not None and index and ts_ns[frame.pts] == ts_ns[index[-1]]:
+            t = unit_ns[frame.pts]
+            if frame_ns and t == frame_ns[-1]:
                 continue
             if image_size is None:
                 rgb = scaler.reformat(frame, format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
@@ -143,22 +195,35 @@ def decode_camera(
             else:
                 if buf is None:
                     buf = np.empty((len(packets), *rgb.shape), dtype=np.uint8)
+                elif len(index) == len(buf):
+                    buf = np.concatenate([buf, np.empty_like(buf[: max(1, len(buf) // 2)])])
                 buf[len(index)] = rgb
             ranges.append((int(rgb.min()), int(rgb.max())))
             change, thumb = frame_motion(rgb, thumb)
             if on_frame is not None:
                 on_frame(rgb)
             motion.append(change)
-            index.append(int(frame.pts))
+            index.append(unit_msg[frame.pts])
+            serial.append(int(frame.pts))
+            frame_ns.append(t)
 
     try:
-        for i, data in enumerate(packets):
-            packet = av.Packet(data)
-            packet.pts = packet.dts = i
-            try:
-                take(ctx.decode(packet))
-            except av.error.InvalidDataError:
-                errors.append(i)
+        for i in order:
+            i = int(i)
+            units = [bytes(u) for u in parser.parse(bytes(packets[i]))]
+            units += [bytes(u) for u in parser.parse(None)]
+            # Bytes the parser finds no unit in still go to the decoder (it names them rejected).
+            units = units or [bytes(packets[i])]
+            for t in access_unit_times(ts_ns, i, len(units), period_ns):
+                unit_msg.append(i)
+                unit_ns.append(t)
+            for k, data in enumerate(units):
+                packet = av.Packet(data)
+                packet.pts = packet.dts = len(unit_msg) - len(units) + k
+                try:
+                    take(ctx.decode(packet))
+                except av.error.InvalidDataError:
+                    errors.add(i)
         try:
             take(ctx.decode(None))
         except av.error.InvalidDataError:
@@ -168,12 +233,15 @@ def decode_camera(
             out.abort()
         raise
     if not index:
+        if out is not None:
+            out.abort()
         raise ConversionError(
             f"no decodable camera frame in {len(packets)} packets (no IDR frame with SPS/PPS?)",
             path,
             code="undecodable",
         )
     idx = np.asarray(index, dtype=np.int64)
+    times = np.asarray(frame_ns, dtype=np.int64)
     prefix_crc32 = None
     if out is not None:
         out.close()
@@ -181,7 +249,14 @@ def decode_camera(
         prefix_crc32 = np.asarray(out.prefix_crc32, dtype=np.int64)
     else:
         frames = buf[: len(idx)]
-    if np.any(np.diff(idx) <= 0):
-        raise ConversionError("camera frames decoded out of capture order (B-frames?)", path, code="decode_error")
-    return (frames, idx, errors, np.asarray(ranges, dtype=np.uint8).reshape(-1, 2), prefix_crc32,
-            np.asarray(motion, dtype=np.float32))
+    if np.any(np.diff(times) <= 0):
+        if not np.any(np.diff(serial) < 0):
+            raise ConversionError(
+                "camera frames decode in an order their capture times contradict, and the stream has no "
+                "B-frames to explain it (messages out of decode order?)", path, code="decode_error")
+        times = np.sort(times)
+        if np.any(np.diff(times) <= 0):
+            raise ConversionError("camera frames with B-frames repeat a capture time after reordering",
+                                  path, code="decode_error")
+    return (frames, idx, sorted(errors), np.asarray(ranges, dtype=np.uint8).reshape(-1, 2), prefix_crc32,
+            np.asarray(motion, dtype=np.float32), times)

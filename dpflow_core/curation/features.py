@@ -183,8 +183,9 @@ def episode_features(vio_mcap: str | Path, settings, stem: str | None = None, to
         c, o = release
         z = pos[:, 2]
         rise = float(np.interp(o, t, z) - np.interp(c, t, z))
-        frames, pkt_idx, *_ = decode_camera(s.camera_packets, THUMB, "h264", None, path, s.camera_ts_ns)
-        frame_s = rel(s.camera_ts_ns[np.asarray(pkt_idx)])
+        frames, *_, frame_ns = decode_camera(s.camera_packets, THUMB, "h264", None, path, s.camera_ts_ns,
+                                             decode_order=s.camera_decode_order)
+        frame_s = rel(frame_ns)
         hist = colour_histogram(frames[int(np.clip(np.searchsorted(frame_s, o), 0, len(frames) - 1))])
     return EpisodeFeatures(
         stem=stem, path=str(path), duration_s=duration, start_ns=t0, still=_runs(still, t),

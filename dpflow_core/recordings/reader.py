@@ -34,6 +34,8 @@ class EpisodeStreams:
         camera_packets: N H.264 Annex-B access units (``bytes``) in capture order: a list, or a
             :class:`SpooledPackets` reading them from a spool file (``spool_path``).
         camera_format: the ``format`` field of the first camera message (e.g. "h264").
+        camera_decode_order: (N,) int64 indices into ``camera_packets`` in the order the decoder
+            must read them (:func:`decode_order`: B-frames), or None for capture order.
         pose_ts_ns: (M,) int64 capture times of the VIO poses.
         position_m: (M, 3) float64 camera0 optical-centre position, metres.
         quat_xyzw: (M, 4) float64 orientation quaternion (x, y, z, w), unit norm.
@@ -73,6 +75,56 @@ class EpisodeStreams:
     sha256: str | None = None
     imu_ts_ns: np.ndarray | None = None
     gyro_rps: np.ndarray | None = None
+    camera_decode_order: np.ndarray | None = None
+
+
+def decode_order(sequence_num: np.ndarray, packets: Sequence[bytes]) -> np.ndarray | None:
+    """The order to decode camera messages in, given in capture order: None when that is capture order.
+
+    With B-frames an encoder emits a frame after the later frames it references, so messages
+    stamped with each frame's capture time are out of capture order in emission (decode) order,
+    which the device header's ``sequence_num`` gives. That order is taken only when the messages
+    it moves hold B slices (:func:`has_b_slice`): sequence numbers that repeat (a writer that leaves
+    them 0), or that disagree with capture order in a stream without B-frames, say nothing about
+    decoding, and capture order stays. ``sequence_num``: (N,) int64, ``packets``: (N,) payloads,
+    both capture order; returns (N,) int64 indices into them.
+    """
+    if len(sequence_num) < 2 or len(np.unique(sequence_num)) < len(sequence_num):
+        return None
+    if np.all(np.diff(sequence_num) > 0):
+        return None
+    order = np.argsort(sequence_num, kind="stable").astype(np.int64)
+    moved = np.flatnonzero(order != np.arange(len(order)))
+    return order if any(has_b_slice(packets[int(i)]) for i in moved) else None
+
+
+def has_b_slice(data: bytes) -> bool:
+    """Whether an H.264 Annex-B payload holds a B slice (ITU-T H.264 7.3.3: the slice header of a
+    NAL unit of type 1 or 5 starts with ue(v) ``first_mb_in_slice`` and ue(v) ``slice_type``,
+    B = 1 or 6)."""
+    for start in _nal_starts(data):
+        if start < len(data) and data[start] & 0x1F in (1, 5):
+            head = data[start + 1 : start + 17].replace(b"\x00\x00\x03", b"\x00\x00")
+            bits = "".join(f"{b:08b}" for b in head)
+            at = 0
+            values = []
+            for _ in range(2):
+                zeros = len(bits) - len(bits[at:].lstrip("0")) - at
+                if at + 2 * zeros + 1 > len(bits):
+                    break
+                values.append(int(bits[at + zeros : at + 2 * zeros + 1], 2) - 1)
+                at += 2 * zeros + 1
+            if len(values) == 2 and values[1] % 5 == 1:
+                return True
+    return False
+
+
+def _nal_starts(data: bytes):
+    """Offsets of the first byte after each Annex-B start code (00 00 01)."""
+    i = data.find(b"\x00\x00\x01")
+    while i >= 0:
+        yield i + 3
+        i = data.find(b"\x00\x00\x01", i + 3)
 
 
 class SpooledPackets(Sequence):
@@ -188,7 +240,7 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
     if topics.imu:  # optional: read in the same pass, for the offsets (dpflow_core.offsets)
         wanted[topics.imu] = "imu"
     imu_ts, imu_vals = [], []
-    cam_ts, cam_lt, cam_data = [], [], []
+    cam_ts, cam_lt, cam_seq, cam_data = [], [], [], []
     pose_ts, pose_lt, pose_vals = [], [], []
     grip_ts, grip_lt, grip_vals = [], [], []
     counts: dict[str, int] = {}
@@ -209,6 +261,7 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
                 if kind == "camera":
                     cam_ts.append(ts)
                     cam_lt.append(message.log_time)
+                    cam_seq.append(int(decoded.header.sequence_num))
                     if spool is None:
                         cam_data.append(bytes(decoded.data))
                     else:
@@ -260,6 +313,8 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
     c_idx, inversions[topics.camera], duplicates[topics.camera] = _order_camera(cam_ts, cam_lt, cam_data)
     p_idx, inversions[topics.pose], duplicates[topics.pose] = _order(pose_ts, pose_lt)
     g_idx, inversions[topics.gripper], duplicates[topics.gripper] = _order(grip_ts, grip_lt)
+    cam_packets = cam_data.reordered(c_idx) if spool is not None else [cam_data[i] for i in c_idx]
+    cam_decode = decode_order(np.asarray(cam_seq, dtype=np.int64)[c_idx], cam_packets)
     pose = np.asarray(pose_vals, dtype=np.float64).reshape(-1, 9)[p_idx]
     quat = pose[:, 3:7]
     norms = np.linalg.norm(quat, axis=1)
@@ -268,8 +323,9 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
     return EpisodeStreams(
         path=path,
         camera_ts_ns=np.asarray(cam_ts, dtype=np.int64)[c_idx],
-        camera_packets=cam_data.reordered(c_idx) if spool is not None else [cam_data[i] for i in c_idx],
+        camera_packets=cam_packets,
         camera_format=cam_fmt,
+        camera_decode_order=cam_decode,
         pose_ts_ns=np.asarray(pose_ts, dtype=np.int64)[p_idx],
         position_m=pose[:, 0:3].copy(),
         quat_xyzw=quat / norms[:, None],
