@@ -120,3 +120,46 @@ def interp_truth(ep, t_ns: np.ndarray) -> np.ndarray:
     """Ground-truth positions (m) of a sample episode at capture times ``t_ns``."""
     pose_t = ep.pose_ts_ns.astype(np.int64)
     return np.stack([np.interp(t_ns, pose_t, ep.position_m[:, k]) for k in range(3)], axis=1)
+
+
+IMU = DAS_DEFAULT.imu
+
+
+def imu_from_pose(path, ep, extrinsic_rotvec=(0.0, 0.0, 0.0), noise=0.003, seed=0) -> Path:
+    """Every IMU message of a sample episode made what a real IMU, rigidly on the camera, reads:
+    the gyro the camera's body rates (rad/s) and the accelerometer the specific force (m/s^2, world
+    up +Z), both rotated into the IMU's axes by ``extrinsic_rotvec``, plus noise (ground truth: the
+    episode's pose track as written, camera-to-world)."""
+    from scipy.spatial.transform import Rotation, Slerp
+
+    t = ep.pose_ts_ns.astype(np.int64)
+    ts = (t - t[0]) / 1e9
+    slerp = Slerp(ts, Rotation.from_quat(ep.quat_xyzw))
+    m = Rotation.from_rotvec(extrinsic_rotvec)
+    rng = np.random.default_rng(seed)
+    h = 0.01
+
+    def edit(_topic, _k, msg):
+        s = float(np.clip((int(msg.header.timestamp) - t[0]) / 1e9, ts[0] + h, ts[-1] - h))
+        r0, r1, r2 = slerp([s - h, s, s + h])
+        gyro = m.apply((r0.inv() * r2).as_rotvec() / (2 * h))
+        p = np.stack([np.interp([s - h, s, s + h], ts, ep.position_m[:, k]) for k in range(3)], axis=1)
+        acc = (p[2] - 2 * p[1] + p[0]) / h**2
+        force = m.apply(r1.inv().apply(acc + [0.0, 0.0, 9.81]))
+        gyro, force = gyro + rng.normal(0, noise, 3), force + rng.normal(0, 10 * noise, 3)
+        for v, vals in ((msg.angular_velocity, gyro), (msg.linear_acceleration, force)):
+            v.x, v.y, v.z = (float(x) for x in vals)
+    return edit_messages(path, (IMU,), edit)
+
+
+def quaternion_reading(path, reading: str) -> Path:
+    """Every pose quaternion stored another way: ``conjugate`` (world-to-camera) or ``wxyz``
+    (the four numbers in (w, x, y, z) order where (x, y, z, w) is declared)."""
+    def edit(_topic, _k, msg):
+        q = msg.pose.orientation
+        x, y, z, w = q.x, q.y, q.z, q.w
+        if reading == "conjugate":
+            q.x, q.y, q.z = -x, -y, -z
+        else:
+            q.x, q.y, q.z, q.w = w, x, y, z
+    return edit_messages(path, (POSE,), edit)

@@ -37,7 +37,8 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: 5: each episode's camera-to-VIO and IMU-to-VIO offsets measured (:mod:`dpflow_core.offsets`).
 #: 6: camera messages split into their access units (several per message each give a frame) and
 #: B-frames decoded in decode order, placed by presentation time: version 5 gave a message with two
-#: units one frame and shifted every later frame, so its cache entries are not reused.
+#: units one frame and shifted every later frame, so its cache entries are not reused; and the
+#: pose's quaternion convention checked against the IMU (``quaternion_convention``).
 CONVERTER_VERSION = "6"
 INVALID_POSE_POLICIES = ("trim", "reject")
 GAP_POLICIES = ("split", "reject")
@@ -272,6 +273,7 @@ def align_episode(
 
     from dpflow_core.offsets import ImageMotion, measure_offsets
     from dpflow_core.recordings.inspection import clock_domain_note
+    from dpflow_core.recordings.orientation import check_orientation
     from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_pose, decide
     from dpflow_core.recordings.reader import read_streams
 
@@ -334,6 +336,8 @@ def align_episode(
     verdict = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, origin, checks, cam_ns, motion)
     findings = verdict.findings + check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, streams.pose_ts_ns,
                                                 streams.position_m, origin, checks)
+    findings += check_orientation(streams.pose_ts_ns, streams.quat_xyzw, streams.imu_ts_ns, streams.gyro_rps,
+                                  streams.accel_mps2, origin, checks)
     rejected = decide(findings)
     if rejected is not None:
         others = [f.describe() for f in findings if f is not rejected]

@@ -21,6 +21,9 @@ class (``code``)          rule                                            defaul
 ``gripper_out_of_range``  a width outside the device's range              reject             reject, warn
 ``clock_step``            a stream's clock jumps forward against arrival  reject             reject, warn
 ``clock_reversal``        a stream's clock runs backwards                 reject             reject, warn
+``quaternion_convention`` the pose's rotations disagree with the IMU's    reject             reject, warn
+                          gyro or gravity, another reading agrees
+                          (:mod:`dpflow_core.recordings.orientation`)
 ========================  ==============================================  =================  ==============
 
 ``repair`` replaces a spike by the interpolation of its neighbours and records the original value
@@ -50,6 +53,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "gripper_out_of_range": ("reject", "warn"),
     "clock_step": ("reject", "warn"),
     "clock_reversal": ("reject", "warn"),
+    "quaternion_convention": ("reject", "warn"),
 }
 
 
@@ -73,6 +77,11 @@ class PlausibilityOptions:
         moving_m: path length (m) of the pose over a stretch that counts as "the gripper moves".
         clock_step_s: a change of a stream's capture-minus-arrival offset by more than this (s),
             persisting over the next samples, is a clock step (forward) or reversal (backward).
+        convention_window_s: window (s) over which the pose's rotation and the gyro's integral (and
+            the mean specific force and the up axis) are compared (:mod:`dpflow_core.recordings.orientation`).
+        convention_min_residual, convention_ratio: the declared quaternion reading disagrees with the
+            IMU when it leaves more than ``convention_min_residual`` of the IMU signal unexplained and
+            ``convention_ratio`` times more than another reading does.
         policies: class -> policy (see :data:`POLICIES`); missing classes take their default.
     """
 
@@ -88,6 +97,9 @@ class PlausibilityOptions:
     gripper_stuck_s: float = 1.0
     moving_m: float = 0.05
     clock_step_s: float = 0.1
+    convention_window_s: float = 0.25
+    convention_min_residual: float = 0.02
+    convention_ratio: float = 10.0
     policies: dict[str, str] = field(default_factory=dict)
 
     def policy(self, code: str) -> str:
@@ -154,7 +166,9 @@ class Finding:
     def describe(self) -> str:
         """One sentence with the stream, the time and the figure."""
         span = f"at {self.at_s:.3f} s" if self.end_s == self.at_s else f"from {self.at_s:.3f} to {self.end_s:.3f} s"
-        return f"{self.code}: {self.stream} {span}: {self.value:.4g} {self.unit} (limit {self.limit:g} {self.unit}); {self.action}"
+        why = f" ({self.detail['why']})" if "why" in self.detail else ""
+        return (f"{self.code}: {self.stream} {span}: {self.value:.4g} {self.unit} (limit {self.limit:g} {self.unit})"
+                f"{why}; {self.action}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -167,8 +181,9 @@ class Finding:
 _ACTION = {"repair": "repaired", "split": "split", "reject": "rejected", "warn": "warned"}
 
 
-def _finding(opts: PlausibilityOptions, code: str, stream: str, a: float, b: float, value: float, limit: float,
-             unit: str, **detail) -> Finding:
+def new_finding(opts: PlausibilityOptions, code: str, stream: str, a: float, b: float, value: float, limit: float,
+                unit: str, **detail) -> Finding:
+    """A :class:`Finding` of class ``code`` with the policy ``opts`` sets for it and its action."""
     policy = opts.policy(code)
     return Finding(code, stream, float(a), float(b), float(value), float(limit), unit, policy, _ACTION[policy], detail)
 
@@ -231,7 +246,7 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
     rot_across = _angles(quat[:-2], quat[2:])
     spike = ((dev > opts.spike_min_m) & (across < dev / 3)) | ((rot_dev > opts.spike_min_rad) & (rot_across < rot_dev / 3))
     for i in np.flatnonzero(spike) + 1:
-        f = _finding(opts, "pose_spike", "pose", rel(ts[i]), rel(ts[i]), max(dev[i - 1], 0.0), opts.spike_min_m, "m",
+        f = new_finding(opts, "pose_spike", "pose", rel(ts[i]), rel(ts[i]), max(dev[i - 1], 0.0), opts.spike_min_m, "m",
                      rotation_rad=round(float(rot_dev[i - 1]), 5), original_position_m=pos[i].round(6).tolist())
         if f.policy == "repair":
             pos[i] = line[i - 1]
@@ -251,7 +266,7 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
     for code, fast, limit, unit in (("pose_jump", speed, opts.max_speed_mps, "m/s"),
                                     ("rotation_jump", turn, opts.max_angular_speed_rps, "rad/s")):
         for i in np.flatnonzero(fast > limit):
-            f = _finding(opts, code, "pose", rel(ts[i]), rel(ts[i + 1]), fast[i], limit, unit,
+            f = new_finding(opts, code, "pose", rel(ts[i]), rel(ts[i + 1]), fast[i], limit, unit,
                          step_m=round(float(step[i]), 5))
             if f.policy == "split":
                 drop.append((int(ts[i]), int(ts[i + 1])))
@@ -265,7 +280,7 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
         over = [i for i in np.flatnonzero(acc > opts.max_accel_mps2) if i not in jumps and i + 1 not in jumps]
         if over:
             k = max(over, key=lambda i: acc[i])
-            findings.append(_finding(opts, "pose_acceleration", "pose", rel(ts[over[0] + 1]), rel(ts[over[-1] + 1]),
+            findings.append(new_finding(opts, "pose_acceleration", "pose", rel(ts[over[0] + 1]), rel(ts[over[-1] + 1]),
                                      acc[k], opts.max_accel_mps2, "m/s^2", samples=len(over),
                                      at_max_s=round(rel(ts[k + 1]), 4)))
 
@@ -283,7 +298,7 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
             moving = float(np.median(motion[inside])) if inside.any() else None
         if moving is not None and moving < opts.frozen_motion:
             continue  # the camera is still too: a still hand, not a frozen VIO
-        f = _finding(opts, "vio_frozen", "pose", rel(ts[a]), rel(ts[b]), dur, opts.frozen_min_s, "s",
+        f = new_finding(opts, "vio_frozen", "pose", rel(ts[a]), rel(ts[b]), dur, opts.frozen_min_s, "s",
                      camera_motion=None if moving is None else round(moving, 3))
         if moving is None and f.policy != "warn":
             f = Finding(**{**asdict(f), "policy": "warn", "action": "warned",
@@ -326,7 +341,7 @@ def check_gripper(ts_ns: np.ndarray, width_m: np.ndarray, pose_ts_ns: np.ndarray
     out = np.flatnonzero(np.isfinite(width) & ((width < lo) | (width > hi)))
     if len(out):
         k = out[np.argmax(np.abs(width[out] - (lo + hi) / 2))]
-        findings.append(_finding(opts, "gripper_out_of_range", "gripper", rel(ts[out[0]]), rel(ts[out[-1]]),
+        findings.append(new_finding(opts, "gripper_out_of_range", "gripper", rel(ts[out[0]]), rel(ts[out[-1]]),
                                  width[k], hi if width[k] > hi else lo, "m", samples=int(len(out)),
                                  range_m=[lo, hi]))
 
@@ -337,7 +352,7 @@ def check_gripper(ts_ns: np.ndarray, width_m: np.ndarray, pose_ts_ns: np.ndarray
     if np.ptp(width) <= opts.frozen_eps:
         path = moved(int(ts[0]), int(ts[-1]))
         if path >= opts.moving_m:
-            findings.append(_finding(opts, "gripper_dead", "gripper", rel(ts[0]), rel(ts[-1]), float(np.std(width)), 0.0,
+            findings.append(new_finding(opts, "gripper_dead", "gripper", rel(ts[0]), rel(ts[-1]), float(np.std(width)), 0.0,
                                      "m", constant_m=float(width[0]), pose_path_m=round(path, 4)))
         return findings
     for a, b in _runs(np.abs(np.diff(width)) <= opts.frozen_eps):
@@ -345,7 +360,7 @@ def check_gripper(ts_ns: np.ndarray, width_m: np.ndarray, pose_ts_ns: np.ndarray
         if dur >= opts.gripper_stuck_s:
             path = moved(int(ts[a]), int(ts[b]))
             if path >= opts.moving_m:
-                findings.append(_finding(opts, "gripper_stuck", "gripper", rel(ts[a]), rel(ts[b]), dur,
+                findings.append(new_finding(opts, "gripper_stuck", "gripper", rel(ts[a]), rel(ts[b]), dur,
                                          opts.gripper_stuck_s, "s", constant_m=float(width[a]), pose_path_m=round(path, 4)))
     return findings
 
@@ -388,7 +403,7 @@ def check_clock(ts_ns: np.ndarray, log_ns: np.ndarray, t0_ns: int, stream: str,
             k = order[b - 1]  # the last message on the old clock: the time is the healthy clock's
             code = "clock_step" if size > 0 else "clock_reversal"
             at = (int(t[k]) - t0_ns) / 1e9
-            findings.append(_finding(opts, code, stream, at, at, size, opts.clock_step_s, "s", message_index=int(b)))
+            findings.append(new_finding(opts, code, stream, at, at, size, opts.clock_step_s, "s", message_index=int(b)))
             i = b + window
         else:
             i += 1

@@ -56,6 +56,7 @@ class EpisodeStreams:
             read (the file is read once: parsing and hashing share the read).
         imu_ts_ns, gyro_rps: (I,) int64 capture times and (I, 3) float64 angular velocity (rad/s) of
             the optional IMU topic (messages of a schema in ``topics.imu_schemas``), sorted; None without.
+        accel_mps2: (I, 3) float64 specific force (m/s^2) of the same IMU messages; None without.
     """
 
     path: Path
@@ -76,6 +77,7 @@ class EpisodeStreams:
     imu_ts_ns: np.ndarray | None = None
     gyro_rps: np.ndarray | None = None
     camera_decode_order: np.ndarray | None = None
+    accel_mps2: np.ndarray | None = None
 
 
 def decode_order(sequence_num: np.ndarray, packets: Sequence[bytes]) -> np.ndarray | None:
@@ -279,9 +281,9 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
                     grip_lt.append(message.log_time)
                     grip_vals.append(decoded.value)
                 elif seen_schemas[topic] in topics.imu_schemas:
-                    w = decoded.angular_velocity
+                    w, acc = decoded.angular_velocity, decoded.linear_acceleration
                     imu_ts.append(ts)
-                    imu_vals.append((w.x, w.y, w.z))
+                    imu_vals.append((w.x, w.y, w.z, acc.x, acc.y, acc.z))
         except DecoderNotFoundError as exc:
             raise RecordingError(f"unknown message encoding: {exc}", path, code="unknown_encoding") from exc
         except (McapError, EOFError, ValueError, KeyError) as exc:
@@ -313,6 +315,7 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
     c_idx, inversions[topics.camera], duplicates[topics.camera] = _order_camera(cam_ts, cam_lt, cam_data)
     p_idx, inversions[topics.pose], duplicates[topics.pose] = _order(pose_ts, pose_lt)
     g_idx, inversions[topics.gripper], duplicates[topics.gripper] = _order(grip_ts, grip_lt)
+    imu = np.asarray(imu_vals, dtype=np.float64).reshape(-1, 6)[np.argsort(imu_ts, kind="stable")] if imu_ts else None
     cam_packets = cam_data.reordered(c_idx) if spool is not None else [cam_data[i] for i in c_idx]
     cam_decode = decode_order(np.asarray(cam_seq, dtype=np.int64)[c_idx], cam_packets)
     pose = np.asarray(pose_vals, dtype=np.float64).reshape(-1, 9)[p_idx]
@@ -338,5 +341,6 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
         message_counts=counts,
         sha256=digest,
         imu_ts_ns=np.asarray(imu_ts, dtype=np.int64)[np.argsort(imu_ts, kind="stable")] if imu_ts else None,
-        gyro_rps=np.asarray(imu_vals, dtype=np.float64)[np.argsort(imu_ts, kind="stable")] if imu_ts else None,
+        gyro_rps=imu[:, :3].copy() if imu is not None else None,
+        accel_mps2=imu[:, 3:].copy() if imu is not None else None,
     )
