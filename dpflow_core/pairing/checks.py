@@ -75,7 +75,7 @@ def check_candidate(
     vio_json = cand.files["vio_json"]
     try:
         vio_json_bytes = vio_json.read_bytes()
-        vio_status = json.loads(vio_json_bytes.decode("utf-8"))
+        vio_status = json.loads(vio_json_bytes.decode("utf-8-sig"))  # a byte-order mark is no JSON
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return PairingReject(cand.stem, str(vio_json), "unparseable_status", f"cannot parse {vio_json.name}: {exc}")
 

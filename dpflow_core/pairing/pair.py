@@ -75,8 +75,7 @@ def pair_recordings(
         rejects.extend(summary.bad_entries)
     if summary is not None and summary.error is not None:
         rejects.append(PairingReject(
-            "", str(summary.path), "unparseable_status",
-            f"cannot parse vio_result.json: {summary.error}; the task-level cross-check was skipped",
+            "", str(summary.path), summary.error_code, f"{summary.error}; the task-level cross-check was skipped",
         ))
 
     all_stems = {c.stem for c in candidates}

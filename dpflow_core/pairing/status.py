@@ -71,7 +71,7 @@ def read_vio_status(path: Path) -> str:
     """:func:`parse_vio_status` of a ``_vio.json`` file, or ``"unparseable"`` when it cannot be
     read or parsed (it may still be being written)."""
     try:
-        return parse_vio_status(json.loads(path.read_text(encoding="utf-8")))
+        return parse_vio_status(json.loads(path.read_text(encoding="utf-8-sig")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return "unparseable"
 
@@ -168,6 +168,7 @@ class TaskSummary:
     success: set[str] | None = None
     failed: set[str] | None = None
     bad_entries: list[PairingReject] = field(default_factory=list)
+    error_code: str = "unparseable_status"
 
     @property
     def task_name(self) -> str | None:
@@ -175,18 +176,44 @@ class TaskSummary:
         return value if isinstance(value, str) else None
 
 
+_SUMMARY_KEYS = ("success_mcap_files", "failed_mcap_files")
+
+
+def _layout_error(data: Any) -> str | None:
+    """Why a parsed ``vio_result.json`` cannot be cross-checked (not an object, or neither list key,
+    naming a key that looks like a misspelling of one), or None."""
+    if not isinstance(data, dict):
+        what = "an empty list" if data == [] else f"a JSON {type(data).__name__}"
+        return f"vio_result.json holds {what}, not an object with {' or '.join(_SUMMARY_KEYS)}"
+    if any(k in data for k in _SUMMARY_KEYS):
+        return None
+    import difflib
+
+    hints = [f"{found!r} for {key!r}" for key in _SUMMARY_KEYS
+             for found in difflib.get_close_matches(key, [str(k) for k in data], n=1, cutoff=0.75)]
+    keys = ", ".join(repr(k) for k in list(data)[:8]) or "none"
+    return (f"vio_result.json has no {' or '.join(_SUMMARY_KEYS)} key (keys: {keys})"
+            + (f"; misspelt? {', '.join(hints)}" if hints else ""))
+
+
 def read_task_summary(root: Path) -> TaskSummary | None:
     """The task folder's ``vio_result.json``, or None when there is none; an unparseable file
-    gives a summary with ``error`` set (pairing reports it and skips the cross-check)."""
+    gives a summary with ``error`` set (pairing reports it and skips the cross-check), and so does one
+    that parses but holds no list to cross-check (``error_code`` ``bad_task_summary``: an empty list,
+    a misspelt key)."""
     path = root / "vio_result.json"
     if not path.is_file():
         return None
     summary = TaskSummary(path)
     try:
-        summary.data = json.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark (a Windows editor's) is not part of the JSON
+        summary.data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        summary.error = f"{type(exc).__name__}: {exc}"
+        summary.error = f"cannot parse vio_result.json: {type(exc).__name__}: {exc}"
         return summary
+    summary.error = _layout_error(summary.data)
+    if summary.error is not None:
+        summary.error_code = "bad_task_summary"
     if isinstance(summary.data, dict):
         for key in ("success_mcap_files", "failed_mcap_files"):
             stems = _stems_of_success_list(summary.data.get(key), root, summary.bad_entries, key)
