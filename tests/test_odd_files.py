@@ -43,3 +43,22 @@ def test_a_task_summary_that_says_nothing_is_named(tmp_path, content, code, word
     (r,) = m.rejected
     assert (r.stem, r.code) == ("", code) and r.path == str(d / "vio_result.json")
     assert words in r.reason and r.reason.endswith("; the task-level cross-check was skipped"), r.reason
+
+
+@pytest.mark.parametrize("stem", ["../../x", "..", "a/b", ".hidden", "x; rm -rf ~"])
+def test_a_hand_edited_manifest_stem_never_reaches_a_path(tmp_path, stem):
+    """Every reader of a manifest (convert, its cache, report, export) loads it through load_manifest."""
+    from dpflow_core.errors import PairingError
+    from dpflow_core.pairing import write_manifest
+    from dpflow_core.pairing.manifest import load_manifest
+
+    write_small_task(tmp_path, episodes=1, seed=5)
+    path = write_manifest(pair_recordings(tmp_path / "pick_place"), tmp_path / "manifest.json")
+    data = json.loads(path.read_text())
+    data["accepted"][0]["stem"] = stem
+    path.write_text(json.dumps(data))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(PairingError) as err:
+        load_manifest(path)
+    assert err.value.code == "bad_manifest" and "accepted[0]" in str(err.value) and repr(stem) in str(err.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

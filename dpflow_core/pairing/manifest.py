@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpflow_core.errors import PairingError
+from dpflow_core.errors import InvalidNameError, PairingError
 from dpflow_core.files import write_text_atomic
+from dpflow_core.names import validate_name
 from dpflow_core.recordings.topics import TopicMap
 from dpflow_core.results import StageResult
 
@@ -224,6 +225,12 @@ def manifest_from_dict(data: Any, path: str | Path = "<manifest>") -> Manifest:
     for i, item in enumerate(_need(data, "accepted", list, "manifest", path)):
         where = f"accepted[{i}]"
         stem = _need(item, "stem", str, where, path)
+        try:
+            # The one place every reader of a manifest (convert, cache, report, export) gets its
+            # stems from: a hand-edited '../../x' never reaches a file path.
+            validate_name(stem, "stem")
+        except InvalidNameError as exc:
+            raise PairingError(f"malformed manifest: {where}: {exc.reason}", path, code="bad_manifest") from exc
         files_in = _need(item, "files", dict, where, path)
         files = {}
         for role in ROLES:
