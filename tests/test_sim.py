@@ -229,9 +229,18 @@ def test_rollouts_feed_predict_action_as_a_robot_would(tmp_path):
         r.__dict__ | {"predict_s": 0} for r in records]
     assert [c["timestamp"][-1] for c in both.calls[::2]] == [c["timestamp"][-1] for c in probe.calls[:len(both.calls) // 2]]
     assert not np.array_equal(both.calls[2]["camera0_rgb"], both.calls[3]["camera0_rgb"])
+    demonstrator = _DemonstratorPolicy("pick_place", eval_seeds(2))
     res = evaluate_closed_loop(_ProbePolicy(), "pick_place", tmp_path / "r",
-                               ClosedLoopSettings(episodes=2, baselines=("oracle", "hold"), video_episodes=1))
+                               ClosedLoopSettings(episodes=2, baselines=("oracle", "hold"), video_episodes=1),
+                               baseline_policies={"no_camera": demonstrator})
     assert not res.passed and res.reason.startswith("policy success 0.0 % < target 80 %")
+    # a further policy is a baseline on the same states, in its own file
+    assert res.baselines["no_camera"]["successes"] == 2 and len(demonstrator.calls) > 0
+    assert [r["seed"] for r in json.loads((tmp_path / "r" / "rollouts_no_camera.json").read_text())] == eval_seeds(2)
+    for bad in ("hold", "policy", "No Camera"):
+        with pytest.raises(ValueError, match="baseline policy name"):
+            evaluate_closed_loop(_ProbePolicy(), "pick_place", tmp_path / "bad", ClosedLoopSettings(episodes=1),
+                                 baseline_policies={bad: _ProbePolicy()})
     written = json.loads((tmp_path / "r" / "rollouts.json").read_text())
     assert [r["seed"] for r in written] == eval_seeds(2) and written[0]["success"] is False
     assert json.loads((tmp_path / "r" / "rollouts_oracle.json").read_text())[1]["success"] is True
@@ -271,21 +280,24 @@ class _DemonstratorPolicy(_ProbePolicy):
     def __init__(self, task, seeds):
         super().__init__()
         self.plans = [plan(initial_state(task, s)) for s in seeds]
-        self.episode = -1
+        self.first, self.size = 0, 0
 
     def predict_action(self, obs, generator=None, frame="tcp"):
-        assert len(obs["timestamp"]) == 1  # one episode at a time: a new one starts at time 0
-        self.episode += int(obs["timestamp"][0, -1] == 0)
-        p = self.plans[self.episode]
+        self.calls.append(obs)
+        if obs["timestamp"][0, -1] == 0:  # a new lockstep batch of episodes starts at time 0
+            self.first, self.size = self.first + self.size, len(obs["timestamp"])
         t = obs["timestamp"][0, -1] + np.arange(self.horizon) * self.action_dt_s
+        rows = [self._chunk(self.plans[self.first + b], t) for b in range(len(obs["timestamp"]))]
+        return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+    def _chunk(self, p, t):
         idx = np.clip(np.searchsorted(p.t_s, t), 0, len(p.t_s) - 1)
         cam_pos, cam_rot = camera_poses(p.pos[idx], Rotation.from_rotvec(p.rotvec[idx]))
         c0, r0 = camera_poses(p.pos[:1], Rotation.from_rotvec(p.rotvec[:1]))
         inv = np.linalg.inv(vio_origin(c0[0], r0[0]))
-        out = {"robot0_eef_pos": cam_pos @ inv[:3, :3].T + inv[:3, 3],
-               "robot0_eef_rot_axis_angle": (Rotation.from_matrix(inv[:3, :3]) * cam_rot).as_rotvec(),
-               "robot0_gripper_width": p.opening[idx][:, None], "timestamp": t}
-        return {k: v[None] for k, v in out.items()}
+        return {"robot0_eef_pos": cam_pos @ inv[:3, :3].T + inv[:3, 3],
+                "robot0_eef_rot_axis_angle": (Rotation.from_matrix(inv[:3, :3]) * cam_rot).as_rotvec(),
+                "robot0_gripper_width": p.opening[idx][:, None], "timestamp": t}
 
 
 @pytest.mark.parametrize("task", ["pick_place", "stack"])
@@ -310,4 +322,7 @@ def test_rollout_refuses_a_task_its_recordings_or_checkpoint_do_not_hold(stack_d
     r = CliRunner().invoke(app, ["rollout", str(tmp_path / "x.ckpt"), "--task", "stack", "--recordings",
                                  str(tmp_path / "nowhere"), "-o", str(tmp_path / "r")])
     assert r.exit_code == 2 and "no such folder" in said(r)
+    r = CliRunner().invoke(app, ["rollout", str(tmp_path / "x.ckpt"), "--task", "stack", "--baseline-checkpoint",
+                                 f"no_camera={tmp_path / 'missing.ckpt'}", "-o", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "expected NAME=PATH of an existing checkpoint file" in said(r)
     assert not (tmp_path / "r").exists()

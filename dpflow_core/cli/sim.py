@@ -37,6 +37,9 @@ def rollout_cmd(
     margin: float = typer.Option(0.2, "--margin", min=0.0, max=1.0, help="Points by which it must beat each non-oracle baseline."),
     recordings: Optional[Path] = typer.Option(None, "--recordings", help="The task folder it was trained on: its seeds are checked disjoint."),
     video_episodes: int = typer.Option(4, "--video-episodes", min=0, help="Episodes filmed into rollouts.mp4 and contact_sheet.png."),
+    baseline_checkpoint: list[str] = typer.Option(
+        [], "--baseline-checkpoint", metavar="NAME=PATH",
+        help="Another checkpoint rolled out as a baseline on the same states (repeatable), e.g. no_camera=blind.ckpt."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace earlier results in the output folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
@@ -69,9 +72,16 @@ def rollout_cmd(
     trained_on = _trained_task(checkpoint) if checkpoint is not None else None
     if trained_on is not None and trained_on != task:
         raise typer.BadParameter(f"{checkpoint} was trained on task {trained_on!r} (its dataset's metadata), not --task {task!r}")
+    others = {}
+    for item in baseline_checkpoint:
+        name, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            raise typer.BadParameter(f"--baseline-checkpoint {item!r}: expected NAME=PATH of an existing checkpoint file")
+        others[name] = Path(path)
     try:
         settings = ClosedLoopSettings(episodes, seed, tuple(chosen), target, margin, video_episodes)
-        result = evaluate_closed_loop(policy, task, out, settings, training_seeds=train_seeds, overwrite=overwrite)
+        result = evaluate_closed_loop(policy, task, out, settings, training_seeds=train_seeds, overwrite=overwrite,
+                                      baseline_policies=others)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if as_json:

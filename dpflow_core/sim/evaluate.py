@@ -9,18 +9,21 @@ writes into its output folder:
   the verdict of the ``closed_loop_success`` rule;
 - ``rollouts.mp4`` (the first episodes: wrist camera beside a scene camera) and ``contact_sheet.png``.
 
-The verdict passes when the policy's success reaches ``target`` and exceeds every non-oracle baseline's
-by at least ``margin`` (absolute). The oracle (the scripted demonstrator) must itself reach
+Besides the scripted baselines, other policies can be rolled out as baselines on the same states
+(``baseline_policies``): a policy trained without the camera, which shows what seeing is worth, or an
+earlier checkpoint. The verdict passes when the policy's success reaches ``target`` and exceeds every
+non-oracle baseline's by at least ``margin`` (absolute). The oracle (the scripted demonstrator) must itself reach
 :data:`ORACLE_MIN`: below that the world, not the policy, is broken, and the verdict says so.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import cv2
 import numpy as np
@@ -188,16 +191,24 @@ def evaluate_closed_loop(
     training_seeds: Sequence[int] | None = None,
     recording: SimRecordingSpec = SimRecordingSpec(),
     overwrite: bool = False,
+    baseline_policies: Mapping[str, Any] | None = None,
 ) -> ClosedLoopResult:
     """Roll ``policy`` (a loaded :class:`~dpflow_core.inference.Policy`, a
     :class:`~dpflow_core.serving.client.RemotePolicy`, or a path to a checkpoint) and the baselines out on
     held-out initial states of ``task``; write the files of the module docstring into ``out_dir``.
 
+    ``baseline_policies`` maps a name (a lower-case word, none of :data:`BASELINES` nor ``policy``) to a
+    further policy of the same kinds, rolled out as a baseline into ``rollouts_<name>.json``.
+
     Raises:
         RunError: ``out_dir`` already holds ``closed_loop.json`` and ``overwrite`` is False.
-        ValueError: an unknown task, or rollout seeds that meet ``training_seeds``.
+        ValueError: an unknown task, rollout seeds that meet ``training_seeds``, or a bad baseline name.
     """
     check_task(task)
+    others = dict(baseline_policies or {})
+    for name in others:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name in BASELINES or name == "policy":
+            raise ValueError(f"baseline policy name {name!r}: a lower-case word, not 'policy' nor one of {list(BASELINES)}")
     out = Path(out_dir)
     if (out / "closed_loop.json").exists() and not overwrite:
         raise RunError("closed-loop results exist already (pass --overwrite to replace them)", path=out, code="exists")
@@ -207,10 +218,10 @@ def evaluate_closed_loop(
     check_held_out(seeds)
     if training_seeds is not None:
         check_disjoint(training_seeds, seeds)
-    if isinstance(policy, (str, Path)):
-        from dpflow_core.inference import load_policy
+    from dpflow_core.inference import load_policy
 
-        policy = load_policy(policy)
+    loaded = lambda p: load_policy(p) if isinstance(p, (str, Path)) else p  # noqa: E731
+    policy, others = loaded(policy), {k: loaded(v) for k, v in others.items()}
     out.mkdir(parents=True, exist_ok=True)
     film = _Film()
     records = rollout_policy(policy, task, seeds, recording, video=film, video_episodes=video_episodes)
@@ -218,6 +229,10 @@ def evaluate_closed_loop(
     summaries = []
     for name in baselines:
         base = rollout_baseline(name, task, seeds, train_seed=int(training_seeds[0]) if training_seeds else 0)
+        write_rollouts(out, name, base)
+        summaries.append(RolloutSummary.of(name, base))
+    for name, other in others.items():
+        base = rollout_policy(other, task, seeds, recording)
         write_rollouts(out, name, base)
         summaries.append(RolloutSummary.of(name, base))
     mine = RolloutSummary.of("policy", records)
@@ -232,7 +247,8 @@ def evaluate_closed_loop(
 
 
 def closed_loop_for_task(checkpoint: str | Path, task_dir: str | Path, out_dir: str | Path,
-                         settings: ClosedLoopSettings = ClosedLoopSettings(), overwrite: bool = False) -> ClosedLoopResult:
+                         settings: ClosedLoopSettings = ClosedLoopSettings(), overwrite: bool = False,
+                         baseline_policies: Mapping[str, Any] | None = None) -> ClosedLoopResult:
     """The closed-loop judge of a checkpoint trained on the recordings of ``task_dir``.
 
     A task folder recorded in the world (it holds ``sim_task.json``) is rolled out with the world's
@@ -251,4 +267,4 @@ def closed_loop_for_task(checkpoint: str | Path, task_dir: str | Path, out_dir: 
     recording = SimRecordingSpec(**{k: v for k, v in (meta.get("recording") or {}).items() if k in known})
     seeds = [int(e["seed"]) for e in meta["episodes"]]
     return evaluate_closed_loop(checkpoint, meta["task"], out_dir, settings, training_seeds=seeds,
-                                recording=recording, overwrite=overwrite)
+                                recording=recording, overwrite=overwrite, baseline_policies=baseline_policies)

@@ -34,6 +34,9 @@ class RolloutEvaluationConfig(dg.Config):
     target: float = Field(default=_DEFAULTS.target, description="Success the policy must reach (fraction).")
     margin: float = Field(default=_DEFAULTS.margin, description="Points by which it must beat each non-oracle baseline.")
     video_episodes: int = Field(default=_DEFAULTS.video_episodes, description="Episodes filmed (mp4, contact sheet).")
+    baseline_checkpoints: dict[str, str] = Field(
+        default_factory=dict, description="Other checkpoints rolled out as baselines on the same states, by name "
+        "(e.g. {'no_camera': '/path/blind.ckpt'}); each must be beaten by the margin too.")
 
     def settings(self) -> ClosedLoopSettings:
         return ClosedLoopSettings(self.episodes, self.seed, tuple(self.baselines), self.target, self.margin,
@@ -66,7 +69,8 @@ def rollout_evaluation(
     ckpt, paired = DownloadedCheckpoint.coerce(checkpoint), PairedEpisodes.coerce(paired_episodes)
     out_dir = Path(ckpt.local_dir) / "rollouts"
     try:
-        result = closed_loop_for_task(ckpt.local_path, paired.root, out_dir, config.settings(), overwrite=True)
+        result = closed_loop_for_task(ckpt.local_path, paired.root, out_dir, config.settings(), overwrite=True,
+                                      baseline_policies={k: Path(v) for k, v in config.baseline_checkpoints.items()})
     except (DpflowError, ValueError) as exc:
         raise dg.Failure(description=str(exc), metadata={"checkpoint": str(ckpt.local_path), "task_dir": paired.root}) from exc
     metadata: dict[str, Any] = {"simulated": result.simulated, "checkpoint_sha256": ckpt.local_sha256}
