@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from dpflow_core.errors import RunError
 from dpflow_core.train.app import CONFIG_DIR
-from dpflow_core.train.workspace import _check_config, spec_from_config
+from dpflow_core.train.config import check_config, spec_from_config
 
 UMI = "train_diffusion_unet_timm_umi"
 
@@ -21,19 +21,19 @@ def _cfg(name: str, *overrides: str):
 
 def test_the_umi_config_needs_tx_cam_tcp_or_an_explicit_identity():
     with pytest.raises(RunError, match=r"task\.tx_cam_tcp is required.*task\.tx_cam_tcp=identity"):
-        _check_config(_cfg(UMI))
+        check_config(_cfg(UMI))
     identity = _cfg(UMI, "task.tx_cam_tcp=identity")
-    _check_config(identity)
+    check_config(identity)
     assert np.array_equal(spec_from_config(identity, 30.0).tx, np.eye(4))
     given = _cfg(UMI, "task.tx_cam_tcp={translation: [0.0, 0.0, 0.15]}")
-    _check_config(given)
+    check_config(given)
     assert spec_from_config(given, 30.0).tx[:3, 3].tolist() == [0.0, 0.0, 0.15]
     with pytest.raises(ValueError, match="must be identity"):
         spec_from_config(_cfg(UMI, "task.tx_cam_tcp=eye"), 30.0)
     # the other shipped configs train on the camera pose by default, as before
     for name in ("train_diffusion_unet_image", "tiny", "demo"):
         cfg = _cfg(name)
-        _check_config(cfg)
+        check_config(cfg)
         assert np.array_equal(spec_from_config(cfg, 10.0).tx, np.eye(4))
 
 
@@ -41,9 +41,9 @@ def test_the_umi_config_needs_tx_cam_tcp_or_an_explicit_identity():
 def test_gaussian_normalisation_with_sample_clipping_is_refused(name):
     extra = ("task.tx_cam_tcp=identity",) if name == UMI else ()
     with pytest.raises(RunError, match=r"task\.lowdim_norm=gaussian with policy\.noise_scheduler\.clip_sample=true"):
-        _check_config(_cfg(name, "task.lowdim_norm=gaussian", *extra))
-    _check_config(_cfg(name, "task.lowdim_norm=gaussian", "policy.noise_scheduler.clip_sample=false", *extra))
-    _check_config(_cfg(name, "task.lowdim_norm=range", *extra))
+        check_config(_cfg(name, "task.lowdim_norm=gaussian", *extra))
+    check_config(_cfg(name, "task.lowdim_norm=gaussian", "policy.noise_scheduler.clip_sample=false", *extra))
+    check_config(_cfg(name, "task.lowdim_norm=range", *extra))
 
 
 def test_spacing_in_seconds_means_the_same_time_at_any_rate():

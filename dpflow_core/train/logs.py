@@ -12,16 +12,23 @@ A trailing partial line is normal while a run writes; :func:`read_json_log`
 skips it. On resume, lines from work the checkpoint does not contain (steps
 at or after its ``global_step``) are dropped, so the file always tells one
 consistent history.
+
+:class:`WandbRun` is the same run's Weights & Biases log (main process only).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpflow_core.files import write_text_atomic
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def read_json_log(path: str | Path) -> list[dict[str, Any]]:
@@ -73,3 +80,33 @@ class JsonLinesLogger:
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+
+
+class WandbRun:
+    """Main-process W&B run; imported only when ``logging.mode`` is not ``disabled``."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str | None, resolved: dict[str, Any]):
+        import wandb
+
+        self._wandb = wandb
+        self.id = run_id or uuid.uuid4().hex[:8]
+        wandb_dir = os.environ.get("WANDB_DIR") or str(run_dir)
+        Path(wandb_dir).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            dir=wandb_dir,
+            project=str(cfg.logging.project),
+            name=cfg.logging.name or run_dir.name,
+            group=cfg.logging.group,
+            tags=list(cfg.logging.tags or []),
+            mode=str(cfg.logging.mode),
+            id=self.id,
+            resume="allow",
+            config=resolved,
+            settings=wandb.Settings(console="off", x_disable_stats=True),
+        )
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        self.run.log(dict(data), step=step)
+
+    def finish(self, exit_code: int = 0) -> None:
+        self.run.finish(exit_code=exit_code)

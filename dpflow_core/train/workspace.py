@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import math
-import os
 import random
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,14 +39,17 @@ from torch.utils.data import DataLoader
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train import checkpoint as ckpt
-from dpflow_core import pose
-from dpflow_core.offsets import obs_latencies_s
+from dpflow_core.train.config import (
+    apply_threads,
+    check_config,
+    mixed_precision_of,
+    obs_encoder_lr_scale,
+    spec_from_config,
+    throughput_settings,
+)
 from dpflow_core.train.data import (
-    DEFAULT_ACTION_KEYS,
-    ObsActionSpec,
     SequenceDataset,
     decode_action,
-    latency_steps,
     normalizer_stats,
     pass_batch,
     recorded_actions,
@@ -57,211 +57,22 @@ from dpflow_core.train.data import (
     shape_meta,
     split_episodes,
 )
-from dpflow_core.train.reporting import Reporter, open_reporter
-from dpflow_core.train.logs import JsonLinesLogger
+from dpflow_core.train.logs import JsonLinesLogger, WandbRun
 from dpflow_core.train.policy import DiffusionUnetImagePolicy, build_policy, optimizer_param_groups
+from dpflow_core.train.reporting import Reporter, open_reporter
 from dpflow_core.train.sampler import EpochBatchSampler
 
 log = logging.getLogger("dpflow.train")
 
 LOG_NAME = "logs.json.txt"
 CHECKPOINT_DIR = "checkpoints"
-LOGGING_MODES = ("offline", "online", "disabled")
-MIXED_PRECISION = ("no", "fp16", "bf16")
 
-
-
-def obs_encoder_lr_scale(cfg: DictConfig) -> float:
-    """The observation encoder's learning-rate factor: ``optimizer.pretrained_obs_encoder_lr_scale``
-    when the image model starts from a file (``policy.obs_encoder.rgb_model.pretrained_path``), else 1.
-
-    As UMI's timm workspace, which trains a pretrained encoder at 0.1x (its config) and a
-    randomly initialised one at the full rate. Missing key: 1 (configs written before it).
-    """
-    rgb_model = cfg.policy.obs_encoder.get("rgb_model") or {}
-    if rgb_model.get("pretrained_path") is None:
-        return 1.0
-    return float(cfg.optimizer.get("pretrained_obs_encoder_lr_scale", 1.0))
 
 def seed_everything(seed: int) -> None:
     """Seed python ``random``, numpy's global generator and torch (CPU and CUDA)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def down_sample_steps(task: DictConfig, which: str, frequency_hz: float) -> int:
-    """Steps between observation frames (``which="obs"``) or actions (``"action"``).
-
-    ``task.<which>_dt_s`` (seconds, DESIGN rule 15) when set: ``round(dt x frequency)``, at least 1, so
-    one config means the same spacing on 30 Hz and 60 Hz data; a rounding that misses ``dt`` by more than
-    10 % is logged. Otherwise ``task.<which>_down_sample_steps`` (steps, the UMI configs' keys).
-
-    Raises:
-        ValueError: a spacing that is not positive, or seconds without a usable frequency.
-    """
-    dt = OmegaConf.select(task, f"{which}_dt_s")
-    if dt is None:
-        return int(task[f"{which}_down_sample_steps"])
-    dt = float(dt)
-    if not dt > 0:
-        raise ValueError(f"task.{which}_dt_s must be > 0 seconds, got {dt}")
-    if not frequency_hz or frequency_hz <= 0:
-        raise ValueError(f"task.{which}_dt_s={dt} s needs the dataset's frequency, got {frequency_hz!r}")
-    steps = max(1, round(dt * frequency_hz))
-    if abs(steps / frequency_hz - dt) > 0.1 * dt:
-        log.warning("task.%s_dt_s=%.4g s is %d steps at %.3f Hz (%.4g s)", which, dt, steps, frequency_hz,
-                    steps / frequency_hz)
-    return steps
-
-
-def spec_from_config(cfg: DictConfig, frequency_hz: float, metadata: Mapping | None = None) -> ObsActionSpec:
-    """The observation/action spec of a trainer config, latencies scaled by ``frequency_hz``.
-
-    Reads ``task.camera_obs_latency`` / ``robot_obs_latency`` / ``gripper_obs_latency``
-    (s; with ``task.latency: measured`` less the camera offset the dataset ``metadata`` measured,
-    :func:`dpflow_core.offsets.obs_latencies_s`), ``task.pose_repr``, ``task.tx_cam_tcp`` (null or ``identity``: the camera pose is the
-    TCP; a 4 x 4 list; ``{translation, rotation}``) and ``task.lowdim_norm``.
-
-    Raises:
-        ValueError: for a bad representation, transform or latency.
-    """
-    task = cfg.task
-    lowdim = tuple(task.lowdim_keys)
-    lat = latency_steps(
-        tuple(dict.fromkeys(lowdim + DEFAULT_ACTION_KEYS)),
-        *obs_latencies_s(task, metadata),
-        frequency_hz,
-    )
-    tx = task.tx_cam_tcp
-    if isinstance(tx, str):
-        if tx != "identity":  # "required" is refused earlier, by _check_config
-            raise ValueError(f"task.tx_cam_tcp must be identity, a 4x4 list or {{translation, rotation}}, got {tx!r}")
-        tx = None
-    tx = OmegaConf.to_container(tx, resolve=True) if tx is not None else None
-    return ObsActionSpec(
-        rgb_keys=tuple(task.rgb_keys),
-        lowdim_keys=lowdim,
-        action_keys=tuple(task.action_keys),
-        n_obs_steps=int(cfg.n_obs_steps),
-        horizon=int(cfg.horizon),
-        obs_down_sample_steps=down_sample_steps(task, "obs", frequency_hz),
-        action_down_sample_steps=down_sample_steps(task, "action", frequency_hz),
-        obs_latency_steps=lat,
-        obs_pose_repr=str(task.pose_repr.obs_pose_repr),
-        action_pose_repr=str(task.pose_repr.action_pose_repr),
-        tx_cam_tcp=pose.as_tuple(pose.tx_from_config(tx)),
-        lowdim_norm=str(task.lowdim_norm),
-        rot6d_norm=str(task.rot6d_norm),
-        action_padding=bool(task.action_padding),
-    )
-
-
-def mixed_precision_of(cfg: DictConfig) -> str:
-    """``training.mixed_precision`` as accelerate spells it (YAML may turn ``no`` into False)."""
-    value = cfg.training.mixed_precision
-    value = "no" if value in (False, None) else str(value)
-    if value not in MIXED_PRECISION:
-        raise RunError(f"training.mixed_precision must be one of {MIXED_PRECISION}, got {value!r}")
-    return value
-
-
-def _check_config(cfg: DictConfig) -> None:
-    """Refuse a config the trainer cannot run, or could only run into a useless policy (RunError naming the keys)."""
-    if OmegaConf.is_missing(cfg.task, "dataset_path") or not cfg.task.dataset_path:
-        raise RunError("task.dataset_path is required (the dataset.npz to train on)")
-    if OmegaConf.select(cfg, "task.tx_cam_tcp") == "required":
-        # the UMI config says so: its gripper's TCP is 0.1-0.2 m from the camera
-        raise RunError(
-            "task.tx_cam_tcp is required by this config: give the pose of the TCP in the camera frame "
-            "(task.tx_cam_tcp='{translation: [x, y, z], rotation: [rx, ry, rz]}' in m and rad, or a 4x4 list), "
-            "or task.tx_cam_tcp=identity to train on the camera pose itself"
-        )
-    scheduler = OmegaConf.select(cfg, "policy.noise_scheduler", default=None) or {}
-    if str(cfg.task.lowdim_norm) == "gaussian" and bool(scheduler.get("clip_sample", False)):
-        limit = float(scheduler.get("clip_sample_range", 1.0) or 1.0)
-        raise RunError(
-            f"task.lowdim_norm=gaussian with policy.noise_scheduler.clip_sample=true: sampling clips every normalised "
-            f"action to [-{limit:g}, {limit:g}], and a gaussian normaliser puts every target beyond {limit:g} standard "
-            f"deviation(s) outside it (about a third of a normal distribution, 24-63 % of targets measured in issue 25), "
-            f"which the policy can then never predict; use task.lowdim_norm=range, or "
-            f"policy.noise_scheduler.clip_sample=false"
-        )
-    mode = str(cfg.logging.mode)
-    if mode not in LOGGING_MODES:
-        raise RunError(f"logging.mode must be one of {LOGGING_MODES}, got {mode!r}")
-    mixed_precision_of(cfg)
-    positive = {
-        "training.num_epochs": cfg.training.num_epochs,
-        "training.gradient_accumulate_every": cfg.training.gradient_accumulate_every,
-        "training.val_every": cfg.training.val_every,
-        "training.sample_every": cfg.training.sample_every,
-        "training.checkpoint_every": cfg.training.checkpoint_every,
-        "dataloader.batch_size": cfg.dataloader.batch_size,
-        "val_dataloader.batch_size": cfg.val_dataloader.batch_size,
-    }
-    for name in ("training.max_train_steps", "training.max_val_steps", "checkpoint.every_n_steps"):
-        value = OmegaConf.select(cfg, name)
-        if value is not None:
-            positive[name] = value
-    for name, value in positive.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise RunError(f"{name} must be a positive integer, got {value!r}")
-    scale = OmegaConf.select(cfg, "optimizer.pretrained_obs_encoder_lr_scale", default=1.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise RunError(f"optimizer.pretrained_obs_encoder_lr_scale must be a finite number > 0, got {scale!r}")
-    for name in (
-        "dataloader.num_workers",
-        "val_dataloader.num_workers",
-        "checkpoint.topk.k",
-        "training.lr_warmup_steps",
-    ):
-        value = OmegaConf.select(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise RunError(f"{name} must be an integer >= 0, got {value!r}")
-
-
-def throughput_settings(cfg: DictConfig) -> dict[str, Any]:
-    """The trainer's speed settings, checked: ``noise_samples_per_obs``, ``torch_threads``, ``allow_tf32``.
-
-    Read from the ``training`` section; a config written before a key gets the old behaviour
-    (1 noise sample per observation, torch's own thread count, no TF32):
-
-    - ``training.noise_samples_per_obs`` (int >= 1): K, noise samples and diffusion steps
-      trained per encoded observation (see :mod:`dpflow_core.train.policy`); the number of
-      denoising samples per step is ``dataloader.batch_size`` x K.
-    - ``training.torch_threads`` (int >= 1 or null): torch's intra-op threads in each process
-      (``torch.set_num_threads``); null leaves torch's default (one per core).
-    - ``training.allow_tf32`` (bool): TF32 matmuls and cuDNN convolutions on CUDA (Ampere and
-      newer; about 10 mantissa bits instead of 23); ignored on the CPU.
-
-    Raises:
-        RunError: a value of the wrong type or range, naming the key.
-    """
-    k = OmegaConf.select(cfg, "training.noise_samples_per_obs", default=1)
-    threads = OmegaConf.select(cfg, "training.torch_threads", default=None)
-    tf32 = OmegaConf.select(cfg, "training.allow_tf32", default=False)
-    for name, value in (("noise_samples_per_obs", k), ("torch_threads", threads)):
-        if value is None and name == "torch_threads":
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise RunError(f"training.{name} must be a positive integer, got {value!r}")
-    if not isinstance(tf32, bool):
-        raise RunError(f"training.allow_tf32 must be true or false, got {tf32!r}")
-    return {"noise_samples_per_obs": k, "torch_threads": threads, "allow_tf32": tf32}
-
-
-def apply_threads(threads: int | None) -> int:
-    """Set torch's intra-op thread count (None: unchanged); returns the count before.
-
-    One thread per process is the measured choice on a shared 2-core machine
-    (docs/benchmarks.md): two OpenMP threads spin-wait for each other when another
-    process holds a core, and a step then took up to 40x longer than on one thread.
-    """
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(int(threads))
-    return before
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
@@ -272,34 +83,6 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-class _WandbRun:
-    """Main-process W&B run; imported only when ``logging.mode`` is not ``disabled``."""
-
-    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str | None, resolved: dict[str, Any]):
-        import wandb
-
-        self._wandb = wandb
-        self.id = run_id or uuid.uuid4().hex[:8]
-        wandb_dir = os.environ.get("WANDB_DIR") or str(run_dir)
-        Path(wandb_dir).mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            dir=wandb_dir,
-            project=str(cfg.logging.project),
-            name=cfg.logging.name or run_dir.name,
-            group=cfg.logging.group,
-            tags=list(cfg.logging.tags or []),
-            mode=str(cfg.logging.mode),
-            id=self.id,
-            resume="allow",
-            config=resolved,
-            settings=wandb.Settings(console="off", x_disable_stats=True),
-        )
-
-    def log(self, data: Mapping[str, Any], step: int) -> None:
-        self.run.log(dict(data), step=step)
-
-    def finish(self, exit_code: int = 0) -> None:
-        self.run.finish(exit_code=exit_code)
 
 
 class Workspace:
@@ -308,7 +91,7 @@ class Workspace:
     def __init__(self, cfg: DictConfig, run_dir: str | Path):
         from accelerate import Accelerator
 
-        _check_config(cfg)
+        check_config(cfg)
         self.speed = throughput_settings(cfg)
         self.cfg = cfg
         self.accelerator = Accelerator(mixed_precision=mixed_precision_of(cfg), step_scheduler_with_optimizer=False)
@@ -328,7 +111,7 @@ class Workspace:
         self.ckpt_dir = self.run_dir / CHECKPOINT_DIR
         self.latest_path = self.ckpt_dir / ckpt.LATEST_NAME
         self.log_path = self.run_dir / LOG_NAME
-        self.wandb: _WandbRun | None = None
+        self.wandb: WandbRun | None = None
         self.json_log: JsonLinesLogger | None = None
         # reports to Dagster when launched through Dagster Pipes (main process only; None otherwise)
         self.pipes: Reporter | None = None
@@ -825,7 +608,7 @@ class Workspace:
             )
             if str(cfg.logging.mode) != "disabled":
                 resolved = OmegaConf.to_container(cfg, resolve=True)
-                self.wandb = _WandbRun(cfg, self.run_dir, self.wandb_id, resolved)
+                self.wandb = WandbRun(cfg, self.run_dir, self.wandb_id, resolved)
                 self.wandb_id = self.wandb.id
         log.info(
             "training %s on %d process(es) (%d torch thread(s) each), %d batches per epoch, "
