@@ -37,11 +37,11 @@ DECLARED = next(iter(READINGS))
 
 def procrustes_residual(b: np.ndarray, g: np.ndarray) -> float:
     """Unexplained share of ``g`` (N, 3) by the best proper rotation of ``b`` (N, 3):
-    ``min_M sum |g - M b|^2 / sum |g|^2`` (Kabsch: SVD of ``b^T g`` with the determinant's sign fixed)."""
-    u, _, vt = np.linalg.svd(b.T @ g)
-    d = np.sign(np.linalg.det(vt.T @ u.T)) or 1.0
-    m = vt.T @ np.diag([1.0, 1.0, d]) @ u.T
-    return float(np.sum((g - b @ m.T) ** 2) / max(np.sum(g**2), 1e-12))
+    ``min_M sum |g - M b|^2 / sum |g|^2`` (Kabsch's solution, ``scipy``'s ``Rotation.align_vectors``)."""
+    from scipy.spatial.transform import Rotation
+
+    _, rssd = Rotation.align_vectors(g, b)
+    return float(rssd**2 / max(np.sum(g**2), 1e-12))
 
 
 def _window_integrals(t_s: np.ndarray, values: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
