@@ -325,4 +325,9 @@ def test_rollout_refuses_a_task_its_recordings_or_checkpoint_do_not_hold(stack_d
     r = CliRunner().invoke(app, ["rollout", str(tmp_path / "x.ckpt"), "--task", "stack", "--baseline-checkpoint",
                                  f"no_camera={tmp_path / 'missing.ckpt'}", "-o", str(tmp_path / "r")])
     assert r.exit_code == 2 and "expected NAME=PATH of an existing checkpoint file" in said(r)
+    twice = tmp_path / "some.ckpt"
+    twice.write_bytes(b"x")
+    r = CliRunner().invoke(app, ["rollout", str(tmp_path / "x.ckpt"), "--task", "stack", "--baseline-checkpoint",
+                                 f"a={twice}", "--baseline-checkpoint", f"a={twice}", "-o", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "the name 'a' is given twice" in said(r)
     assert not (tmp_path / "r").exists()

@@ -77,6 +77,8 @@ def rollout_cmd(
         name, sep, path = item.partition("=")
         if not sep or not Path(path).is_file():
             raise typer.BadParameter(f"--baseline-checkpoint {item!r}: expected NAME=PATH of an existing checkpoint file")
+        if name in others:
+            raise typer.BadParameter(f"--baseline-checkpoint {item!r}: the name {name!r} is given twice")
         others[name] = Path(path)
     try:
         settings = ClosedLoopSettings(episodes, seed, tuple(chosen), target, margin, video_episodes)
