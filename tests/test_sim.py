@@ -16,6 +16,7 @@ from dpflow_core.pairing import pair_recordings, save_manifest
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.sim.demonstrator import plan
 from dpflow_core.sim.evaluate import ClosedLoopSettings, evaluate_closed_loop, verdict
+from dpflow_core.sim.tasks import SUCCESS_TARGET
 from dpflow_core.sim.record import (
     SimRecordingSpec,
     camera_poses,
@@ -245,6 +246,15 @@ def test_rollouts_feed_predict_action_as_a_robot_would(tmp_path):
     assert [r["seed"] for r in written] == eval_seeds(2) and written[0]["success"] is False
     assert json.loads((tmp_path / "r" / "rollouts_oracle.json").read_text())[1]["success"] is True
     assert res.video.stat().st_size > 1000 and res.contact_sheet.stat().st_size > 1000
+
+
+def test_each_task_is_judged_against_its_own_target_unless_one_is_given(tmp_path):
+    assert SUCCESS_TARGET == {"pick_place": 0.8, "stack": 0.6}
+    quick = dict(episodes=1, baselines=("hold",), video_episodes=0)
+    res = evaluate_closed_loop(_ProbePolicy(), "stack", tmp_path / "own", ClosedLoopSettings(**quick))
+    assert res.target == 0.6 and res.reason == "policy success 0.0 % < target 60 %"
+    res = evaluate_closed_loop(_ProbePolicy(), "stack", tmp_path / "given", ClosedLoopSettings(**quick, target=0.0))
+    assert res.target == 0.0 and "beat" in res.reason  # reaches 0 %, but not above hold by the margin
 
 
 def test_verdict_needs_the_target_and_the_margin_and_a_working_world():

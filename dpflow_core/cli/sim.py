@@ -33,7 +33,8 @@ def rollout_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (default: <checkpoint folder>/rollouts)."),
     server: Optional[str] = typer.Option(None, "--server", help="ws://HOST:PORT of `dpflow serve`: roll out through it."),
     baselines: str = typer.Option("oracle,replay,hold", "--baselines", help="Comma-separated, or 'none'."),
-    target: float = typer.Option(0.8, "--target", min=0.0, max=1.0, help="Success the policy must reach."),
+    target: Optional[float] = typer.Option(
+        None, "--target", min=0.0, max=1.0, help="Success the policy must reach (default: the task's own, 0.8 pick_place, 0.6 stack)."),
     margin: float = typer.Option(0.2, "--margin", min=0.0, max=1.0, help="Points by which it must beat each non-oracle baseline."),
     recordings: Optional[Path] = typer.Option(None, "--recordings", help="The task folder it was trained on: its seeds are checked disjoint."),
     video_episodes: int = typer.Option(4, "--video-episodes", min=0, help="Episodes filmed into rollouts.mp4 and contact_sheet.png."),

@@ -41,7 +41,7 @@ from dpflow_core.sim.rollout import (
     rollout_policy,
     write_rollouts,
 )
-from dpflow_core.sim.tasks import check_disjoint, check_task
+from dpflow_core.sim.tasks import SUCCESS_TARGET, check_disjoint, check_task
 from dpflow_core.sim.world import GripperWorld
 
 ORACLE_MIN = 0.98
@@ -68,7 +68,7 @@ class ClosedLoopResult(StageResult):
     seeds: tuple[int, ...]
     policy: dict[str, Any]
     baselines: dict[str, Any]
-    target: float
+    target: float | None
     margin: float
     passed: bool
     reason: str
@@ -160,7 +160,8 @@ class ClosedLoopSettings:
             success is then about +-6 points; with 50 it is +-13).
         seed: which block of held-out seeds (:func:`~dpflow_core.sim.rollout.eval_seeds`).
         baselines: names from :data:`~dpflow_core.sim.rollout.BASELINES`, rolled out on the same states.
-        target: success the policy must reach (fraction); margin: by how much (absolute) it must beat
+        target: success the policy must reach (fraction); None: the task's own
+            (:data:`~dpflow_core.sim.tasks.SUCCESS_TARGET`). margin: by how much (absolute) it must beat
             every non-oracle baseline.
         video_episodes: episodes filmed into ``rollouts.mp4`` and ``contact_sheet.png``.
     """
@@ -168,7 +169,7 @@ class ClosedLoopSettings:
     episodes: int = 200
     seed: int = 0
     baselines: tuple[str, ...] = BASELINES
-    target: float = 0.8
+    target: float | None = None
     margin: float = 0.2
     video_episodes: int = 4
 
@@ -179,7 +180,7 @@ class ClosedLoopSettings:
         if self.episodes < 1 or self.seed < 0 or self.video_episodes < 0:
             raise ValueError(f"episodes must be >= 1, seed and video_episodes >= 0; got {self.episodes}, "
                              f"{self.seed}, {self.video_episodes}")
-        if not (0 <= self.target <= 1 and 0 <= self.margin <= 1):
+        if not ((self.target is None or 0 <= self.target <= 1) and 0 <= self.margin <= 1):
             raise ValueError(f"target and margin are fractions in [0, 1], got {self.target}, {self.margin}")
 
 
@@ -213,7 +214,8 @@ def evaluate_closed_loop(
     if (out / "closed_loop.json").exists() and not overwrite:
         raise RunError("closed-loop results exist already (pass --overwrite to replace them)", path=out, code="exists")
     s = settings
-    episodes, baselines, target, margin, video_episodes = s.episodes, s.baselines, s.target, s.margin, s.video_episodes
+    episodes, baselines, margin, video_episodes = s.episodes, s.baselines, s.margin, s.video_episodes
+    target = SUCCESS_TARGET[task] if s.target is None else s.target
     seeds = eval_seeds(episodes, s.seed)
     check_held_out(seeds)
     if training_seeds is not None:
