@@ -209,7 +209,7 @@ def test_bad_episodes_are_rejected_with_reasons(task, tmp_path):
     changed = samples.write_episode(bad_root, "changed", SPEC, seed=34)
     m = manifest_for([*eps, vio40, hz20, trunc, changed], root)
     m["accepted"][-1]["files"]["vio_mcap"]["sha256"] = "0" * 64
-    r = convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=2)
+    r = convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=2, rate_policy="reject")
     assert r.n_episodes == 3
     assert [e["stem"] for e in r.metadata["episodes"]] == [e.stem for e in eps]
     by_stem = {x["stem"]: x for x in r.rejected}
@@ -235,7 +235,7 @@ def test_an_episode_rejected_after_its_frames_were_written_is_cut_out(converted,
     root, _ = task
     hz20 = samples.write_episode(root, "hz20", replace(SPEC, fps=20.0), seed=32)
     r = convert(manifest_for([eps[0], hz20, *eps[1:]], root), tmp_path / "dataset.npz", image_size=SIZE,
-                workers=1, cache=False)
+                workers=1, cache=False, rate_policy="reject")
     assert [x["code"] for x in r.rejected] == ["frequency_mismatch"] and r.n_episodes == 3
     body, three = r.path.read_bytes(), result.path.read_bytes()
     with zipfile.ZipFile(r.path) as zf, zipfile.ZipFile(result.path) as zf3:

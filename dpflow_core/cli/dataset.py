@@ -32,6 +32,11 @@ def convert_cmd(
     ),
     min_overlap: float = typer.Option(0.5, "--min-overlap", help="Reject episodes whose aligned frames cover less of the recording."),
     frequency_tolerance: float = typer.Option(0.05, "--frequency-tolerance", help="Relative tolerance of an episode's rate."),
+    rate_policy: str = typer.Option(
+        "resample", "--rate-policy",
+        help="An episode at another rate than its task's: 'resample' it to the task's rate (images held, poses "
+             "interpolated), 'group' (a dataset of its own beside the output, <stem>-<rate>hz.npz) or 'reject'.",
+    ),
     max_gap: float = typer.Option(0.5, "--max-gap", help="Seconds: longer holes in the camera stream are never bridged."),
     gap_policy: str = typer.Option(
         "split", "--gap-policy", help="Camera holes longer than --max-gap: 'split' the episode there or 'reject' it."
@@ -71,6 +76,7 @@ def convert_cmd(
             invalid_pose_policy=invalid_pose_policy, min_overlap_fraction=min_overlap,
             frequency_tolerance=frequency_tolerance, progress=progress, max_gap_s=max_gap, gap_policy=gap_policy,
             min_segment_frames=min_segment_frames, min_pose_score=min_pose_score, cache=not no_cache,
+            rate_policy=rate_policy,
         )
     if as_json:
         # the dataset's fields, the rejects and the time; the metadata document is in the sidecar
@@ -91,6 +97,8 @@ def convert_cmd(
     if cached.get("episodes_reused"):
         out.print(f"{cached['episodes_reused']} episodes from the cache {cached['dir']}, "
                   f"{cached['episodes_aligned']} aligned")
+    for g in meta.get("rate_groups") or []:
+        out.print(f"{g['n_episodes']} episodes at {g['frequency_hz']:.3f} Hz kept as their own dataset {g['path']}")
     for name in meta.get("stale_files_removed") or []:
         out.print(f"removed stale {name} (left by a conversion that is no longer running)")
     for ep in meta["episodes"]:

@@ -30,7 +30,9 @@ Modules: :mod:`~dpflow_core.conversion.align` (one episode), :mod:`~dpflow_core.
 (H.264 to resized RGB, streamed to a scratch file), :mod:`~dpflow_core.conversion.gaps` (camera holes),
 :mod:`~dpflow_core.conversion.inputs`
 (manifest in, episodes and keys out), :mod:`~dpflow_core.conversion.jobs` (the job runner),
-:mod:`~dpflow_core.conversion.install` (outputs into place) and :mod:`~dpflow_core.conversion.convert`;
+:mod:`~dpflow_core.conversion.install` (outputs into place), :mod:`~dpflow_core.conversion.rates` (an episode
+at another rate: resampled, its own dataset, or rejected), :mod:`~dpflow_core.conversion.metadata` and
+:mod:`~dpflow_core.conversion.convert`;
 the zip writer lives beside the reader in :mod:`dpflow_core.replay_buffer`, the per-episode cache in
 :mod:`dpflow_core.episode_cache` (outside this package, so ``dpflow cache`` starts without the decoding stack). The names other code
 uses are re-exported here.
@@ -46,7 +48,8 @@ from dpflow_core.conversion.inputs import (
     ConversionInputs, EpisodeInput, dataset_key, dataset_path_in, load_inputs, norm_stats_path_for, sidecar_path_for,
 )
 from dpflow_core.conversion.jobs import align_job_episode, alignment_job
-from dpflow_core.conversion.convert import METADATA_VERSION, ConversionResult, convert
+from dpflow_core.conversion.convert import ConversionResult, convert
+from dpflow_core.conversion.metadata import METADATA_VERSION
 
 __all__ = [
     "CONVERTER_VERSION", "DEFAULT_MAX_GAP_S", "DEFAULT_MIN_SEGMENT_FRAMES", "GAP_POLICIES", "INVALID_POSE_POLICIES", "LOWDIM_KEYS", "METADATA_VERSION", "_SWS_FLAGS", "AlignedEpisode",

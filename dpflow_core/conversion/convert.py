@@ -17,12 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-import av
 import numpy as np
 
-from dpflow_core import __version__
 from dpflow_core.conversion.align import (
-    CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, GAP_POLICIES, INVALID_POSE_POLICIES, LOWDIM_KEYS,
+    DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, GAP_POLICIES, INVALID_POSE_POLICIES, LOWDIM_KEYS,
     _LOWDIM_WIDTH, _check_image_size,
 )
 from dpflow_core.conversion.inputs import (
@@ -30,17 +28,14 @@ from dpflow_core.conversion.inputs import (
 )
 from dpflow_core.conversion.install import _backup_name, _install, _remove_stale, _write_json_atomic
 from dpflow_core.conversion.jobs import FrameStreamer, align_all, alignment_job
+from dpflow_core.conversion.metadata import dataset_metadata
+from dpflow_core.conversion.rates import RATE_POLICIES, apply_rate_policy, group_path, subset_manifest
 from dpflow_core.episode_cache import EpisodeCache, resolve_cache
 from dpflow_core.errors import ConversionError, DatasetError
 from dpflow_core.files import fsync_dir
-from dpflow_core.offsets import offset_warnings, task_offsets
 from dpflow_core.replay_buffer.writer import FRAMES_MEMBER, NpzMember, NpzStreamWriter, npy_data_offset
 from dpflow_core.recordings.topics import TopicMap
 from dpflow_core.results import StageResult
-
-
-#: Schema version of the metadata JSON (``meta__info_json`` member and sidecar).
-METADATA_VERSION = 1
 
 
 # --------------------------------------------------------------------------- convert
@@ -149,6 +144,7 @@ def convert(
     cache: "EpisodeCache | str | Path | bool | None" = True,
     plausibility: Any = None,
     short_episode_policy: str = "reject",
+    rate_policy: str = "resample",
 ) -> ConversionResult:
     """Convert the accepted episodes of a pairing manifest into one ``dataset.npz``.
 
@@ -160,7 +156,9 @@ def convert(
     An episode whose frames were appended but that is rejected afterwards (its frequency, known against all
     episodes' median) is cut out of the file again. Memory stays bounded by one episode per worker. The dataset
     frequency is 1 / the median frame interval over all episodes; an episode whose own frequency differs from
-    the median episode frequency by more than ``frequency_tolerance`` (relative) is rejected with the numbers.
+    the task's (the largest group of episodes agreeing within ``frequency_tolerance``, relative) is resampled
+    to it, converted as a dataset of its own or rejected, by ``rate_policy``
+    (:mod:`~dpflow_core.conversion.rates`).
 
     Metadata (the same document in ``meta__info_json`` and in the sidecar): episode count, total steps, episode
     lengths (min/mean/max) and per-episode reports (length, frequency, trimmed seconds, gaps, pose-invalid
@@ -206,6 +204,11 @@ def convert(
         plausibility: thresholds and policies of the pose and gripper rules (a
             :class:`~dpflow_core.recordings.plausibility.PlausibilityOptions` or a dict; None: the
             defaults, docs/formats.md); findings in ``episodes[].plausibility``.
+        rate_policy: an episode at another rate than the task's: ``"resample"`` (default) onto the task's
+            grid (images held, poses interpolated; ``episodes[].resampled``, warning ``rate_resampled``;
+            placed after the others), ``"group"`` each rate group as its own dataset beside the output
+            (``<stem>-<rate>hz.npz``, listed in ``rate_groups``; written before the output, so a failure
+            of the output leaves them), ``"reject"`` (``frequency_mismatch``).
         short_episode_policy: an episode or piece under ``min_segment_frames`` frames is rejected
             (``"reject"``: a piece is dropped and listed) or kept with a warning (``"warn"``).
 
@@ -232,15 +235,24 @@ def convert(
         raise ConversionError(f"gap_policy must be one of {GAP_POLICIES}, got {gap_policy!r}", code="bad_option")
     if not 0 < frequency_tolerance < 1:
         raise ConversionError(f"frequency_tolerance must be in (0, 1), got {frequency_tolerance}", code="bad_option")
+    if rate_policy not in RATE_POLICIES:
+        raise ConversionError(f"rate_policy must be one of {RATE_POLICIES}, got {rate_policy!r}", code="bad_option")
+    # What a rate group's own dataset is converted with: everything but the inputs, output and rate policy.
+    same_options = dict(image_size=image_size, workers=workers, backup=backup, invalid_pose_policy=invalid_pose_policy,
+                        min_overlap_fraction=min_overlap_fraction, frequency_tolerance=frequency_tolerance,
+                        topics=topics, verify_sha256=verify_sha256, reuse_existing=reuse_existing, max_gap_s=max_gap_s,
+                        gap_policy=gap_policy, min_segment_frames=min_segment_frames, min_pose_score=min_pose_score,
+                        plausibility=plausibility, short_episode_policy=short_episode_policy)
     out = Path(out_path).absolute()
     if out.suffix != ".npz":
         raise ConversionError("output must end in .npz", out, code="bad_option")
     folder = out.parent
     sidecar, norm_path = sidecar_path_for(out), norm_stats_path_for(out)
     inputs = load_inputs(manifest_or_paths)
-    topics = topics or _topic_map(inputs)
+    topics = same_options["topics"] = topics or _topic_map(inputs)
     options = _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
-                                  max_gap_s, gap_policy, min_segment_frames, plausibility, short_episode_policy)
+                                  max_gap_s, gap_policy, min_segment_frames, plausibility, short_episode_policy,
+                                  rate_policy)
     if min_pose_score:
         options["min_pose_score"] = min_pose_score
     checks = options["content_checks"]
@@ -307,23 +319,15 @@ def convert(
                 rejected.append({"stem": r["stem"], "stage": "conversion", "path": r["path"], "code": r["code"],
                                  "reason": r["reason"]})
 
+        rate_group_info = []
         if ok:
-            ref_hz = float(np.median([r["report"]["frequency_hz"] for _, r in ok]))
-            kept = []
-            for i, r in ok:
-                f_hz = r["report"]["frequency_hz"]
-                dev = abs(f_hz - ref_hz) / ref_hz
-                if dev > frequency_tolerance:
-                    rejected.append({
-                        "stem": r["stem"], "stage": "conversion", "path": r["report"]["path"], "code": "frequency_mismatch",
-                        "reason": f"measured {f_hz:.3f} Hz differs from the dataset's {ref_hz:.3f} Hz by {dev:.1%} "
-                                  f"(tolerance {frequency_tolerance:.1%})",
-                    })
-                else:
-                    kept.extend({**part, "tag": (i, k), "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
-                                 "cached": r.get("cached", False), "in_cache": r.get("in_cache", False)}
-                                for k, part in enumerate(r["parts"]))
-            ok = kept
+            ok, off_rate, aside = apply_rate_policy(ok, rate_policy, frequency_tolerance, frames_out, work)
+            rejected.extend(off_rate)
+            for hz, stems in aside:  # before the main dataset: its metadata names what they became
+                g = convert(subset_manifest(inputs, stems), group_path(out, hz), rate_policy="reject", **{
+                    **same_options, "cache": episode_cache if episode_cache is not None else False})
+                rate_group_info.append({"frequency_hz": g.frequency_hz, "path": str(g.path), "sha256": g.sha256,
+                                        "n_episodes": g.n_episodes, "episodes": stems})
         if not ok:
             raise ConversionError(
                 f"no valid episodes: {n_found} found, {len(rejected)} rejected: {_reject_reasons(rejected)}",
@@ -350,13 +354,19 @@ def convert(
         frames_member = NpzMember(FRAMES_MEMBER, (total, h, w, 3), np.dtype(np.uint8))
 
         stamp = datetime.now(timezone.utc)
-        meta = _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size,
+        meta = dataset_metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size,
                          [frames_member, *members], stamp, stale)
         meta["workers"] = n_workers
+        meta["rate_groups"] = rate_group_info
         n_cached = len({r["stem"] for r in ok if r["cached"]})
         meta["cache"] = {"dir": str(episode_cache.root) if episode_cache else None,
                          "episodes_reused": n_cached, "episodes_aligned": len(jobs) - n_cached}
         for r in ok:
+            if r["report"].get("resampled"):
+                rs = r["report"]["resampled"]
+                meta["warnings"].append({"stem": r["stem"], "code": "rate_resampled", "reason": (
+                    f"measured {rs['from_hz']:.3f} Hz, resampled to the dataset's {rs['to_hz']:.3f} Hz "
+                    f"({rs['frames_before']} -> {rs['frames_after']} frames, images held, poses interpolated)")})
             for w in r["report"].get("short_episode") or []:
                 meta["warnings"].append({"stem": r["stem"], **w})
             for f in (r["report"].get("plausibility") or {}).get("findings", []):
@@ -374,7 +384,7 @@ def convert(
         info = json.dumps(_hashed_metadata(meta)).encode()
         members.append(NpzMember("meta__info_json", (len(info),), np.dtype(np.uint8), data=info))
 
-        sha256, size = frames_out.finish([r["tag"] for r in ok], members, total, progress)
+        sha256, size = frames_out.finish([t for r in ok for t in r["tags"]], members, total, progress)
         shutil.rmtree(work, ignore_errors=True)
         timings["write"] = round(time.perf_counter() - t_write, 3)
 
@@ -424,77 +434,3 @@ def convert(
             p.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
     return _result_from_sidecar(out, sidecar, norm_path, meta, reused=False)
-
-
-def _metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale) -> dict:
-    ranges: dict[str, dict] = {}
-    for r in ok:
-        for k, v in r["ranges"].items():
-            if k not in ranges:
-                ranges[k] = {"min": v["min"], "max": v["max"]}
-            else:
-                ranges[k]["min"] = np.minimum(ranges[k]["min"], v["min"]).tolist()
-                ranges[k]["max"] = np.maximum(ranges[k]["max"], v["max"]).tolist()
-    by_stem = {e.stem: e for e in inputs.episodes}
-    episodes, start = [], 0
-    for r in ok:
-        rep = r["report"]
-        episodes.append({
-            "stem": r["stem"],
-            "start": start,
-            "length": r["n"],
-            "start_ts_ns": r.get("start_ts_ns"),
-            "frequency_hz": rep["frequency_hz"],
-            "duration_s": rep["duration_s"],
-            "trimmed_s": rep["trimmed_s"],
-            "coverage": rep["coverage"],
-            "gaps": rep["gaps"],
-            "long_gaps": rep["long_gaps"],
-            "segment": rep.get("segment"),
-            "pose_gaps": rep["pose_gaps"],
-            "pose_invalid": rep["pose_invalid"],
-            "plausibility": {k: v for k, v in (rep.get("plausibility") or {}).items() if k != "options"},
-            **(rep.get("offsets") or {}),
-            "short_episode": rep.get("short_episode") or [],
-            "leading_undecodable_packets": rep["leading_undecodable_packets"],
-            "undecodable_packets": rep["undecodable_packets"],
-            "cached": r["cached"],
-            "convert_seconds": round(r["seconds"], 3),
-            "worker_peak_rss_mb": round(r["peak_rss_mb"], 1),
-        })
-        start += r["n"]
-    offsets = task_offsets(episodes)
-    return {
-        "metadata_version": METADATA_VERSION,
-        "format": "replay_buffer_npz",
-        "converter": {"name": "dpflow.conversion", "version": CONVERTER_VERSION, "dpflow_version": __version__,
-                      "pyav": av.__version__, "numpy": np.__version__},
-        "created_at": stamp.isoformat(timespec="seconds"),
-        "task": inputs.task,
-        "dataset_key": key,
-        "n_episodes": int(len(lengths)),
-        "total_steps": int(lengths.sum()),
-        "episode_lengths": {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())},
-        "frequency_hz": frequency_hz,
-        "image_size": list(image_size),
-        "pose": "camera0 optical centre from VIO; position in m, rotation vector in rad (norm <= pi)",
-        "timestamp": "seconds from each episode's first frame (camera header.timestamp)",
-        "keys": {m.name: {"shape": list(m.shape), "dtype": str(m.dtype)} for m in members},
-        "value_ranges": ranges,
-        "episodes": episodes,
-        "inputs": {
-            "manifests": inputs.manifests,
-            "root": inputs.root,
-            "episodes": [{"stem": stem, "files": by_stem[stem].files} for stem in dict.fromkeys(r["stem"] for r in ok)],
-        },
-        "rejected": rejected,
-        "options": options,
-        "offsets": offsets,
-        "stale_files_removed": stale,
-        "warnings": offset_warnings(offsets),
-        "workers": None,
-        "timings_s": None,
-        "wall_time_s": None,
-        "sha256": None,
-        "size_bytes": None,
-    }

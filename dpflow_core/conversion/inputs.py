@@ -179,7 +179,7 @@ def _topic_map(inputs: ConversionInputs) -> TopicMap:
 
 def _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
                         max_gap_s=DEFAULT_MAX_GAP_S, gap_policy="split", min_segment_frames=DEFAULT_MIN_SEGMENT_FRAMES,
-                        plausibility=None, short_episode_policy="reject") -> dict:
+                        plausibility=None, short_episode_policy="reject", rate_policy="resample") -> dict:
     from dpflow_core.conversion.jobs import content_checks
 
     return {
@@ -192,6 +192,7 @@ def _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, f
         "max_gap_s": max_gap_s,
         "gap_policy": gap_policy,
         "min_segment_frames": min_segment_frames,
+        "rate_policy": rate_policy,
     }
 
 
@@ -207,6 +208,7 @@ def dataset_key(
     min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
     plausibility: Any = None,
     short_episode_policy: str = "reject",
+    rate_policy: str = "resample",
 ) -> str:
     """Content address of the dataset a conversion would produce (64 hex digits).
 
@@ -219,7 +221,7 @@ def dataset_key(
     return _key(inputs, _conversion_options(_check_image_size(image_size), invalid_pose_policy,
                                             min_overlap_fraction, frequency_tolerance, topics,
                                             max_gap_s, gap_policy, min_segment_frames, plausibility,
-                                            short_episode_policy))
+                                            short_episode_policy, rate_policy))
 
 
 def _key(inputs: ConversionInputs, options: dict) -> str:

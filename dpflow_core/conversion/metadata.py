@@ -1,0 +1,92 @@
+"""The dataset's metadata document (``meta__info_json`` and ``dataset.json``), from the episodes a conversion kept.
+
+Takes the conversion's inputs, the kept parts' summaries, the rejects and options; gives the dict
+:func:`~dpflow_core.conversion.convert.convert` writes (its layout: docs/formats.md).
+"""
+
+from __future__ import annotations
+
+import av
+import numpy as np
+
+from dpflow_core import __version__
+from dpflow_core.conversion.align import CONVERTER_VERSION
+from dpflow_core.offsets import offset_warnings, task_offsets
+
+#: Schema version of the metadata JSON (``meta__info_json`` member and sidecar).
+METADATA_VERSION = 1
+
+
+def dataset_metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale) -> dict:
+    ranges: dict[str, dict] = {}
+    for r in ok:
+        for k, v in r["ranges"].items():
+            if k not in ranges:
+                ranges[k] = {"min": v["min"], "max": v["max"]}
+            else:
+                ranges[k]["min"] = np.minimum(ranges[k]["min"], v["min"]).tolist()
+                ranges[k]["max"] = np.maximum(ranges[k]["max"], v["max"]).tolist()
+    by_stem = {e.stem: e for e in inputs.episodes}
+    episodes, start = [], 0
+    for r in ok:
+        rep = r["report"]
+        episodes.append({
+            "stem": r["stem"],
+            "start": start,
+            "length": r["n"],
+            "start_ts_ns": r.get("start_ts_ns"),
+            "frequency_hz": rep["frequency_hz"],
+            "duration_s": rep["duration_s"],
+            "trimmed_s": rep["trimmed_s"],
+            "coverage": rep["coverage"],
+            "gaps": rep["gaps"],
+            "long_gaps": rep["long_gaps"],
+            "segment": rep.get("segment"),
+            "resampled": rep.get("resampled"),
+            "pose_gaps": rep["pose_gaps"],
+            "pose_invalid": rep["pose_invalid"],
+            "plausibility": {k: v for k, v in (rep.get("plausibility") or {}).items() if k != "options"},
+            **(rep.get("offsets") or {}),
+            "short_episode": rep.get("short_episode") or [],
+            "leading_undecodable_packets": rep["leading_undecodable_packets"],
+            "undecodable_packets": rep["undecodable_packets"],
+            "cached": r["cached"],
+            "convert_seconds": round(r["seconds"], 3),
+            "worker_peak_rss_mb": round(r["peak_rss_mb"], 1),
+        })
+        start += r["n"]
+    offsets = task_offsets(episodes)
+    return {
+        "metadata_version": METADATA_VERSION,
+        "format": "replay_buffer_npz",
+        "converter": {"name": "dpflow.conversion", "version": CONVERTER_VERSION, "dpflow_version": __version__,
+                      "pyav": av.__version__, "numpy": np.__version__},
+        "created_at": stamp.isoformat(timespec="seconds"),
+        "task": inputs.task,
+        "dataset_key": key,
+        "n_episodes": int(len(lengths)),
+        "total_steps": int(lengths.sum()),
+        "episode_lengths": {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())},
+        "frequency_hz": frequency_hz,
+        "image_size": list(image_size),
+        "pose": "camera0 optical centre from VIO; position in m, rotation vector in rad (norm <= pi)",
+        "timestamp": "seconds from each episode's first frame (camera header.timestamp)",
+        "keys": {m.name: {"shape": list(m.shape), "dtype": str(m.dtype)} for m in members},
+        "value_ranges": ranges,
+        "episodes": episodes,
+        "inputs": {
+            "manifests": inputs.manifests,
+            "root": inputs.root,
+            "episodes": [{"stem": stem, "files": by_stem[stem].files} for stem in dict.fromkeys(r["stem"] for r in ok)],
+        },
+        "rejected": rejected,
+        "options": options,
+        "offsets": offsets,
+        "stale_files_removed": stale,
+        "warnings": offset_warnings(offsets),
+        "workers": None,
+        "timings_s": None,
+        "wall_time_s": None,
+        "sha256": None,
+        "size_bytes": None,
+    }
