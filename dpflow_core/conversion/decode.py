@@ -108,6 +108,7 @@ def decode_camera(
     ts_ns: np.ndarray,
     on_frame: Callable[[np.ndarray], None] | None = None,
     decode_order: np.ndarray | None = None,
+    max_width: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
     """Decode H.264 camera messages to RGB frames, as the standard allows them to be packed.
 
@@ -139,6 +140,9 @@ def decode_camera(
 
     Args:
         packets: (N,) camera message payloads (H.264 Annex-B), capture order.
+        image_size: (W, H) pixels of every frame; None keeps the camera's size (frames wider than
+            ``max_width`` pixels, when given, are scaled to that width keeping their aspect: a preview's).
+        codec: PyAV's decoder name (``"h264"``; ``"hevc"`` for a preview).
         ts_ns: (N,) int64 capture time of each message, ns, non-decreasing.
 
     Returns:
@@ -182,7 +186,10 @@ def decode_camera(
             t = unit_ns[frame.pts]
             if frame_ns and t == frame_ns[-1]:
                 continue
-            if image_size is None:
+            if image_size is None and max_width is not None and frame.width > max_width:
+                rgb = scaler.reformat(frame, width=max_width, height=max(1, round(frame.height * max_width / frame.width)),
+                                      format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+            elif image_size is None:
                 rgb = scaler.reformat(frame, format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
             else:
                 rgb = scaler.reformat(
