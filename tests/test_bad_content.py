@@ -495,9 +495,10 @@ def test_formats_md_lists_every_reject_and_warning_code():
     import re
 
     pairing = [f"pairing/{m}.py" for m in ("naming", "status", "checks", "explicit", "pair", "manifest")]
-    files = [REPO / "dpflow_core" / f for f in (*pairing, "report.py", "recordings/inspection.py",
+    files = [REPO / "dpflow_core" / f for f in (*pairing, "report/quality.py", "report/render.py", "recordings/inspection.py",
                                                 "recordings/reader.py", "conversion/align.py", "conversion/jobs.py",
-                                                "conversion/convert.py", "conversion/inputs.py", "conversion/gaps.py")]
+                                                "conversion/convert.py", "conversion/inputs.py", "conversion/gaps.py",
+                                                "conversion/rates.py")]
     codes = set()
     for f in files:
         text = f.read_text()
