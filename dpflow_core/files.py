@@ -246,6 +246,22 @@ def write_text_atomic(path: str | Path, text: str, *, overwrite: bool = True) ->
     return Path(path)
 
 
+def display_name(text: str | Path) -> str:
+    """``text`` (a file name or path) as it can be printed and written as UTF-8.
+
+    A name whose bytes are not valid UTF-8 reaches Python with each bad byte as a lone surrogate
+    (PEP 383, ``surrogateescape``), which no UTF-8 writer accepts; those bytes are shown as ``\\xNN``
+    (``b"ep\\xff3"`` -> ``ep\\xff3``). Any other lone surrogate (from JSON) as ``\\udNNN``. Valid
+    text is returned unchanged.
+    """
+    text = str(text)
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def path_kind(path: str | Path) -> str:
     """What a path that is not a regular file is, for messages: "a directory", "a FIFO (named
     pipe)", "a socket", "a character device", "a block device", "not a regular file", or

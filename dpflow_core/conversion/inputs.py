@@ -18,6 +18,7 @@ from typing import Any
 
 from dpflow_core.conversion.align import CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, _check_image_size
 from dpflow_core.errors import ConversionError, DpflowError
+from dpflow_core.files import display_name
 from dpflow_core.names import validate_name
 from dpflow_core.pairing import load_manifest, pair_recordings
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -137,6 +138,11 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
             vio = ((entry.get("files") or {}).get("vio_mcap") or {}) if isinstance(entry, dict) else {}
             if not stem or not vio.get("path"):
                 raise ConversionError(f"accepted entry {entry!r} lacks stem or files.vio_mcap.path", source, code="bad_manifest")
+            try:  # a dict or Manifest never went through load_manifest's check: the same rule here
+                validate_name(stem, "stem")
+            except DpflowError as exc:
+                raise ConversionError(f"accepted entry '{display_name(stem)}': {display_name(exc.reason)}", source,
+                                      code="bad_manifest") from exc
             if stem in seen:
                 raise ConversionError(f"stem {stem!r} appears in {seen[stem]} and {source}", source, code="bad_manifest")
             seen[stem] = source

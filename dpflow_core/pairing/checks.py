@@ -33,7 +33,7 @@ from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
 
 from dpflow_core.errors import RecordingError
-from dpflow_core.files import path_kind
+from dpflow_core.files import display_name, path_kind
 from dpflow_core.pairing.manifest import ROLES, AcceptedEpisode, FileEntry, PairingReject
 from dpflow_core.pairing.naming import SUFFIX, Candidate, inside, retry_base
 from dpflow_core.pairing.status import TaskSummary, parse_vio_status, status_stems, status_value, unknown_status_reason
@@ -131,6 +131,13 @@ def _naming_reject(cand: Candidate, root: Path, all_stems: set[str], topics: Top
     """Step 2, the folder naming rules: merged, retry, not a Matrix Studio recording, missing partner."""
     stem = cand.stem
     any_file = next(iter(cand.files.values()))
+    shown = display_name(stem)
+    if shown != stem:
+        return PairingReject(
+            shown, display_name(any_file), "undecodable_name",
+            f"{display_name(any_file.name)}: the file name is not valid UTF-8 (bytes shown as \\xNN); a stem must "
+            "be a safe name to reach a dataset: rename the three files",
+        )
     if ".merge" in stem:
         return PairingReject(
             stem, str(any_file), "unsupported_multi_arm",

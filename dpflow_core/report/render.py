@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from dpflow_core.errors import DpflowError
-from dpflow_core.files import write_text_atomic
+from dpflow_core.files import display_name, write_text_atomic
 from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 from dpflow_core.report.quality import (
@@ -209,8 +209,9 @@ def write_report(
         "episodes": [e.to_dict() for e in episodes],
         "rejected": rejected,
     }
+    # A file name that is not UTF-8 (a hand-made manifest's reject) is shown escaped, never a traceback.
     write_text_atomic(json_path, json.dumps(summary, indent=2, default=_json_default))
-    write_text_atomic(html_path, _html(task, label, episodes, rejected, out_dir))
+    write_text_atomic(html_path, display_name(_html(task, label, episodes, rejected, out_dir)))
     return ReportResult(html_path=html_path, json_path=json_path, preview_dir=preview_dir, episodes=episodes, task=task,
                         unreadable=unreadable)
 
