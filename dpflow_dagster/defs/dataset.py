@@ -49,6 +49,12 @@ class DatasetConfig(dg.Config):
         default=0.5, description="Reject episodes whose aligned frames cover less of the recording."
     )
     frequency_tolerance: float = Field(default=0.05, description="Relative tolerance of an episode's frame rate.")
+    rate_policy: str = Field(
+        default="resample",
+        description="An episode at another rate than its task's: 'resample' it to the task's rate (images held, "
+        "poses interpolated), 'group' (a dataset of its own beside the output, <stem>-<rate>hz.npz) or 'reject' "
+        "(as dpflow convert --rate-policy).",
+    )
     max_gap_s: float = Field(
         default=DEFAULT_MAX_GAP_S, description="A hole in the camera stream longer than this (s) is never bridged."
     )
@@ -113,6 +119,7 @@ def dataset_npz(
         invalid_pose_policy=config.invalid_pose_policy,
         min_overlap_fraction=config.min_overlap_fraction,
         frequency_tolerance=config.frequency_tolerance,
+        rate_policy=config.rate_policy,
         max_gap_s=config.max_gap_s,
         gap_policy=config.gap_policy,
         min_segment_frames=config.min_segment_frames,
