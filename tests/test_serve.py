@@ -132,10 +132,11 @@ def served(tiny_checkpoint, tmp_path_factory):
     """``dpflow serve`` on the tiny checkpoint: yields ``(process, port)``; stopped by its PID."""
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as err:
-        command = shlex.split(serve_command(tiny_checkpoint.checkpoint, ServeSettings(port=0)))  # as Dagster shows it
-        assert command[:2] == ["dpflow", "serve"]
         # a window long enough that the two concurrent clients' requests meet in one batch on a loaded machine
-        proc = subprocess.Popen([str(VENV_BIN / "dpflow"), *command[1:], "--batch-window-s", "0.05"],
+        settings = ServeSettings(port=0, batch_window_s=0.05)
+        command = shlex.split(serve_command(tiny_checkpoint.checkpoint, settings))  # as Dagster shows it
+        assert command[:2] == ["dpflow", "serve"]
+        proc = subprocess.Popen([str(VENV_BIN / "dpflow"), *command[1:]],
                                 stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         line = proc.stdout.readline()
@@ -416,6 +417,36 @@ def test_settings_bind_loopback_by_default_and_refuse_bad_values():
         ServeSettings(batch_window_s=-0.01)
     with pytest.raises(ValueError, match="max_batch must be >= 1"):
         ServeSettings(max_batch=0)
+
+
+# every field away from its default: a field added to ServeSettings must be added here (and to the CLI)
+NON_DEFAULT_SETTINGS = dict(host="0.0.0.0", port=0, device="cuda:1", max_age_s=0.35, threads=3,
+                            batch_window_s=0.0125, max_batch=4, mkldnn=True)
+
+
+@pytest.mark.parametrize("settings", [ServeSettings(), ServeSettings(**NON_DEFAULT_SETTINGS),
+                                      ServeSettings(port=9001, max_batch=1, batch_window_s=0.0)],
+                         ids=["defaults", "every-field", "some"])
+def test_the_printed_serve_command_rebuilds_its_settings(settings, monkeypatch, tmp_path):
+    """What the Dagster checkpoint asset shows, parsed by the real `dpflow serve` options, is the same settings."""
+    import dataclasses
+
+    import dpflow_core.serving.server as server
+    from typer.testing import CliRunner
+
+    from dpflow_core.cli import app
+
+    assert set(NON_DEFAULT_SETTINGS) == {f.name for f in dataclasses.fields(ServeSettings)}, \
+        "a ServeSettings field without a non-default value here (and maybe without its dpflow serve option)"
+    assert all(NON_DEFAULT_SETTINGS[f.name] != f.default for f in dataclasses.fields(ServeSettings))
+    served = []
+    monkeypatch.setattr(server, "serve", lambda checkpoint, given, ready=None: served.append((checkpoint, given)))
+    checkpoint = tmp_path / "a run" / "epoch=0119-train_loss=0.01.ckpt"  # a space and '=' as a shell must quote them
+    command = shlex.split(serve_command(checkpoint, settings))
+    assert command[:3] == ["dpflow", "serve", str(checkpoint)]
+    result = CliRunner().invoke(app, command[1:])
+    assert result.exit_code == 0, result.output
+    assert served == [(checkpoint, settings)]
 
 
 def test_a_rollout_through_the_server_is_the_rollout_in_process(served, policy):

@@ -8,24 +8,26 @@ from pathlib import Path
 import typer
 
 from dpflow_core.cli import app
-from dpflow_core.serving.settings import ServeSettings
+from dpflow_core.serving.settings import ServeSettings, cli_option
 
-_DEFAULT = ServeSettings()
+
+def _option(name: str):
+    """The option of the ServeSettings field ``name``: its default, flag and help are declared on the field."""
+    default, flag, help_ = cli_option(name)
+    return typer.Option(default, flag, help=help_)
 
 
 @app.command("serve")
 def serve_cmd(
     checkpoint: Path = typer.Argument(..., help="The trainer checkpoint (.ckpt) to serve."),
-    host: str = typer.Option(_DEFAULT.host, "--host", help="Address to bind; anything but loopback is warned about."),
-    port: int = typer.Option(_DEFAULT.port, "--port", help="TCP port (0: any free port, printed when bound)."),
-    device: str = typer.Option(_DEFAULT.device, "--device", help="torch device for inference (cpu, cuda, cuda:1, ...)."),
-    threads: int = typer.Option(_DEFAULT.threads, "--threads", help="torch intra-op threads for CPU inference."),
-    max_age_s: float = typer.Option(
-        _DEFAULT.max_age_s, "--max-age-s", help="Refuse observations whose newest frame is older than this at the request's now_s."),
-    batch_window_s: float = typer.Option(
-        _DEFAULT.batch_window_s, "--batch-window-s", help="With several clients connected: how long a batch waits for their requests."),
-    max_batch: int = typer.Option(_DEFAULT.max_batch, "--max-batch", help="Most requests stacked into one inference."),
-    mkldnn: bool = typer.Option(_DEFAULT.mkldnn, "--mkldnn/--no-mkldnn", help="oneDNN convolutions on the CPU (slower for small policies)."),
+    host: str = _option("host"),
+    port: int = _option("port"),
+    device: str = _option("device"),
+    max_age_s: float = _option("max_age_s"),
+    threads: int = _option("threads"),
+    batch_window_s: float = _option("batch_window_s"),
+    max_batch: int = _option("max_batch"),
+    mkldnn: bool = _option("mkldnn"),
 ) -> None:
     """Serve CHECKPOINT to robots: metadata on connect, an action chunk with target times per observation."""
     from dpflow_core.serving.server import serve

@@ -1,12 +1,19 @@
-"""The settings of ``dpflow serve``, declared once (the CLI's options are mapped onto them)."""
+"""The settings of ``dpflow serve``, declared once (DESIGN rule 16).
+
+Each field's metadata names its ``dpflow serve`` option and help (:func:`cli_option`): the
+CLI declares its options from them and :func:`serve_command` prints them, so the printed
+command rebuilds the same :class:`ServeSettings`. A test parses that command with the CLI.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def is_loopback(host: str) -> bool:
@@ -51,14 +58,24 @@ class ServeSettings:
             negative or non-finite batch_window_s, threads or max_batch below 1.
     """
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "cpu"
-    max_age_s: float = 1.0
-    threads: int = 1
-    batch_window_s: float = 0.005
-    max_batch: int = 16
-    mkldnn: bool = False
+    host: str = field(default="127.0.0.1", metadata={
+        "option": "--host", "help": "Address to bind; anything but loopback is warned about."})
+    port: int = field(default=8000, metadata={
+        "option": "--port", "help": "TCP port (0: any free port, printed when bound)."})
+    device: str = field(default="cpu", metadata={
+        "option": "--device", "help": "torch device for inference (cpu, cuda, cuda:1, ...)."})
+    max_age_s: float = field(default=1.0, metadata={
+        "option": "--max-age-s",
+        "help": "Refuse observations whose newest frame is older than this (seconds) at the request's now_s."})
+    threads: int = field(default=1, metadata={
+        "option": "--threads", "help": "torch intra-op threads for CPU inference."})
+    batch_window_s: float = field(default=0.005, metadata={
+        "option": "--batch-window-s",
+        "help": "With several clients connected: how long (seconds) a batch waits for their requests."})
+    max_batch: int = field(default=16, metadata={
+        "option": "--max-batch", "help": "Most requests stacked into one inference."})
+    mkldnn: bool = field(default=False, metadata={
+        "option": "--mkldnn/--no-mkldnn", "help": "oneDNN convolutions on the CPU (slower for small policies)."})
 
     def __post_init__(self):
         if not 0 <= int(self.port) <= 65535:
@@ -77,6 +94,37 @@ class ServeSettings:
         return is_loopback(self.host)
 
 
+def cli_option(name: str) -> tuple[Any, str, str]:
+    """``(default, flag, help)`` of the :class:`ServeSettings` field ``name``, as ``dpflow serve`` declares it.
+
+    Raises:
+        KeyError: no such field, or a field whose metadata lacks its ``option`` or ``help``.
+    """
+    spec = {f.name: f for f in dataclasses.fields(ServeSettings)}[name]
+    return spec.default, spec.metadata["option"], spec.metadata["help"]
+
+
+def _words(flag: str, value: Any) -> list[str]:
+    if isinstance(value, bool):
+        on, _, off = flag.partition("/")
+        return [on if value else off]
+    if isinstance(value, float):
+        return [flag, repr(value)]  # repr: the shortest text that parses back to the same float
+    return [flag, shlex.quote(str(value))]
+
+
 def serve_command(checkpoint: str | Path, settings: ServeSettings = ServeSettings()) -> str:
-    """The shell command that serves ``checkpoint`` with ``settings`` (the Dagster ``checkpoint`` asset shows it)."""
-    return f"dpflow serve {shlex.quote(str(checkpoint))} --host {settings.host} --port {int(settings.port)}"
+    """The shell command that serves ``checkpoint`` with ``settings`` (the Dagster ``checkpoint`` asset shows it).
+
+    Host and port always appear; every other field only where it differs from its default.
+
+    Raises:
+        KeyError: a field without its option in the metadata (a settings field the CLI would not know).
+    """
+    default = ServeSettings()
+    words = ["dpflow", "serve", shlex.quote(str(checkpoint))]
+    for spec in dataclasses.fields(ServeSettings):
+        value = getattr(settings, spec.name)
+        if spec.name in ("host", "port") or value != getattr(default, spec.name):
+            words += _words(cli_option(spec.name)[1], value)
+    return " ".join(words)
