@@ -21,13 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpflow_core.errors import ConversionError
-from dpflow_core.files import install_dir, pid_alive
+from dpflow_core.files import install_dir, remove_stale_temporaries, temp_name
 
 #: Size limit when none is given (``DPFLOW_CACHE_MAX_BYTES`` or ``--cache-max-size`` override it).
 DEFAULT_MAX_BYTES = 20 << 30
@@ -153,7 +152,7 @@ class EpisodeCache:
     def new_dir(self) -> Path:
         """A new, empty scratch folder inside the cache for a worker to write one episode into."""
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        path = self.root / temp_name("")
         path.mkdir()
         return path
 
@@ -202,8 +201,8 @@ class EpisodeCache:
     def prune(self, max_bytes: int | None = None) -> list[CacheEntry]:
         """Remove least recently used entries until the total is at most ``max_bytes`` (default:
         this cache's limit; 0 empties it), and the scratch folders of conversions that no longer
-        run (named ``.tmp-<pid>-*`` by :meth:`new_dir`; left by a killed conversion). Returns the
-        entries removed."""
+        run (named ``.tmp-<pid>-s<start>-*`` by :meth:`new_dir`; left by a killed conversion; a PID
+        reused by another process is told apart by its start time). Returns the entries removed."""
         limit = self.max_bytes if max_bytes is None else int(max_bytes)
         entries = self.entries()
         total = sum(e.size_bytes for e in entries)
@@ -215,10 +214,7 @@ class EpisodeCache:
             total -= e.size_bytes
             removed.append(e)
         if self.root.is_dir():
-            for tmp in self.root.glob(".tmp-*"):
-                pid = tmp.name.split("-")[1]
-                if pid.isdigit() and not pid_alive(int(pid)):
-                    shutil.rmtree(tmp, ignore_errors=True)
+            remove_stale_temporaries(self.root)
         return removed
 
 

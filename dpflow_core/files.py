@@ -7,6 +7,12 @@ sees either the old file or the complete new one, never a part. An output that i
 files is written to a temporary sibling folder and put in place by :func:`install_dir`. The
 content hash of a file is :func:`sha256_file`; :func:`crc32_combine` joins the zip CRC-32s of two
 byte strings without reading them.
+
+Temporary names follow one scheme, :func:`temp_name`: ``.<name>.<kind>-<pid>-s<start>[-<random>][<suffix>]``
+(``kind`` ``tmp``, ``partial`` or ``work``), where ``<start>`` is the owning process's start time
+(:func:`process_start_time`), so a later run can tell a killed run's leftover from a live run's file even when
+the PID was reused: :func:`stale_temporaries` lists them, :func:`remove_stale_temporaries` removes them (every
+stage that writes into a folder calls it first; ``dpflow clean`` on demand).
 """
 
 from __future__ import annotations
@@ -15,8 +21,12 @@ import contextlib
 import errno
 import hashlib
 import io
+import logging
 import os
+import re
 import secrets
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -115,7 +125,8 @@ def fsync_dir(folder: str | Path) -> None:
 
 
 def temp_path_for(path: str | Path, suffix: str = "") -> Path:
-    """A new, unused temporary name beside ``path``: ``.<name>.tmp-<pid>-<random><suffix>`` (created empty).
+    """A new, unused temporary name beside ``path``: ``.<name>.tmp-<pid>-s<start>-<random><suffix>`` (created empty;
+    :func:`temp_name`).
 
     The leading dot hides it from globbing readers; ``suffix`` keeps an extension a writer needs
     (``".png"`` for matplotlib, ``".npz"``). Created with ``O_EXCL`` and mode 0666 less the umask,
@@ -126,12 +137,144 @@ def temp_path_for(path: str | Path, suffix: str = "") -> Path:
     """
     path = Path(path)
     while True:
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
+        tmp = path.with_name(temp_name(path.name, suffix=suffix))
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:
             continue
         return tmp
+
+
+#: The kinds of temporary a stage writes: a file on its way to its name (``tmp``), a conversion's growing
+#: output (``partial``) and its scratch folder (``work``).
+TEMP_KINDS = ("tmp", "partial", "work")
+# ".<target>.<kind>-<pid>[-s<start>][-<hex>][.ext...]"; names without "-s<start>" are those written before
+# start times were recorded (only a dead PID makes them stale).
+_TEMP_RE = re.compile(r"^\.(?:(?P<target>.+)\.)?(?P<kind>tmp|partial|work)-(?P<pid>\d+)(?:-s(?P<start>\d+))?"
+                      r"(?:-[0-9a-f]+)?(?:\.[A-Za-z0-9]+)*$")
+_START_TIMES: dict[int, int | None] = {}
+
+
+def process_start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (field 22, ``starttime``, of ``/proc/<pid>/stat``,
+    proc(5)); None when it cannot be read (no such process, or no ``/proc``). Two processes that share a PID at
+    different times have different start times, which is how a reused PID is told from the original."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or ")": split after the last one.
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])  # fields[0] is field 3
+    except (IndexError, ValueError):
+        return None
+
+
+def _own_start_time() -> int | None:
+    pid = os.getpid()  # per PID: a forked worker has its own
+    if pid not in _START_TIMES:
+        _START_TIMES[pid] = process_start_time(pid)
+    return _START_TIMES[pid]
+
+
+def temp_name(name: str, kind: str = "tmp", *, unique: bool = True, suffix: str = "") -> str:
+    """The temporary name of this process for the output ``name``: ``.<name>.<kind>-<pid>-s<start>-<random><suffix>``.
+
+    ``<start>`` is this process's :func:`process_start_time` (left out where there is no ``/proc``);
+    ``unique=False`` leaves out ``-<random>`` (one such name per output and process: a conversion's
+    ``partial`` and ``work``). ``name`` "" gives ``.<kind>-<pid>-...`` (a folder's own scratch entries).
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`TEMP_KINDS`.
+    """
+    if kind not in TEMP_KINDS:
+        raise ValueError(f"temporary kind must be one of {TEMP_KINDS}, got {kind!r}")
+    start = _own_start_time()
+    owner = f"{os.getpid()}" + (f"-s{start}" if start is not None else "")
+    rand = f"-{secrets.token_hex(4)}" if unique else ""
+    return f".{name + '.' if name else ''}{kind}-{owner}{rand}{suffix}"
+
+
+@dataclass(frozen=True)
+class Temporary:
+    """A file or folder named by :func:`temp_name` (or the older ``-<pid>`` form without a start time).
+
+    Attributes:
+        path: where it is.
+        target: the output it was becoming (``""`` for a folder's own scratch entries).
+        kind: one of :data:`TEMP_KINDS`.
+        pid: the process that made it.
+        start_time: that process's start time (clock ticks after boot), None when the name records none.
+    """
+
+    path: Path
+    target: str
+    kind: str
+    pid: int
+    start_time: int | None
+
+    @property
+    def owner_running(self) -> bool:
+        """Whether the process that made it still runs: its PID is alive and, when the name records a start
+        time and the PID's own can be read, they are equal (else the PID was reused by another process)."""
+        if not pid_alive(self.pid):
+            return False
+        if self.start_time is None:
+            return True
+        now = process_start_time(self.pid)
+        return now is None or now == self.start_time
+
+
+def parse_temp_name(path: str | Path) -> Temporary | None:
+    """The :class:`Temporary` a path names, or None when its name is not a temporary's."""
+    path = Path(path)
+    m = _TEMP_RE.match(path.name)
+    if m is None:
+        return None
+    start = m.group("start")
+    return Temporary(path, m.group("target") or "", m.group("kind"), int(m.group("pid")),
+                     None if start is None else int(start))
+
+
+def stale_temporaries(folder: str | Path, *, recursive: bool = False) -> list[Temporary]:
+    """The temporaries in ``folder`` (and, ``recursive``, its sub-folders; symbolic links are not followed)
+    whose process no longer runs (:attr:`Temporary.owner_running`), sorted by path. A live run's are never
+    listed; nor is anything inside a temporary folder. A folder that cannot be listed gives none."""
+    found = []
+    for top, dirs, files in os.walk(folder):
+        for name in sorted(dirs + files):
+            t = parse_temp_name(Path(top, name))
+            if t is not None and not t.owner_running:
+                found.append(t)
+        dirs[:] = [] if not recursive else sorted(d for d in dirs if parse_temp_name(d) is None)
+    return sorted(found, key=lambda t: str(t.path))
+
+
+def remove_stale_temporaries(folder: str | Path, *, recursive: bool = False, dry_run: bool = False) -> list[Temporary]:
+    """Remove :func:`stale_temporaries` of ``folder`` (files unlinked, folders removed with their contents);
+    each removal is logged (warning, logger ``dpflow.files``) with its owner's PID. ``dry_run`` removes
+    nothing. Returns what was (or would be) removed; one that vanished meanwhile or cannot be removed is
+    logged and left out.
+    """
+    log = logging.getLogger("dpflow.files")
+    removed = []
+    for t in stale_temporaries(folder, recursive=recursive):
+        if not dry_run:
+            try:
+                if t.path.is_dir() and not t.path.is_symlink():
+                    shutil.rmtree(t.path)
+                else:
+                    t.path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("cannot remove stale %s: %s", t.path, exc.strerror or exc)
+                continue
+            log.warning("removed %s: left by process %s, which is no longer running", t.path, t.pid)
+        removed.append(t)
+    return removed
 
 
 def _fsync_file(path: Path) -> None:

@@ -51,6 +51,7 @@ from dpflow_core.cli import serve as _serve  # noqa: E402,F401
 from dpflow_core.cli import sim as _sim  # noqa: E402,F401
 from dpflow_core.cli import view as _view  # noqa: E402,F401
 from dpflow_core.cli import curate as _curate  # noqa: E402,F401
+from dpflow_core.cli import clean as _clean  # noqa: E402,F401
 
 
 def main() -> None:

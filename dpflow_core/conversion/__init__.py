@@ -19,12 +19,13 @@ Two levels:
   other members, hashes the file and writes the ``dataset.json`` sidecar and
   ``norm_stats.json``.
 
-The output is never overwritten: it is written to ``.<name>.partial-<pid>`` in
+The output is never overwritten: it is written to ``.<name>.partial-<pid>-s<start>`` in
 the destination folder, fsynced and linked into place (``os.link`` fails when
 the name exists), so a kill at any moment leaves no new file or a complete one.
 Workers exit when the converting process dies (``PR_SET_PDEATHSIG`` and a watch
-of its PID), and a conversion removes, and names, the ``.partial-<pid>`` /
-``.work-<pid>`` leftovers of conversions no longer running in its output folder.
+of its PID), and a conversion removes, and names, the ``partial`` / ``work`` (and any
+``tmp``) leftovers of runs no longer running in its output folder
+(:func:`dpflow_core.files.remove_stale_temporaries`: the name records the owner's PID and start time).
 
 Modules: :mod:`~dpflow_core.conversion.align` (one episode), :mod:`~dpflow_core.conversion.decode`
 (H.264 to resized RGB, streamed to a scratch file), :mod:`~dpflow_core.conversion.gaps` (camera holes),

@@ -9,7 +9,6 @@ then writes the rest, hashes it, computes norm stats and installs the three file
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from dpflow_core.conversion.metadata import dataset_metadata
 from dpflow_core.conversion.rates import RATE_POLICIES, apply_rate_policy, group_path, subset_manifest
 from dpflow_core.episode_cache import EpisodeCache, resolve_cache
 from dpflow_core.errors import ConversionError, DatasetError
-from dpflow_core.files import fsync_dir
+from dpflow_core.files import fsync_dir, temp_name
 from dpflow_core.replay_buffer.writer import FRAMES_MEMBER, NpzMember, NpzStreamWriter, npy_data_offset
 from dpflow_core.recordings.topics import TopicMap
 from dpflow_core.results import StageResult
@@ -287,9 +286,8 @@ def convert(
 
     folder.mkdir(parents=True, exist_ok=True)
     stale = _remove_stale(folder)
-    pid = os.getpid()
-    partial = folder / f".{out.name}.partial-{pid}"
-    work = folder / f".{out.name}.work-{pid}"
+    partial = folder / temp_name(out.name, "partial", unique=False)
+    work = folder / temp_name(out.name, "work", unique=False)
     made: list[Path] = []
     streamer: FrameStreamer | None = None
     frames_out: NpzStreamWriter | None = None

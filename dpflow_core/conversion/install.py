@@ -8,42 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
-from typing import Iterable
 
-from dpflow_core.files import pid_alive
+from dpflow_core.files import remove_stale_temporaries, temp_name
 from dpflow_core.errors import ConversionError
 
 
-def _remove_stale(folder: Path, names: Iterable[str] | None = None) -> list[str]:
-    """Remove ``.<name>.partial-<pid>`` files and ``.<name>.work-<pid>`` folders left in ``folder``
-    by conversions that are no longer running (no process ``<pid>``), whatever output they were
-    writing (``names`` None) or only for the given output names. A name whose process still
-    runs is kept: it may be a conversion at work. Each removal is logged (warning) by name.
-
-    Returns:
-        The names removed.
-    """
-    import logging
-
-    removed = []
-    wanted = None if names is None else set(names)
-    for entry in sorted(folder.glob(".*")):
-        base, sep, pid = entry.name[1:].rpartition("-")
-        stem, dot, kind = base.rpartition(".")
-        if not (sep and dot and kind in ("partial", "work") and pid.isdigit()):
-            continue
-        if (wanted is not None and stem not in wanted) or pid_alive(int(pid)):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-        removed.append(entry.name)
-        logging.getLogger("dpflow.conversion").warning(
-            "removed %s in %s: left by conversion process %s, which is no longer running", entry.name, folder, pid)
-    return removed
+def _remove_stale(folder: Path) -> list[str]:
+    """Remove the temporaries left in ``folder`` by runs that no longer run (a killed conversion's
+    ``partial`` file and ``work`` folder, any stage's ``tmp``: :func:`dpflow_core.files.remove_stale_temporaries`,
+    which keeps a live run's, PID reuse included). Returns the names removed."""
+    return [t.path.name for t in remove_stale_temporaries(folder)]
 
 
 def _install(tmp: Path, final: Path, backup_to: Path | None) -> None:
@@ -72,7 +47,7 @@ def _backup_name(path: Path, stamp: str) -> Path:
 
 
 def _write_json_atomic(path: Path, doc: dict) -> Path:
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    tmp = path.with_name(temp_name(path.name, "partial", unique=False))
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=2, sort_keys=False)
         f.write("\n")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from dpflow_core.export.features import (
 from dpflow_core.export.stats import camera_stats
 from dpflow_core.export.v30 import V30Layout, write_v30
 from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
-from dpflow_core.files import install_dir, write_text_atomic
+from dpflow_core.files import install_dir, remove_stale_temporaries, temp_name, write_text_atomic
 from dpflow_core.results import StageResult
 
 
@@ -232,7 +231,8 @@ class LeRobotWriter:
         self.robot_type = robot_type
         self.video = video
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp_dir = self.out_dir.with_name(f".{self.out_dir.name}.tmp-{os.getpid()}")
+        remove_stale_temporaries(self.out_dir.parent)  # a killed export's folder, however large
+        self.tmp_dir = self.out_dir.with_name(temp_name(self.out_dir.name, unique=False))
         if self.tmp_dir.exists():
             shutil.rmtree(self.tmp_dir)
         self.staging_dir = self.tmp_dir / ".staging"

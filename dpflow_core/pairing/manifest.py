@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dpflow_core.errors import InvalidNameError, PairingError
-from dpflow_core.files import write_text_atomic
+from dpflow_core.files import remove_stale_temporaries, write_text_atomic
 from dpflow_core.names import validate_name
 from dpflow_core.recordings.topics import TopicMap
 from dpflow_core.results import StageResult
@@ -199,6 +199,7 @@ def write_manifest(manifest: Manifest, path: str | Path, overwrite: bool = False
     if path.exists() and not overwrite:
         raise PairingError("manifest already exists (pass --overwrite (overwrite=True from Python) to replace it)", path, code="output_exists")
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path.parent)
     return write_text_atomic(path, json.dumps(manifest.to_dict(), indent=2) + "\n")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from dpflow_core.errors import DpflowError
-from dpflow_core.files import display_name, write_text_atomic
+from dpflow_core.files import display_name, remove_stale_temporaries, write_text_atomic
 from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 from dpflow_core.report.quality import (
@@ -197,6 +197,8 @@ def write_report(
         raise DpflowError("a report already exists here; pass --overwrite (overwrite=True from Python) to replace it", out_dir, code="output_exists")
     data, _ = manifest_data(manifest)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for folder in (out_dir, preview_dir):  # a killed report's temporaries
+        remove_stale_temporaries(folder)
     unreadable: list[dict] = []
     episodes = episode_quality(data if isinstance(manifest, Mapping) else manifest, preview_dir, topics, unreadable=unreadable)
     task = str(data.get("task", ""))
