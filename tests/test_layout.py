@@ -105,7 +105,7 @@ def test_dg_check_defs_loads_the_project():
     from dpflow_dagster import definitions
 
     stage_modules = {p.stem for p in (REPO / "dpflow_dagster" / "defs").glob("*.py")} - {"__init__"}
-    assert stage_modules == {"recordings", "dataset", "lerobot", "remote", "training", "rollouts", "pipeline", "resources"}
+    assert stage_modules == {"recordings", "dataset", "lerobot", "remote", "training", "rollouts", "pipeline", "resources", "run_config"}
     assert {"paired_episodes", "dataset_npz", "remote_dataset", "train_run"} <= {
         k.to_user_string() for k in definitions.defs.resolve_asset_graph().get_all_asset_keys()}
 

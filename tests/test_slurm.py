@@ -94,18 +94,19 @@ def test_settings_are_validated():
 
 
 def test_scale_runs_take_the_train_command_template():
-    from dpflow_core.cli.scale import _spec
-    from dpflow_core.runs import DEFAULT_TRAIN_COMMAND
+    from dpflow_core.runs import DEFAULT_TRAIN_COMMAND, RunSpec, SmokeSettings, TrainSettings
     from dpflow_core.runs.command import render_train_command
     from dpflow_core.runs.spec import UPSTREAM_TRAIN_COMMAND
 
-    args = ("/shared/d/dataset.npz", "ab" * 32, 30.0, "train_diffusion_unet_timm_umi_workspace", None, 5, 4, False, [], "offline")
-    smoke = _spec("smoke", "s1", *args, "upstream")
-    train = _spec("train", "t1", *args, "upstream")
+    options = {"config_name": "train_diffusion_unet_timm_umi_workspace", "max_train_steps": 5, "batch_size": 4,
+               "override": [], "train_command": "upstream"}
+    smoke, train = SmokeSettings.from_options(options), TrainSettings.from_options(options)
     assert smoke.train_command == train.train_command == UPSTREAM_TRAIN_COMMAND
-    assert _spec("train", "t2", *args, None).train_command == DEFAULT_TRAIN_COMMAND
-    line = render_train_command(train.train_command, run_dir="/r", dataset=train.dataset_path, overrides=["a=1"],
-                                num_processes=8, gpu_ids=(0, 1, 2, 3), config_name=train.config_name)
+    assert TrainSettings.from_options({**options, "train_command": None}).train_command == DEFAULT_TRAIN_COMMAND
+    spec = RunSpec(name="t1", kind="train", dataset_path="/shared/d/dataset.npz", frequency_hz=30.0,
+                   config_name=train.config_name, train_command=train.train_command)
+    line = render_train_command(spec.train_command, run_dir="/r", dataset=spec.dataset_path, overrides=["a=1"],
+                                num_processes=8, gpu_ids=(0, 1, 2, 3), config_name=spec.config_name)
     assert line.startswith("train.py --config-name=train_diffusion_unet_timm_umi_workspace") and line.endswith("a=1")
 
 

@@ -205,21 +205,17 @@ def upload_cmd(
     server_config: ServerConfig = None,
 ) -> None:
     """Upload DATASET to <data_root>/<task>/<sha256[:16]>/dataset.npz (resumable) and verify its SHA-256 there."""
-    from dpflow_core.server.upload import upload_dataset
+    from dpflow_core.dataset import recorded_sha256
+    from dpflow_core.runs.scale import upload_to_lab
 
     if method not in ("auto", "rsync", "stream"):
         raise typer.BadParameter(f"unknown method {method!r}", param_hint="--method")
-    from dpflow_core.dataset import recorded_sha256
-
     # By default the file must still be what conversion wrote (the sidecar's SHA-256).
     expected_sha256 = expected_sha256 or recorded_sha256(dataset)
+    # the upload of `dpflow scale` and the remote_dataset asset; a mismatch raises UploadMismatch (sha256_mismatch)
     with _server.GpuServer(server_config) as server, _RichProgress(f"upload {dataset.name}") as progress:
-        result = upload_dataset(
-            server, dataset, task=task, expected_sha256=expected_sha256, method=method,
-            bwlimit_kbps=bwlimit, progress=progress,
-        )
-    if not result.verified:
-        raise RemoteError(f"SHA-256 mismatch after upload: {result.verification.describe()}", code="sha256_mismatch")
+        [result] = upload_to_lab([server], dataset, task=task, expected_sha256=expected_sha256, method=method,
+                                 bwlimit_kbps=bwlimit, progress=progress).results
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return

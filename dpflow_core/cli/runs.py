@@ -37,15 +37,6 @@ def _verdict(name: str, passed: bool, detail: str = "", *, blocking: bool = True
     typer.secho(f"[{label}] {name}" + (f": {detail}" if detail else ""), fg=colour)
 
 
-def _gpu_ids(text: str | None) -> tuple[int, ...]:
-    if not text:
-        return ()
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(f"{text!r}: expected comma-separated GPU indices like 0,1", param_hint="--gpu-ids") from exc
-
-
 def _print_identity(handle, action: str) -> None:
     """The names a run shares (rule 1): run name, directory, tmux session, W&B directory."""
     session = handle.detached.tmux_session or f"none ({handle.detached.method}, pid {handle.detached.pid})"
@@ -60,12 +51,21 @@ def _release_verdict(release) -> None:
     _verdict("released", release.verdict == "pass", release.message, blocking=release.verdict == "fail")
 
 
-def _dataset_identity(server: GpuServer, dataset: str, frequency: float | None) -> tuple[str, str, float]:
+def _remote_dataset(server: GpuServer, dataset: str, frequency: float | None):
+    """The dataset already on the server, as the recipes take it (``frequency``: Hz, default its metadata)."""
     from dpflow_core.runs import dataset_frequency
+    from dpflow_core.server.upload import RemoteDataset
 
     path = server.abspath(dataset)
-    sha = server.sha256(path)
-    return path, sha, frequency if frequency is not None else dataset_frequency(server, path)
+    return RemoteDataset(remote_path=path, sha256=server.sha256(path), size_bytes=server.size(path) or 0,
+                         host=server.config.host, local_path="",
+                         frequency_hz=frequency if frequency is not None else dataset_frequency(server, path))
+
+
+def _single(server_config: ServerConfig):
+    from dpflow_core.server.lab import LabServers
+
+    return LabServers(mode="single", servers=(server_config,))
 
 
 @app.command("smoke")
@@ -84,35 +84,27 @@ def smoke_cmd(
     frequency: Optional[float] = typer.Option(None, "--frequency", help="Dataset frequency in Hz (default: the dataset's metadata)."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds before the smoke run is ended."),
     resume_check: bool = typer.Option(False, "--resume-check", help="Also run the resume-continuity check (two short runs)."),
+    resume_check_epochs: int = typer.Option(2, "--resume-check-epochs", min=2, help="Epochs of the resume-continuity check's runs."),
+    resume_check_steps: int = typer.Option(2, "--resume-check-steps", min=1, help="Batches per epoch of the resume-continuity check's runs."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     server_config: ServerConfig = None,
 ) -> None:
     """Smoke run: one GPU (or CPU), few steps, offline, no checkpoints; then the release check."""
-    from dpflow_core.runs import (
-        DEFAULT_TRAIN_COMMAND, ResumeCheckSize, SmokeRun, check_resume_continuity, default_run_name, require_gpus,
-        resolve_config_name, run_smoke, smoke_spec,
-    )
+    from dpflow_core.runs import SmokeSettings, check_resume_continuity
+    from dpflow_core.runs.recipe import smoke_on_lab, smoke_value
 
-    size = ResumeCheckSize(epochs=2, steps=3)  # the resume-continuity check's runs
-
+    settings = SmokeSettings.from_options(locals())
     with _server.GpuServer(server_config) as server:
-        inventory = server.gpu_inventory()
-        require_gpus(server, inventory)
-        path, sha, freq = _dataset_identity(server, dataset, frequency)
-        spec = smoke_spec(
-            run_name or default_run_name(sha, "smoke"), path, freq, dataset_sha256=sha,
-            config_name=resolve_config_name(config_name, inventory, server), epochs=epochs,
-            max_train_steps=max_train_steps, batch_size=batch_size, num_workers=num_workers,
-            train_command=train_command or DEFAULT_TRAIN_COMMAND, extra_overrides=override,
-            gpu_ids=() if gpu_id is None else (gpu_id,),
-        )
-        result = run_smoke(server, spec, timeout_s=timeout)
-        continuity = (check_resume_continuity(server, spec, epochs=size.epochs, steps_per_epoch=size.steps)
+        remote = _remote_dataset(server, dataset, frequency)
+        run = smoke_on_lab([server], _single(server_config), remote, settings)
+        spec, result = run.spec, run.result.smoke
+        continuity = (check_resume_continuity(server, spec, epochs=settings.resume_check_epochs,
+                                              steps_per_epoch=settings.resume_check_steps)
                       if resume_check and result.passed else None)
     if as_json:
         out = {"smoke": result.metadata(), "release": result.release.to_dict(), "oom_advice": list(result.oom_advice),
                # what the smoke_run asset hands on (None for a failed run)
-               "smoke_run": SmokeRun.of(spec, result, server_config.host, size).to_dict() if result.passed else None}
+               "smoke_run": smoke_value(run, settings, remote).to_dict() if result.passed else None}
         if continuity is not None:
             out["resume_continuity"] = continuity.metadata() | {"passed": continuity.passed}
         typer.echo(json.dumps(out, indent=2, default=str))
@@ -155,46 +147,35 @@ def train_cmd(
     detach: bool = typer.Option(False, "--detach", help="Launch (or find) the run and return without waiting."),
     poll: float = typer.Option(5.0, "--poll", help="Seconds between log polls."),
     stall_timeout: float = typer.Option(900.0, "--stall-timeout", help="Seconds without a new log line (after the first step) that count as a stall."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before following stops (default: until the run ends); the run keeps running."),
     as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON line (prefix DPFLOW_JSON): the train_run value and the natural-exit check."),
     server_config: ServerConfig = None,
 ) -> None:
     """Training in a detached tmux session named after the run; follows it, then the natural-exit check."""
-    from dpflow_core.runs import (
-        CPU_RUN_NOTE, DEFAULT_TRAIN_COMMAND, RunSpec, TrainResult, active_or_new_run_name, check_natural_exit,
-        launch_or_attach, monitor_run, require_gpus, resolve_config_name,
-    )
+    from dpflow_core.runs import CPU_RUN_NOTE, TrainSettings
+    from dpflow_core.runs.recipe import train_on_lab
+    from dpflow_core.runs.scale import RunHooks
 
-    requested_gpus = _gpu_ids(gpu_ids)
     if resume and not run_name:
         raise typer.BadParameter("--resume needs the --run-name of the run to continue", param_hint="--resume")
+    settings = TrainSettings.from_options(locals())
+
+    def progress(p, new):
+        typer.echo(f"  epoch {p.epoch} step {p.global_step} loss {p.train_loss} lr {p.lr}"
+                   + (f" {p.steps_per_s:.2f} steps/s" if p.steps_per_s else ""))
+
+    hooks = RunHooks(on_launch=lambda handle, attached: _print_identity(handle, "attached to" if attached else "launched"),
+                     on_progress=progress)
     with _server.GpuServer(server_config) as server:
-        path, sha, freq = _dataset_identity(server, dataset, frequency)
-        # As train_run: without a name, follow the running training of this dataset instead of starting a second one.
-        name, active = (run_name, False) if run_name else active_or_new_run_name(server, sha, "train")
-        inventory = server.gpu_inventory()
-        if not active:
-            require_gpus(server, inventory)
-        spec = RunSpec(
-            name=name, kind="train", dataset_path=path, frequency_hz=freq,
-            dataset_sha256=sha, config_name=resolve_config_name(config_name, inventory, server) if not active else config_name,
-            epochs=epochs, max_train_steps=max_train_steps, batch_size=batch_size, num_workers=num_workers,
-            num_processes=num_processes, gpu_ids=requested_gpus, train_command=train_command or DEFAULT_TRAIN_COMMAND,
-            resume=resume, logging_mode=logging_mode, extra_overrides=tuple(override),
-        )
-        handle, attached = launch_or_attach(server, spec, inventory=inventory)
-        _print_identity(handle, "attached to" if attached else "launched")
+        remote = _remote_dataset(server, dataset, frequency)
+        run = train_on_lab([server], _single(server_config), remote, settings, detach=detach,
+                           hooks=hooks)
         if detach:
             return
-
-        def progress(p, new):
-            typer.echo(f"  epoch {p.epoch} step {p.global_step} loss {p.train_loss} lr {p.lr}"
-                       + (f" {p.steps_per_s:.2f} steps/s" if p.steps_per_s else ""))
-
-        monitored = monitor_run(server, handle, poll_s=poll, stall_timeout_s=stall_timeout, on_progress=progress)
-        typer.echo(f"monitor: {monitored.status}: {monitored.message}")
-        report = check_natural_exit(server, handle)
-    trained = TrainResult.of(handle, monitored, host=server_config.host, dataset_sha256=sha, dataset_local_path=None,
-                             dataset_remote_path=path, frequency_hz=freq)
+    handle, monitored, report = run.result.handle, run.result.monitor, run.result.natural_exit
+    typer.echo(f"monitor: {monitored.status}: {monitored.message}")
+    trained = run.result.train_result(run.spec, host=server_config.host, dataset_sha256=remote.sha256,
+                                      dataset_local_path=None)
     _verdict("natural exit", report.passed, "; ".join(report.problems) or
              f"exit 0, epoch {report.last_epoch}, global_step {report.last_global_step}, {report.checkpoint.describe()}")
     if not handle.gpu_ids:

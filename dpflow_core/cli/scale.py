@@ -3,7 +3,7 @@
 ``dpflow scale train --lab lab.yaml DATASET.npz`` reads the lab.yaml's ``server:`` section
 (:func:`dpflow_core.server.lab.lab_servers`) and:
 
-* one server (``mode single``): as ``dpflow train`` on that server;
+* one server (``mode single``): as ``dpflow train`` on that server (after uploading the dataset there);
 * ``scheduler: slurm``: uploads the dataset through the login node (or locally) to the cluster's
   shared file system, verifies it, runs the Slurm preflight (partition, GPUs, the dataset's SHA-256
   from a compute node), submits the run with ``sbatch``, follows it, and checks natural exit and
@@ -12,8 +12,9 @@
   follows it (:mod:`dpflow_core.runs.multihost`).
 
 ``dpflow scale smoke`` runs the smoke run (one node, one GPU or CPU; the first host for ``hosts``).
-Each prints the verdict of its checks, or JSON with ``--json``; exit 1 when a check fails. The work is
-done by :mod:`dpflow_core.runs.scale`, which the Dagster assets call too.
+Each prints the verdict of its checks, or JSON with ``--json``; exit 1 when a check fails. The options
+map onto :class:`~dpflow_core.runs.settings.SmokeSettings` / :class:`~dpflow_core.runs.settings.TrainSettings`;
+the work is done by :mod:`dpflow_core.runs.recipe`, which ``dpflow smoke|train`` and the Dagster assets call too.
 """
 
 from __future__ import annotations
@@ -58,42 +59,29 @@ def load_lab(path: Path) -> LabServers:
     return lab_servers(settings.get("server"), path)
 
 
-def _spec(kind, name, path, sha, freq, config_name, epochs, max_train_steps, batch_size, resume, override, logging_mode,
-          train_command):
-    from dpflow_core.runs import DEFAULT_TRAIN_COMMAND, RunSpec, default_run_name, smoke_spec
-
-    name = name or default_run_name(sha, kind)
-    train_command = train_command or DEFAULT_TRAIN_COMMAND
-    if kind == "smoke":
-        return smoke_spec(name, path, freq, dataset_sha256=sha, config_name=config_name, epochs=epochs or 1,
-                          max_train_steps=max_train_steps or 3, batch_size=batch_size or 4, extra_overrides=override,
-                          train_command=train_command)
-    return RunSpec(name=name, kind="train", dataset_path=path, frequency_hz=freq, dataset_sha256=sha, config_name=config_name,
-                   epochs=epochs, max_train_steps=max_train_steps, batch_size=batch_size, resume=resume,
-                   logging_mode=logging_mode, extra_overrides=tuple(override), train_command=train_command)
-
-
-def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json,
-         logging_mode="offline", train_command=None):
+def _run(kind: str, lab_path: Path, dataset: Path, settings, as_json: bool) -> None:
+    """Upload ``dataset`` to the lab's machines, then the ``kind`` recipe (:mod:`dpflow_core.runs.recipe`) there."""
     from dpflow_core.dataset import recorded_sha256
     from dpflow_core.runs import dataset_frequency
-    from dpflow_core.runs.scale import run_on_lab, upload_to_lab
+    from dpflow_core.runs.recipe import smoke_on_lab, smoke_value, train_on_lab
+    from dpflow_core.runs.scale import upload_to_lab
 
     if not dataset.is_file():
         raise typer.BadParameter(f"{dataset} does not exist", param_hint="DATASET")
     lab = load_lab(lab_path)
-    if lab.mode == "single":
-        raise typer.BadParameter(f"{lab_path}: one server without a scheduler: use `dpflow smoke` / `dpflow train`",
-                                 param_hint="--lab")
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(_server.GpuServer(c)) for c in lab.servers]
         upload = upload_to_lab(servers, dataset, expected_sha256=recorded_sha256(dataset),
                                on_event=lambda line: _verdict(line, True))
-        spec = _spec(kind, run_name, upload.paths[0], upload.sha256, dataset_frequency(servers[0], upload.paths[0]), config_name, epochs, max_train_steps,
-                     batch_size, resume, override, logging_mode, train_command)
-        typer.echo(f"{kind} run {spec.name} ({lab.mode}, {len(servers)} server(s))")
-        result = run_on_lab(servers, lab, spec, upload.paths, timeout_s=timeout, on_event=typer.echo)
-    value = _value(result, lab, spec, upload.sha256, str(dataset.resolve()))
+        remote = upload.remote_dataset(dataset_frequency(servers[0], upload.paths[0]))
+        recipe = smoke_on_lab if kind == "smoke" else train_on_lab
+        run = recipe(servers, lab, remote, settings, on_event=typer.echo)
+    result = run.result
+    value = None
+    if result.launch_index is not None:  # what the smoke_run / train_run asset hands on for this run
+        value = (smoke_value(run, settings, remote) if kind == "smoke" else
+                 result.train_result(run.spec, host=remote.host, dataset_sha256=remote.sha256,
+                                     dataset_local_path=remote.local_path, hosts=[c.host for c in lab.servers]))
     for name, passed, detail in result.checks:
         _verdict(name, passed, detail)
     for step in result.oom_advice:
@@ -101,22 +89,9 @@ def _run(kind, lab_path, dataset, run_name, config_name, epochs, max_train_steps
     out = {**result.to_dict(), "dataset": upload.paths[0], "sha256": upload.sha256,
            f"{kind}_run": value.to_dict() if value is not None else None}
     if as_json:
-        typer.echo("DPFLOW_JSON " + json.dumps(out))
+        typer.echo("DPFLOW_JSON " + json.dumps(out, default=str))
     if not result.passed:
         raise typer.Exit(1)
-
-
-def _value(result, lab: LabServers, spec, sha256: str, local_path: str):
-    """What the ``smoke_run`` / ``train_run`` asset hands on for this run (None when nothing ran)."""
-    from dpflow_core.runs import ResumeCheckSize
-
-    if result.launch_index is None:
-        return None
-    host = lab.servers[0].host
-    if spec.kind == "smoke":
-        return result.smoke_run(spec, host, ResumeCheckSize(epochs=2, steps=2), local_path)
-    return result.train_result(spec, host=host, dataset_sha256=sha256, dataset_local_path=local_path,
-                               hosts=[c.host for c in lab.servers])
 
 
 _LAB = typer.Option(..., "--lab", help="lab.yaml whose server: section names the cluster or the servers.")
@@ -130,17 +105,22 @@ def smoke_cmd(
     dataset: Path = typer.Argument(..., help="The local dataset.npz (uploaded and verified by SHA-256 first)."),
     lab: Path = _LAB,
     run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: smoke-<sha256[:12]>-<UTC time>)."),
-    config_name: str = typer.Option("train_diffusion_unet_image", "--config-name", help="Trainer config."),
+    config_name: str = typer.Option("auto", "--config-name", help="Trainer config ('auto': by slurm.gpus_per_node on a cluster, else by the first server's nvidia-smi)."),
+    epochs: int = typer.Option(1, "--epochs", min=1, help="training.num_epochs."),
     max_train_steps: int = typer.Option(3, "--max-train-steps", min=1, help="training.max_train_steps."),
     batch_size: int = typer.Option(4, "--batch-size", min=1, help="dataloader.batch_size."),
+    num_workers: int = typer.Option(0, "--num-workers", min=0, help="dataloader.num_workers."),
     train_command: Optional[str] = _TRAIN_COMMAND,
     override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds before the run is ended."),
+    resume_check_epochs: int = typer.Option(2, "--resume-check-epochs", min=2, help="Epochs of the resume-continuity check's runs (recorded with the run)."),
+    resume_check_steps: int = typer.Option(2, "--resume-check-steps", min=1, help="Batches per epoch of the resume-continuity check's runs."),
     as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON line (prefix DPFLOW_JSON)."),
 ) -> None:
-    """Smoke run on the cluster (one node) or on the first host; then the release check."""
-    _run("smoke", lab, dataset, run_name, config_name, 1, max_train_steps, batch_size, False, override, timeout, as_json,
-         train_command=train_command)
+    """Smoke run on the one server, the cluster (one node) or the first host; then the release check."""
+    from dpflow_core.runs import SmokeSettings
+
+    _run("smoke", lab, dataset, SmokeSettings.from_options(locals()), as_json)
 
 
 @scale_app.command("train")
@@ -148,19 +128,21 @@ def train_cmd(
     dataset: Path = typer.Argument(..., help="The local dataset.npz (uploaded and verified by SHA-256 first)."),
     lab: Path = _LAB,
     run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: train-<sha256[:12]>-<UTC time>)."),
-    config_name: str = typer.Option("train_diffusion_unet_image", "--config-name", help="Trainer config."),
+    config_name: str = typer.Option("auto", "--config-name", help="Trainer config ('auto': by slurm.gpus_per_node on a cluster, else by the first server's nvidia-smi)."),
     epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="training.num_epochs."),
     max_train_steps: Optional[int] = typer.Option(None, "--max-train-steps", min=1, help="training.max_train_steps."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="dataloader.batch_size (per process)."),
+    num_workers: Optional[int] = typer.Option(None, "--num-workers", min=0, help="dataloader.num_workers."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run (--run-name) from its verified latest.ckpt."),
     train_command: Optional[str] = _TRAIN_COMMAND,
     override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
     logging_mode: str = typer.Option("offline", "--logging-mode", help="logging.mode: offline | online | disabled."),
-    timeout: float = typer.Option(86400.0, "--timeout", help="Seconds before the run is ended."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before the run is ended (default: 86400 on a cluster or hosts; one server: follow until it ends)."),
     as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON line (prefix DPFLOW_JSON)."),
 ) -> None:
-    """Training on the cluster (sbatch + srun + accelerate) or on every host (accelerate multi-machine)."""
+    """Training on the one server, the cluster (sbatch + srun + accelerate) or every host (accelerate multi-machine)."""
+    from dpflow_core.runs import TrainSettings
+
     if resume and not run_name:
         raise typer.BadParameter("--resume needs the --run-name of the run to continue", param_hint="--resume")
-    _run("train", lab, dataset, run_name, config_name, epochs, max_train_steps, batch_size, resume, override, timeout, as_json,
-         logging_mode, train_command)
+    _run("train", lab, dataset, TrainSettings.from_options(locals()), as_json)

@@ -40,7 +40,8 @@ Modules, in the order of a run's life: :mod:`~dpflow_core.runs.spec` (spec and n
 :mod:`~dpflow_core.runs.state` (launch state), :mod:`~dpflow_core.runs.records` (checkpoint probe,
 records), :mod:`~dpflow_core.runs.launch`, :mod:`~dpflow_core.runs.processes` (ownership, cleanup),
 :mod:`~dpflow_core.runs.release`, :mod:`~dpflow_core.runs.oom` (OOM advice),
-:mod:`~dpflow_core.runs.monitor`, :mod:`~dpflow_core.runs.smoke`, :mod:`~dpflow_core.runs.natural_exit`
+:mod:`~dpflow_core.runs.monitor`, :mod:`~dpflow_core.runs.smoke`, :mod:`~dpflow_core.runs.settings` (what a
+person chooses about a run, declared once), :mod:`~dpflow_core.runs.recipe` (the one smoke and training recipe), :mod:`~dpflow_core.runs.natural_exit`
 and :mod:`~dpflow_core.runs.continuity` (resume continuity). Beyond one server:
 :mod:`~dpflow_core.runs.slurm` (sbatch, squeue/sacct, scancel by job id) with
 :mod:`~dpflow_core.runs.slurm_checks` (natural exit, release, smoke, preflight on a cluster), and
@@ -71,13 +72,14 @@ from dpflow_core.runs.monitor import MonitorResult, ProgressCallback, ReportedCh
 from dpflow_core.runs.smoke import ResumeCheckSize, SmokeResult, SmokeRun, list_checkpoints, run_smoke
 from dpflow_core.runs.natural_exit import NaturalExitReport, check_natural_exit, read_run_config
 from dpflow_core.runs.continuity import ContinuityReport, check_resume_continuity, compare_logs
+from dpflow_core.runs.settings import SmokeSettings, TrainSettings
 
 __all__ = [
     "CHECKPOINT_DIR", "CPU_CONFIG_NAME", "CPU_RUN_NOTE", "DEFAULT_TRAIN_COMMAND", "FREE_GPU_MAX_USED_MIB", "GPU_CONFIG_NAME",
     "GPU_RELEASE_TOLERANCE_MIB", "active_or_new_run_name", "HANDLE_NAME", "LATEST_CKPT", "LOG_NAME", "OUTPUT_LOG", "RECORD_NAME",
     "RELEASE_NAME", "RUNS_DIR", "STATE_DIR", "TEMPLATE_FIELDS", "TOKEN_ENV", "TRAIN_COMMAND_PRESETS", "UPSTREAM_TRAIN_COMMAND", "CheckpointProbe", "CleanupReport",
     "ContinuityReport", "MonitorResult", "NaturalExitReport", "ProgressCallback", "ReleaseReport", "RunHandle",
-    "RunSpec", "SmokeResult", "SmokeRun", "ResumeCheckSize", "TrainResult", "ReportedCheck", "build_command", "check_natural_exit", "check_released", "check_resume_continuity",
+    "RunSpec", "SmokeResult", "SmokeSettings", "TrainSettings", "SmokeRun", "ResumeCheckSize", "TrainResult", "ReportedCheck", "build_command", "check_natural_exit", "check_released", "check_resume_continuity",
     "choose_gpus", "cleanup_run", "compare_logs", "dataset_frequency", "default_run_name", "describe_exit",
     "describe_process", "finalize_record", "find_active_runs", "free_gpus", "gpu_memory", "hydra_value",
     "JsonLinesFollower", "attachable_handle", "is_builtin_trainer", "is_full_command", "is_out_of_memory", "launch_indices", "launch_or_attach", "launch_run", "launcher_args",

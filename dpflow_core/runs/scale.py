@@ -1,8 +1,8 @@
-"""Smoke and training runs on the machines a lab.yaml names: a Slurm cluster or several servers.
+"""Smoke and training runs on the machines a lab.yaml names: one server, a Slurm cluster or several servers.
 
-Shared by ``dpflow scale smoke|train`` (:mod:`dpflow_core.cli.scale`) and the ``remote_dataset``,
-``smoke_run`` and ``train_run`` assets (:mod:`dpflow_dagster.defs`), so both drive a cluster the
-same way. Takes the connected servers of a :class:`~dpflow_core.server.lab.LabServers` (one for
+The steps under :mod:`dpflow_core.runs.recipe` (which ``dpflow smoke|train``, ``dpflow scale smoke|train``
+and the ``smoke_run`` / ``train_run`` assets call) and the upload that ``dpflow upload``, ``dpflow scale``
+and the ``remote_dataset`` asset share, so every front end drives every layout the same way. Takes the connected servers of a :class:`~dpflow_core.server.lab.LabServers` (one for
 ``single`` and ``slurm``, one per host in rank order for ``hosts``) and a
 :class:`~dpflow_core.runs.spec.RunSpec`; gives a :class:`ScaleResult`, whose
 :meth:`~ScaleResult.smoke_run` and :meth:`~ScaleResult.train_result` are the assets' typed values.
@@ -14,26 +14,32 @@ same way. Takes the connected servers of a :class:`~dpflow_core.server.lab.LabSe
   from a compute node), then :func:`~dpflow_core.runs.slurm_checks.run_slurm_smoke`, or
   ``sbatch`` + :func:`~dpflow_core.runs.slurm.wait_job` + the natural-exit and release checks
   (:mod:`dpflow_core.runs.slurm_checks`); a job still running at the timeout is cancelled by its id.
-* :func:`hosts_smoke` / :func:`hosts_train`: the smoke run on the first host
-  (:func:`~dpflow_core.runs.run_smoke`); the multi-machine run
+* :func:`server_smoke` / :func:`server_train`: one server (a lab's ``single`` mode; the smoke run of
+  ``hosts`` on the first host): :func:`~dpflow_core.runs.run_smoke`, or
+  :func:`~dpflow_core.runs.launch_or_attach` + :func:`~dpflow_core.runs.monitor_run`.
+* :func:`hosts_train`: the multi-machine run
   (:func:`~dpflow_core.runs.multihost.launch_multihost` + :func:`~dpflow_core.runs.multihost.follow_multihost`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dpflow_core.errors import RemoteError, RunError
 from dpflow_core.server import GpuServer, SlurmSettings
 from dpflow_core.server.lab import LabServers
-from dpflow_core.server.upload import UploadResult, upload_dataset
+from dpflow_core.server.upload import ProgressCallback, RemoteDataset, UploadResult, upload_dataset
 from dpflow_core.runs.slurm import JobState, SlurmJob, cancel_job, submit_run, wait_job
 from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released, run_slurm_smoke, slurm_preflight
-from dpflow_core.runs.monitor import RankRun, TrainResult
+from dpflow_core.runs.launch import launch_or_attach
+from dpflow_core.runs.monitor import MonitorResult, ProgressCallback as LogProgressCallback, RankRun, ReportedCheck, TrainResult, monitor_run
 from dpflow_core.runs.smoke import ResumeCheckSize, SmokeResult, SmokeRun, run_smoke
+from dpflow_core.runs.natural_exit import NaturalExitReport, check_natural_exit
+from dpflow_core.runs.settings import SCALED_TRAIN_TIMEOUT_S
 from dpflow_core.runs.spec import CPU_CONFIG_NAME, GPU_CONFIG_NAME, RunSpec
+from dpflow_core.runs.state import RunHandle
 
 #: (name, passed, detail) of one check, in the order it ran.
 Check = tuple[str, bool, str]
@@ -57,6 +63,10 @@ class LabUpload:
         """The dataset's path on each machine, rank order."""
         return tuple(r.remote_path for r in self.results)
 
+    def remote_dataset(self, frequency_hz: float) -> RemoteDataset:
+        """The dataset the runs read (``frequency_hz``: its measured frequency, Hz), each machine's copy in rank order."""
+        return replace(self.results[0].to_remote_dataset(frequency_hz), remote_paths=self.paths)
+
 
 class UploadMismatch(RemoteError):
     """The dataset's SHA-256 on a server differs from the local one after upload; the file is quarantined there.
@@ -77,16 +87,22 @@ def upload_to_lab(
     servers: Sequence[GpuServer],
     dataset: str | Path,
     *,
+    task: str | None = None,
     expected_sha256: str | None = None,
     sidecar_path: str | Path | None = None,
     method: str = "auto",
+    bwlimit_kbps: int | None = None,
+    progress: ProgressCallback | None = None,
     with_preflight: bool = False,
     on_event: EventCallback | None = None,
 ) -> LabUpload:
-    """Upload ``dataset`` to every server (resumable) and verify its SHA-256 on each.
+    """Upload ``dataset`` to every server (resumable) and verify its SHA-256 on each: what ``dpflow upload``
+    (one server), ``dpflow scale`` and the ``remote_dataset`` asset call.
 
     For ``slurm`` the one server is the login node (or this machine) and the path lies on the
     cluster's shared file system; the compute nodes' view is checked by :func:`slurm_preflight`.
+    ``task``, ``method``, ``bwlimit_kbps`` (KiB/s) and ``progress`` (bytes done, total) are
+    :func:`~dpflow_core.server.upload.upload_dataset`'s.
 
     Raises:
         UploadMismatch: the SHA-256 differs on a server (named; the file is quarantined there);
@@ -96,8 +112,9 @@ def upload_to_lab(
         raise RemoteError("no server to upload to", code="bad_config")
     results = []
     for server in servers:
-        result = upload_dataset(server, dataset, expected_sha256=expected_sha256, sidecar_path=sidecar_path,
-                                method=method, with_preflight=with_preflight)
+        result = upload_dataset(server, dataset, task=task, expected_sha256=expected_sha256, sidecar_path=sidecar_path,
+                                method=method, bwlimit_kbps=bwlimit_kbps, progress=progress,
+                                with_preflight=with_preflight)
         if not result.verified:
             raise UploadMismatch(server.config.describe(), result.verification)
         if on_event is not None:
@@ -108,10 +125,10 @@ def upload_to_lab(
 
 @dataclass(frozen=True)
 class ScaleResult:
-    """How a smoke or training run on a cluster or on several servers went.
+    """How a smoke or training run on one server, a cluster or several servers went.
 
     Attributes:
-        mode: ``slurm`` or ``hosts``.
+        mode: ``single``, ``slurm`` or ``hosts``.
         kind: ``smoke`` or ``train``.
         run_name: the run's name (the Slurm job name, each host's tmux session).
         passed: every check passed.
@@ -127,7 +144,10 @@ class ScaleResult:
         hosts: ``hosts`` only: ``run_dirs``, ``exit_codes``, ``failed_ranks``, ``stopped_ranks``,
             ``tokens`` and ``released`` (one per rank).
         launch_index: the launch that ran (0, or k for the k-th resume; None when nothing ran).
-        smoke: ``hosts`` smoke run: the first host's :class:`~dpflow_core.runs.smoke.SmokeResult`.
+        smoke: a smoke run on one server or the first host: its :class:`~dpflow_core.runs.smoke.SmokeResult`.
+        handle, attached, monitor: a training run on one server: its launch, whether it was running already
+            (re-attached), and how following it ended (None with ``detach``).
+        natural_exit: a training run on one server: the natural-exit check after it (None when not judged).
     """
 
     mode: str
@@ -148,6 +168,10 @@ class ScaleResult:
     global_step: int | None = None
     launch_index: int | None = None
     smoke: SmokeResult | None = field(default=None, repr=False)
+    handle: RunHandle | None = field(default=None, repr=False)
+    attached: bool = False
+    monitor: MonitorResult | None = field(default=None, repr=False)
+    natural_exit: NaturalExitReport | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready summary (``dpflow scale --json``)."""
@@ -163,7 +187,7 @@ class ScaleResult:
     def smoke_run(self, spec: RunSpec, host: str | None, resume_check: ResumeCheckSize,
                   dataset_local_path: str | None = None) -> SmokeRun:
         """The value of the ``smoke_run`` asset for this smoke run ``spec`` on a Slurm cluster (:func:`slurm_smoke`)
-        or on the first of several hosts (:func:`hosts_smoke`, as on one server); ``host``: that machine's host.
+        or on the first of several hosts (:func:`server_smoke`, as on one server); ``host``: that machine's host.
 
         Raises:
             RunError: ``not_submitted``: nothing ran (the Slurm preflight refused).
@@ -181,13 +205,21 @@ class ScaleResult:
         )
 
     def train_result(self, spec: RunSpec, *, host: str | None, dataset_sha256: str, dataset_local_path: str | None,
-                     hosts: Sequence[str | None] = ()) -> TrainResult:
-        """The value of the ``train_run`` asset for this training run ``spec`` on a Slurm cluster or several
-        hosts; ``host``: the login node's or the first host's; ``hosts``: each machine's host, rank order.
+                     hosts: Sequence[str | None] = (), in_run_check: ReportedCheck | None = None) -> TrainResult:
+        """The value of the ``train_run`` asset for this training run ``spec``; ``host``: the server's, the
+        login node's or the first host's; ``hosts``: each machine's host, rank order; ``in_run_check``: the
+        trainer's own verdict (one server, Dagster Pipes).
 
         Raises:
-            RunError: ``not_submitted``: nothing ran (the Slurm preflight refused).
+            RunError: ``not_submitted``: nothing ran (the Slurm preflight refused); ``bad_config``: a run of
+                one server that was not followed (``detach``).
         """
+        if self.mode == "single":
+            if self.handle is None or self.monitor is None:
+                raise RunError(f"training {spec.name}: not followed to its end", code="bad_config")
+            return TrainResult.of(self.handle, self.monitor, host=host, dataset_sha256=dataset_sha256,
+                                  dataset_local_path=dataset_local_path, in_run_check=in_run_check,
+                                  dataset_remote_path=spec.dataset_path, frequency_hz=spec.frequency_hz)
         if self.launch_index is None:
             raise RunError(f"training {spec.name}: nothing ran: {'; '.join(self.problems)}", code="not_submitted")
         ranks: tuple[RankRun, ...] = ()
@@ -274,14 +306,57 @@ def slurm_train(
                        epoch=trainer.last_epoch, global_step=trainer.last_global_step, launch_index=job.launch_index)
 
 
-def hosts_smoke(servers: Sequence[GpuServer], spec: RunSpec, *, timeout_s: float = 900.0) -> ScaleResult:
-    """The smoke run on the first host (one machine, rule 6), then its release check."""
-    smoke = run_smoke(servers[0], spec, timeout_s=timeout_s)
-    checks = ((f"smoke run on {servers[0].config.describe()}", smoke.passed, "; ".join(smoke.problems)),
+@dataclass(frozen=True)
+class RunHooks:
+    """What a front end adds to a run on one server (or the first host): ``extra_env`` for the run's environment,
+    ``on_poll`` called while it runs (a reader of its Dagster Pipes messages), ``on_launch(handle, attached)``
+    once launched, ``on_progress(progress, new_records)`` on each new log line of a training run."""
+
+    extra_env: dict[str, str] | None = None
+    on_poll: Callable[[], None] | None = None
+    on_launch: Callable[[RunHandle, bool], None] | None = None
+    on_progress: LogProgressCallback | None = None
+
+
+def server_smoke(server: GpuServer, spec: RunSpec, *, mode: str = "single", timeout_s: float = 900.0,
+                 hooks: RunHooks = RunHooks()) -> ScaleResult:
+    """The smoke run on one server (for ``hosts``: the first host, rule 6), then its release check."""
+    smoke = run_smoke(server, spec, timeout_s=timeout_s, extra_env=hooks.extra_env, on_poll=hooks.on_poll)
+    checks = ((f"smoke run on {server.config.describe()}", smoke.passed, "; ".join(smoke.problems)),
               ("released", smoke.release.passed, smoke.release.message))
-    return ScaleResult("hosts", "smoke", spec.name, smoke.passed and smoke.release.passed, checks,
+    return ScaleResult(mode, "smoke", spec.name, smoke.passed and smoke.release.passed, checks,
                        run_dir=smoke.handle.run_dir, problems=smoke.problems, release=smoke.release.message,
-                       launch_index=smoke.handle.launch_index, smoke=smoke)
+                       launch_index=smoke.handle.launch_index, smoke=smoke, handle=smoke.handle)
+
+
+def server_train(server: GpuServer, spec: RunSpec, *, inventory=None, timeout_s: float | None = None,
+                 poll_s: float = 5.0, stall_timeout_s: float = 900.0, detach: bool = False,
+                 judge_exit: bool = True, hooks: RunHooks = RunHooks()) -> ScaleResult:
+    """Launch the training run on one server (or re-attach to it, :func:`launch_or_attach`) and follow it until it
+    ends (:func:`monitor_run`; at most ``timeout_s``, the run then keeps running); with ``detach``, return once
+    launched. Then, with ``judge_exit``, the natural-exit check (:func:`~dpflow_core.runs.check_natural_exit`;
+    the ``train_run`` asset leaves it to its blocking check). Passes unless following saw NaN, a stall or the
+    timeout, or the natural-exit check failed."""
+    handle, attached = launch_or_attach(server, spec, inventory=inventory, extra_env=hooks.extra_env)
+    if hooks.on_launch is not None:
+        hooks.on_launch(handle, attached)
+    common = dict(run_dir=handle.run_dir, launch_index=handle.launch_index, handle=handle, attached=attached)
+    if detach:
+        return ScaleResult("single", "train", spec.name, True, (("launched", True, handle.run_dir),), **common)
+    monitored = monitor_run(server, handle, poll_s=poll_s, stall_timeout_s=stall_timeout_s, timeout_s=timeout_s,
+                            on_progress=hooks.on_progress, on_poll=hooks.on_poll)
+    ok = monitored.status not in ("nan", "stalled", "timeout")
+    checks = [("monitor", ok, f"{monitored.status}: {monitored.message}")]
+    problems = [] if ok else [f"{monitored.status}: {monitored.message}"]
+    report = check_natural_exit(server, handle) if judge_exit else None
+    if report is not None:
+        checks.append(("natural exit", report.passed, "; ".join(report.problems) or
+                       f"exit 0, epoch {report.last_epoch}, global_step {report.last_global_step}"))
+        problems += report.problems
+    return ScaleResult("single", "train", spec.name, ok and (report is None or report.passed), tuple(checks),
+                       problems=tuple(problems), epoch=monitored.progress.epoch, global_step=monitored.progress.global_step,
+                       oom_advice=tuple(report.oom_advice) if report is not None else (), monitor=monitored,
+                       natural_exit=report, **common)
 
 
 def hosts_train(
@@ -324,25 +399,27 @@ def run_on_lab(
     spec: RunSpec,
     paths: Sequence[str],
     *,
-    timeout_s: float,
+    timeout_s: float | None,
     on_event: EventCallback | None = None,
     on_state: Callable[[JobState | None], None] | None = None,
+    hooks: RunHooks = RunHooks(),
+    **single: Any,
 ) -> ScaleResult:
-    """The smoke or training run ``spec`` (by its kind) on the lab's cluster or hosts.
+    """The smoke or training run ``spec`` (by its kind) on the lab's one server, cluster or hosts.
 
-    ``on_event`` gets progress lines (submitted, launched); ``on_state`` each state a Slurm training job
-    is polled in (for progress reports).
-
-    Raises:
-        RunError: ``bad_config`` for a lab of one server without a scheduler (``dpflow smoke|train``
-            and the single-server path of the assets run those).
+    ``timeout_s``: seconds before the run is ended (a training run on one server: before following
+    stops, None: until it ends). ``on_event`` gets progress lines (submitted, launched); ``on_state``
+    each state a Slurm training job is polled in (for progress reports); ``hooks`` go to a run on one
+    server or the first host (:class:`RunHooks`), and ``single`` to :func:`server_train` (``inventory``,
+    ``poll_s``, ``stall_timeout_s``, ``detach``, ``judge_exit``).
     """
+    if lab.mode == "single" or (lab.mode == "hosts" and spec.kind == "smoke"):
+        if spec.kind == "smoke":
+            return server_smoke(servers[0], spec, mode=lab.mode, timeout_s=timeout_s or 900.0, hooks=hooks)
+        return server_train(servers[0], spec, timeout_s=timeout_s, hooks=hooks, **single)
+    timeout_s = timeout_s or SCALED_TRAIN_TIMEOUT_S
     if lab.mode == "slurm":
         if spec.kind == "smoke":
             return slurm_smoke(servers[0], spec, timeout_s=timeout_s)
         return slurm_train(servers[0], spec, timeout_s=timeout_s, on_event=on_event, on_state=on_state)
-    if lab.mode == "hosts":
-        if spec.kind == "smoke":
-            return hosts_smoke(servers, spec, timeout_s=timeout_s)
-        return hosts_train(servers, lab, spec, paths, timeout_s=timeout_s, on_event=on_event)
-    raise RunError("one server without a scheduler: run it with `dpflow smoke` / `dpflow train`", code="bad_config")
+    return hosts_train(servers, lab, spec, paths, timeout_s=timeout_s, on_event=on_event)

@@ -9,11 +9,12 @@ hosts). Each input also reads the plain dict an earlier dpflow version stored (`
 Each asset wraps one :mod:`dpflow_core` function (the ``dpflow smoke``, ``train``,
 ``checkpoint`` and ``evaluate`` commands call the same ones):
 
-- ``smoke_run`` -> :func:`dpflow_core.runs.run_smoke`; blocking check ``released``
+- ``smoke_run`` -> :func:`dpflow_core.runs.recipe.smoke_on_lab` (:func:`~dpflow_core.runs.run_smoke` on one server); blocking check ``released``
   (no process of the run left, GPU memory back; a CPU run is a WARN saying
   "CPU run: GPU release not checked") and check ``resume_continuity`` (save -> resume -> continue matches an
   uninterrupted run).
-- ``train_run`` -> :func:`dpflow_core.runs.launch_or_attach` + :func:`monitor_run`;
+- ``train_run`` -> :func:`dpflow_core.runs.recipe.train_on_lab` (:func:`~dpflow_core.runs.launch_or_attach` +
+  :func:`~dpflow_core.runs.monitor_run` on one server);
   blocking check ``natural_exit`` (:func:`check_natural_exit`). A second
   materialization while the run trains re-attaches to it by its name.
 - ``checkpoint`` -> :func:`dpflow_core.checkpoints.download_checkpoint`; blocking
@@ -21,9 +22,13 @@ Each asset wraps one :mod:`dpflow_core` function (the ``dpflow smoke``, ``train`
 - ``evaluation`` -> :func:`dpflow_core.evaluation.evaluate_checkpoint`; check
   ``beats_baseline``.
 
-With ``gpu_server.scheduler: slurm`` the smoke and training runs are Slurm jobs, and with
-``gpu_server.hosts`` training is one run over every host; both through
-:func:`dpflow_core.runs.scale.run_on_lab` (what ``dpflow scale smoke|train`` calls). The job id goes
+``smoke_run`` and ``train_run`` map their config onto :class:`~dpflow_core.runs.settings.SmokeSettings` /
+:class:`~dpflow_core.runs.settings.TrainSettings` and call the one recipe,
+:func:`dpflow_core.runs.recipe.smoke_on_lab` / :func:`~dpflow_core.runs.recipe.train_on_lab` (what
+``dpflow smoke|train`` and ``dpflow scale smoke|train`` call), whatever the layout: with
+``gpu_server.scheduler: slurm`` the smoke and training runs are Slurm jobs, and with
+``gpu_server.hosts`` training is one run over every host. Their configs are in
+:mod:`dpflow_dagster.defs.run_config`. The job id goes
 into the materialization's metadata (``slurm_job_id``); ``released`` is
 :func:`~dpflow_core.runs.slurm_checks.check_slurm_released` and ``natural_exit``
 :func:`~dpflow_core.runs.slurm_checks.check_slurm_exit` (Slurm) or
@@ -51,39 +56,30 @@ from dpflow_core.errors import DpflowError
 from dpflow_core.evaluation import EvaluationResult, evaluate_checkpoint, evaluation_dir_for
 from dpflow_core.serving.settings import serve_command
 from dpflow_core.runs import (
-    DEFAULT_TRAIN_COMMAND,
     ReportedCheck,
-    ResumeCheckSize,
-    RunSpec,
     SmokeRun,
+    SmokeSettings,
     TrainResult,
+    TrainSettings,
     check_natural_exit,
     check_released,
     check_resume_continuity,
-    active_or_new_run_name,
-    attachable_handle,
-    is_builtin_trainer,
-    run_dir_for,
-    default_run_name,
     gpu_memory,
-    launch_or_attach,
     load_handle,
     load_release_report,
-    monitor_run,
-    require_gpus,
-    resolve_config_name,
     run_disk_usage,
-    run_smoke,
-    smoke_spec,
 )
 from dpflow_core.runs.multihost import check_multihost_exit
-from dpflow_core.runs.scale import ScaleResult, run_on_lab, slurm_config_name
+from dpflow_core.runs.recipe import smoke_on_lab, smoke_value, train_on_lab
 from dpflow_core.runs.slurm import load_job
 from dpflow_core.runs.slurm_checks import check_slurm_exit, check_slurm_released
 from dpflow_core.server.upload import RemoteDataset
 from dpflow_core.view import view_command
 from dpflow_dagster.lineage import dataset_lineage
-from dpflow_dagster.pipes import LogTailReporter, PipesSshMessageReader, messages_path, reported_results
+from dpflow_dagster.defs.run_config import (
+    PipesHooks, SmokeRunConfig, TrainRunConfig, lines as _lines, numbers as _numbers, scale_metadata as _scale_metadata,
+)
+from dpflow_dagster.pipes import LogTailReporter
 from dpflow_dagster.partitions import OWNERS, check_partition_metadata, stage_value, task_asset_check, task_partitions
 from dpflow_dagster.resources import GpuServerResource
 
@@ -109,64 +105,7 @@ def _md_image(path: str | Path, alt: str) -> dg.MetadataValue:
     return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{data})")
 
 
-def _numbers(**values: Any) -> dict[str, Any]:
-    """The values that are numbers (int or float, so the UI plots them across materializations)."""
-    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def _lines(items) -> str:
-    return "\n".join(f"- {i}" for i in items) or "none"
-
-
-def _scale_metadata(result: ScaleResult) -> dict[str, Any]:
-    """Metadata of a run on a Slurm cluster or several hosts: the job id and state, each check, the problems."""
-    table = "| check | passed | detail |\n|---|---|---|\n" + "\n".join(
-        f"| {name} | {'yes' if ok else 'no'} | {detail.replace('|', '/')} |" for name, ok, detail in result.checks)
-    metadata: dict[str, Any] = {
-        "scheduler": result.mode, "run_name": result.run_name, "checks": dg.MetadataValue.md(table),
-        "problems": "; ".join(result.problems) or "none", "passed": result.passed,
-    }
-    if result.run_dir:
-        metadata["path"] = dg.MetadataValue.path(result.run_dir)
-    if result.mode == "slurm" and result.job is not None:
-        metadata.update({
-            "slurm_job_id": result.job_id, "slurm_state": result.state or "unknown", "slurm_exit_code": result.exit_code or "",
-            "slurm_nodes": result.job.nodes, "slurm_output": dg.MetadataValue.path(result.job.output_path),
-            "slurm_script": dg.MetadataValue.path(result.job.script_path), "release": result.release or "",
-        })
-    for key, value in result.hosts.items():
-        metadata[f"hosts/{key}"] = ", ".join(map(str, value))
-    metadata.update(_numbers(epoch=result.epoch, global_step=result.global_step))
-    if result.oom_advice:
-        metadata["oom_advice"] = dg.MetadataValue.md(_lines(result.oom_advice))
-    return metadata
-
-
-def _resume_check(config: "SmokeRunConfig") -> ResumeCheckSize:
-    return ResumeCheckSize(epochs=config.resume_check_epochs, steps=config.resume_check_steps)
-
-
 # ------------------------------------------------------------------------ smoke_run
-
-
-class SmokeRunConfig(dg.Config):
-    """Settings of the smoke run (rule 6): one GPU, few steps, small batch, no checkpoints."""
-
-    run_name: str = Field(default="", description="Run name; empty: smoke-<dataset sha256[:12]>-<UTC timestamp>.")
-    config_name: str = Field(default="auto", description="Trainer config; 'auto': train_diffusion_unet_image with GPUs, demo without.")
-    epochs: int = Field(default=1, description="training.num_epochs of the smoke run.")
-    max_train_steps: int = Field(default=3, description="training.max_train_steps (batches per epoch; also caps validation).")
-    batch_size: int = Field(default=4, description="dataloader.batch_size per process (small).")
-    num_workers: int = Field(default=0, description="dataloader.num_workers (small).")
-    train_command: str = Field(
-        default=DEFAULT_TRAIN_COMMAND,
-        description="Train command template: {run_dir} {dataset} {overrides} {num_processes} {gpu_ids} {config_name}.",
-    )
-    extra_overrides: list[str] = Field(default_factory=list, description="Further Hydra overrides, appended last.")
-    timeout_s: float = Field(default=900.0, description="Seconds before the smoke run is ended.")
-    resume_check_epochs: int = Field(default=2, description="Epochs of the resume-continuity check's runs (>= 2).")
-    resume_check_steps: int = Field(default=2, description="Batches per epoch of the resume-continuity check's runs.")
-    pipes: bool = Field(default=True, description="The built-in trainer reports each step through Dagster Pipes; off: logs.json.txt only.")
 
 
 @dg.asset(
@@ -185,72 +124,31 @@ def smoke_run(
     """Run :func:`dpflow_core.runs.run_smoke` on ``remote_dataset`` (a one-node Slurm job with ``scheduler:
     slurm``); fail unless it exited 0 on its own with a finite loss and wrote no checkpoint."""
     remote_dataset = RemoteDataset.coerce(remote_dataset)
+    # the same reports as train_run: Dagster Pipes for the built-in trainer (step reports, log lines)
+    pipes = PipesHooks(context, config.pipes, 1)
     with _failure_on_error():
+        settings = SmokeSettings.from_config(config)
         lab = gpu_server.lab()
-    if lab.mode == "slurm":
-        return _slurm_smoke_run(context, config, remote_dataset, gpu_server, lab)
-    with _failure_on_error(), gpu_server.connect() as server:
-        inventory = server.gpu_inventory()
-        require_gpus(server, inventory)
-        spec = smoke_spec(
-            config.run_name or default_run_name(remote_dataset.sha256, "smoke"),
-            remote_dataset.remote_path,
-            remote_dataset.frequency_hz,
-            dataset_sha256=remote_dataset.sha256,
-            config_name=resolve_config_name(config.config_name, inventory, server),
-            epochs=config.epochs, max_train_steps=config.max_train_steps, batch_size=config.batch_size,
-            num_workers=config.num_workers, train_command=config.train_command, extra_overrides=config.extra_overrides,
-        )
-        context.log.info(f"smoke run {spec.name} on {server.config.describe()}")
-        # the same reports as train_run: Dagster Pipes for the built-in trainer (step reports, log lines)
-        with contextlib.ExitStack() as stack:
-            session, reader = None, None
-            if config.pipes and is_builtin_trainer(spec.train_command):
-                reader = PipesSshMessageReader(context, server, messages_path(run_dir_for(server, spec.name)), spec.name)
-                session = stack.enter_context(dg.open_pipes_session(
-                    context, dg.PipesEnvContextInjector(), reader, extras={"report_every_n_steps": 1},
-                ))
-            result = run_smoke(
-                server, spec, timeout_s=config.timeout_s,
-                extra_env=dict(session.get_bootstrap_env_vars()) if session else None,
-                on_poll=reader.poll if reader else None,
-            )
+        with gpu_server.connect() as server:
+            run = smoke_on_lab([server], lab, remote_dataset, settings, hooks=pipes, on_event=context.log.info)
+    spec, smoke = run.spec, run.result.smoke
+    if smoke is None:  # a Slurm job; the release is the blocking check's to judge, as on one server
+        metadata = _scale_metadata(run.result)
+        if run.result.job is None or run.result.problems:
+            raise _failure(f"smoke run {spec.name} failed: {'; '.join(run.result.problems)}", metadata)
+        return dg.Output(smoke_value(run, settings, remote_dataset), metadata=metadata)
     metadata = {
-        **result.metadata(), "path": dg.MetadataValue.path(result.handle.run_dir),
-        "output_tail": dg.MetadataValue.text(result.output_tail[-3000:]),
-        "reports": "dagster-pipes" if reader else "logs.json.txt",
+        **smoke.metadata(), "path": dg.MetadataValue.path(smoke.handle.run_dir),
+        "output_tail": dg.MetadataValue.text(smoke.output_tail[-3000:]),
+        "reports": "dagster-pipes" if pipes.session else "logs.json.txt",
     }
-    if reader is not None:
-        metadata["pipes_messages"] = reader.handled
-    if result.oom_advice:
-        metadata["oom_advice"] = dg.MetadataValue.md(_lines(result.oom_advice))
-    if not result.passed:
-        raise _failure(f"smoke run {spec.name} failed: {'; '.join(result.problems)}", metadata)
-    value = SmokeRun.of(spec, result, remote_dataset.host, _resume_check(config), remote_dataset.local_path)
-    return dg.Output(value, metadata=metadata)
-
-
-def _slurm_smoke_run(context: dg.AssetExecutionContext, config: SmokeRunConfig, remote_dataset: RemoteDataset,
-                     gpu_server: GpuServerResource, lab) -> dg.Output[SmokeRun]:
-    with _failure_on_error(), gpu_server.connect() as server:
-        spec = smoke_spec(
-            config.run_name or default_run_name(remote_dataset.sha256, "smoke"),
-            remote_dataset.remote_path,
-            remote_dataset.frequency_hz,
-            dataset_sha256=remote_dataset.sha256,
-            config_name=slurm_config_name(config.config_name, server.config.slurm),
-            epochs=config.epochs, max_train_steps=config.max_train_steps, batch_size=config.batch_size,
-            num_workers=config.num_workers, train_command=config.train_command, extra_overrides=config.extra_overrides,
-        )
-        context.log.info(f"smoke run {spec.name}: a Slurm job submitted through {server.config.describe()}")
-        result = run_on_lab([server], lab, spec, [spec.dataset_path], timeout_s=config.timeout_s,
-                            on_event=context.log.info)
-    metadata = _scale_metadata(result)
-    # the release is the blocking check's to judge, as on one server
-    if result.job is None or result.problems:
-        raise _failure(f"smoke run {spec.name} failed: {'; '.join(result.problems)}", metadata)
-    value = result.smoke_run(spec, remote_dataset.host, _resume_check(config), remote_dataset.local_path)
-    return dg.Output(value, metadata=metadata)
+    if pipes.session is not None:
+        metadata["pipes_messages"] = pipes.reader.handled
+    if smoke.oom_advice:
+        metadata["oom_advice"] = dg.MetadataValue.md(_lines(smoke.oom_advice))
+    if not smoke.passed:
+        raise _failure(f"smoke run {spec.name} failed: {'; '.join(smoke.problems)}", metadata)
+    return dg.Output(smoke_value(run, settings, remote_dataset), metadata=metadata)
 
 
 @task_asset_check(
@@ -328,35 +226,6 @@ def smoke_run_resume_continuity(
 # ------------------------------------------------------------------------ train_run
 
 
-class TrainRunConfig(dg.Config):
-    """Settings of the training run (rule 8). 0 / -1 / empty keep the trainer config's value."""
-
-    run_name: str = Field(
-        default="",
-        description="Run name; empty: attach to the running train-<dataset sha256[:12]>-* run, else a new one "
-        "named with the UTC timestamp.",
-    )
-    config_name: str = Field(default="auto", description="Trainer config; 'auto': train_diffusion_unet_image with GPUs, demo without.")
-    epochs: int = Field(default=0, description="training.num_epochs; 0: the config's.")
-    max_train_steps: int = Field(default=0, description="training.max_train_steps (batches per epoch); 0: the config's.")
-    batch_size: int = Field(default=0, description="dataloader.batch_size per process; 0: the config's.")
-    num_workers: int = Field(default=-1, description="dataloader.num_workers; -1: the config's.")
-    num_processes: int = Field(default=0, description="Processes/GPUs: 0 = one per free GPU (1 on CPU).")
-    train_command: str = Field(
-        default=DEFAULT_TRAIN_COMMAND,
-        description="Train command template: {run_dir} {dataset} {overrides} {num_processes} {gpu_ids} {config_name}.",
-    )
-    resume: bool = Field(default=False, description="Continue run_name from its latest.ckpt (verified complete first).")
-    logging_mode: str = Field(default="offline", description="logging.mode: offline | online | disabled.")
-    extra_overrides: list[str] = Field(default_factory=list, description="Further Hydra overrides, appended last.")
-    poll_s: float = Field(default=5.0, description="Seconds between polls of logs.json.txt.")
-    stall_timeout_s: float = Field(default=900.0, description="Seconds without a new log line after the first step that count as a stall.")
-    monitor_timeout_s: float = Field(default=0.0, description="Stop following after this many seconds (0: until the run ends); re-materialize to re-attach.")
-    observation_every_s: float = Field(default=60.0, description="Seconds between progress observations (GPU memory, disk) in the asset's history.")
-    pipes: bool = Field(default=True, description="The built-in trainer reports through Dagster Pipes (log lines, step reports, checkpoints, the final materialization); off: logs.json.txt only.")
-    report_every_n_steps: int = Field(default=10, description="Global steps between step reports (loss, lr, steps/s, ETA) in the run's event log.")
-
-
 @dg.asset(
     group_name=GROUP,
     owners=OWNERS,
@@ -375,134 +244,88 @@ def train_run(
     (built-in trainer, :mod:`dpflow_dagster.pipes`) or its ``logs.json.txt`` (a foreign trainer, a re-attach).
     On a Slurm cluster or several hosts: :func:`dpflow_core.runs.scale.run_on_lab`, followed until it ends."""
     remote_dataset = RemoteDataset.coerce(remote_dataset)
-    with _failure_on_error():
-        lab = gpu_server.lab()
-    if lab.mode != "single":
-        return _scaled_train_run(context, config, remote_dataset, gpu_server, lab)
-    with _failure_on_error(), gpu_server.connect() as server:
-        name, active = config.run_name, False
-        if not name and not config.resume:
-            name, active = active_or_new_run_name(server, remote_dataset.sha256, "train")
-        inventory = server.gpu_inventory()
-        if not active:
-            require_gpus(server, inventory)
-        spec = RunSpec(
-            name=name, kind="train", dataset_path=remote_dataset.remote_path,
-            frequency_hz=remote_dataset.frequency_hz, dataset_sha256=remote_dataset.sha256,
-            config_name=config.config_name if active else resolve_config_name(config.config_name, inventory, server),
-            epochs=config.epochs or None, max_train_steps=config.max_train_steps or None,
-            batch_size=config.batch_size or None, num_workers=None if config.num_workers < 0 else config.num_workers,
-            num_processes=config.num_processes, train_command=config.train_command, resume=config.resume,
-            logging_mode=config.logging_mode, extra_overrides=tuple(config.extra_overrides),
+    launched: list = []  # the handle, once launched (progress observations read its GPUs and run directory)
+    peak_gpu: dict[int, int] = {}
+    last_observation = [0.0]
+
+    def observe(metadata: dict[str, Any]) -> None:
+        if time.monotonic() - last_observation[0] >= config.observation_every_s:
+            last_observation[0] = time.monotonic()
+            context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata=metadata))
+
+    def on_launch(handle, attached) -> None:
+        launched.append(handle)
+        context.log.info(
+            f"{'re-attached to' if attached else 'launched'} {handle.name} (launch {handle.launch_index}, "
+            f"{handle.detached.method} {handle.detached.tmux_session or handle.detached.pid}) in {handle.run_dir}: "
+            f"{handle.command}" + (f"; Dagster Pipes messages: {pipes.reader.path}" if pipes.session else "")
         )
-        # the built-in trainer reports through Dagster Pipes; a foreign one (or a re-attach) from logs.json.txt
-        use_pipes = config.pipes and is_builtin_trainer(spec.train_command) and attachable_handle(server, spec) is None
-        with contextlib.ExitStack() as stack:
-            session = None
-            if use_pipes:
-                reporter: Any = PipesSshMessageReader(context, server, messages_path(run_dir_for(server, spec.name)), spec.name)
-                session = stack.enter_context(dg.open_pipes_session(
-                    context, dg.PipesEnvContextInjector(), reporter,
-                    extras={"report_every_n_steps": config.report_every_n_steps},
-                ))
-            else:
-                reporter = LogTailReporter(context, spec.name, config.report_every_n_steps)
-            handle, attached = launch_or_attach(
-                server, spec, inventory=inventory, extra_env=dict(session.get_bootstrap_env_vars()) if session else None,
-            )
-            context.log.info(
-                f"{'re-attached to' if attached else 'launched'} {handle.name} (launch {handle.launch_index}, "
-                f"{handle.detached.method} {handle.detached.tmux_session or handle.detached.pid}) in {handle.run_dir}: "
-                f"{handle.command}" + (f"; Dagster Pipes messages: {reporter.path}" if session else "")
-            )
-            peak_gpu: dict[int, int] = {}
-            last_observation = [0.0]
 
-            def on_progress(progress, new):
-                if isinstance(reporter, LogTailReporter):
-                    reporter.on_progress(progress, new)
-                if time.monotonic() - last_observation[0] < config.observation_every_s:
-                    return
-                last_observation[0] = time.monotonic()
-                meta = dict(progress.to_metadata())
-                if handle.gpu_ids:
-                    for index, used in gpu_memory(server.gpu_inventory(), handle.gpu_ids).items():
-                        if used is not None:
-                            peak_gpu[index] = max(peak_gpu.get(index, 0), used)
-                            meta[f"gpu{index}_memory_used_mib"] = used
-                meta.update(run_disk_usage(server, handle.run_dir))
-                context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata=meta))
+    def on_progress(progress, new) -> None:
+        if isinstance(pipes.reader, LogTailReporter):
+            pipes.reader.on_progress(progress, new)
+        if time.monotonic() - last_observation[0] < config.observation_every_s:
+            return
+        handle, meta = launched[0], dict(progress.to_metadata())
+        if handle.gpu_ids:
+            for index, used in gpu_memory(server.gpu_inventory(), handle.gpu_ids).items():
+                if used is not None:
+                    peak_gpu[index] = max(peak_gpu.get(index, 0), used)
+                    meta[f"gpu{index}_memory_used_mib"] = used
+        observe({**meta, **run_disk_usage(server, handle.run_dir)})
 
-            result = monitor_run(
-                server, handle, poll_s=config.poll_s, stall_timeout_s=config.stall_timeout_s,
-                timeout_s=config.monitor_timeout_s or None, on_progress=on_progress, on_poll=reporter.poll,
-            )
-            reported, in_run_check = reported_results(session) if session else (None, None)
-        disk = run_disk_usage(server, handle.run_dir)
+    def on_state(state) -> None:  # a Slurm job's
+        if state is not None:
+            observe({"slurm_job_id": state.job_id, "slurm_state": state.state, "slurm_reason": state.reason or ""})
+
+    # the built-in trainer reports through Dagster Pipes; a foreign one (or a re-attach) from logs.json.txt
+    pipes = PipesHooks(context, config.pipes, config.report_every_n_steps, train=True, on_launch=on_launch,
+                       on_progress=on_progress)
+    with _failure_on_error():
+        settings = TrainSettings.from_config(config)
+        lab = gpu_server.lab()
+        with gpu_server.connect_all() as servers:
+            server = servers[0]
+            # natural exit (and, on a cluster or hosts, release) are the blocking check's to judge
+            run = train_on_lab(servers, lab, remote_dataset, settings, hooks=pipes, judge_exit=False,
+                               on_event=context.log.info, on_state=on_state)
+            hosts = [s.config.host for s in servers]
+            disk = run_disk_usage(server, run.result.handle.run_dir) if lab.mode == "single" else {}
+    spec, result = run.spec, run.result
+    if lab.mode != "single":
+        metadata = _scale_metadata(result)
+        if lab.mode == "slurm" and result.job is None:  # the Slurm preflight refused: nothing was submitted
+            raise _failure(f"training {spec.name}: {'; '.join(result.problems)}", metadata)
+        value = result.train_result(spec, host=remote_dataset.host, dataset_sha256=remote_dataset.sha256,
+                                    dataset_local_path=remote_dataset.local_path, hosts=hosts)
+        return dg.MaterializeResult(value=value, metadata=metadata)
+    handle, monitored, reported = result.handle, result.monitor, pipes.reported
     metadata: dict[str, Any] = {
         **(dict(reported.metadata or {}) if reported is not None else {}),
-        **handle.metadata(), **result.progress.to_metadata(), **disk, "path": dg.MetadataValue.path(handle.run_dir),
-        "attached": attached, "monitor_status": result.status, "monitor_message": result.message,
-        "exit_code": result.exit_code if result.exit_code is not None else -1,
-        "reports": "dagster-pipes" if session else "logs.json.txt",
+        **handle.metadata(), **monitored.progress.to_metadata(), **disk, "path": dg.MetadataValue.path(handle.run_dir),
+        "attached": result.attached, "monitor_status": monitored.status, "monitor_message": monitored.message,
+        "exit_code": monitored.exit_code if monitored.exit_code is not None else -1,
+        "reports": "dagster-pipes" if pipes.session else "logs.json.txt",
     }
-    if session:
-        metadata["pipes_messages"] = reporter.handled
-        metadata["checkpoints_saved"] = len(reporter.checkpoints)
+    if pipes.session:
+        metadata["pipes_messages"] = pipes.reader.handled
+        metadata["checkpoints_saved"] = len(pipes.reader.checkpoints)
     for index, peak in peak_gpu.items():
         metadata[f"gpu{index}_peak_memory_used_mib"] = peak
-    if result.stopped is not None:
-        metadata["stopped_processes"] = "; ".join(result.stopped.terminated + result.stopped.killed) or "none"
-    if result.status in ("nan", "stalled", "timeout"):
-        raise _failure(f"training {handle.name}: {result.status}: {result.message}", metadata)
-    value = TrainResult.of(
-        handle, result, host=remote_dataset.host, dataset_sha256=remote_dataset.sha256,
-        dataset_local_path=remote_dataset.local_path, dataset_remote_path=spec.dataset_path,
-        frequency_hz=spec.frequency_hz, in_run_check=None if in_run_check is None else ReportedCheck(
-            passed=bool(in_run_check.passed),
-            metadata={k: getattr(v, "value", v) for k, v in (in_run_check.metadata or {}).items()},
+    if monitored.stopped is not None:
+        metadata["stopped_processes"] = "; ".join(monitored.stopped.terminated + monitored.stopped.killed) or "none"
+    if not result.passed:
+        raise _failure(f"training {handle.name}: {monitored.status}: {monitored.message}", metadata)
+    in_run = pipes.in_run_check
+    value = result.train_result(
+        spec, host=remote_dataset.host, dataset_sha256=remote_dataset.sha256, dataset_local_path=remote_dataset.local_path,
+        in_run_check=None if in_run is None else ReportedCheck(
+            passed=bool(in_run.passed), metadata={k: getattr(v, "value", v) for k, v in (in_run.metadata or {}).items()},
         ),
     )
     return dg.MaterializeResult(
-        value=value, metadata=metadata,
-        data_version=reported.data_version if reported is not None else None,
+        value=value, metadata=metadata, data_version=reported.data_version if reported is not None else None,
     )
-
-
-def _scaled_train_run(context: dg.AssetExecutionContext, config: TrainRunConfig, remote_dataset: RemoteDataset,
-                      gpu_server: GpuServerResource, lab) -> dg.MaterializeResult[TrainResult]:
-    last_observation = [0.0]
-
-    def on_state(state) -> None:
-        if state is not None and time.monotonic() - last_observation[0] >= config.observation_every_s:
-            last_observation[0] = time.monotonic()
-            context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata={
-                "slurm_job_id": state.job_id, "slurm_state": state.state, "slurm_reason": state.reason or ""}))
-
-    with _failure_on_error(), gpu_server.connect_all() as servers:
-        first = servers[0]
-        config_name = (slurm_config_name(config.config_name, first.config.slurm) if lab.mode == "slurm"
-                       else resolve_config_name(config.config_name, first.gpu_inventory(), first))
-        spec = RunSpec(
-            name=config.run_name or default_run_name(remote_dataset.sha256, "train"), kind="train",
-            dataset_path=remote_dataset.remote_path, frequency_hz=remote_dataset.frequency_hz,
-            dataset_sha256=remote_dataset.sha256, config_name=config_name,
-            epochs=config.epochs or None, max_train_steps=config.max_train_steps or None,
-            batch_size=config.batch_size or None, num_workers=None if config.num_workers < 0 else config.num_workers,
-            num_processes=config.num_processes, train_command=config.train_command, resume=config.resume,
-            logging_mode=config.logging_mode, extra_overrides=tuple(config.extra_overrides),
-        )
-        paths = list(remote_dataset.remote_paths) or [spec.dataset_path] * len(servers)
-        result = run_on_lab(servers, lab, spec, paths, timeout_s=config.monitor_timeout_s or 86400.0,
-                            on_event=context.log.info, on_state=on_state)
-        hosts = [server.config.host for server in servers]
-    metadata = _scale_metadata(result)
-    if lab.mode == "slurm" and result.job is None:  # the Slurm preflight refused: nothing was submitted
-        raise _failure(f"training {spec.name}: {'; '.join(result.problems)}", metadata)
-    # natural exit and release are the blocking check's to judge, as on one server
-    value = result.train_result(spec, host=remote_dataset.host, dataset_sha256=remote_dataset.sha256,
-                                dataset_local_path=remote_dataset.local_path, hosts=hosts)
-    return dg.MaterializeResult(value=value, metadata=metadata)
 
 
 def _scaled_natural_exit(context: dg.AssetCheckExecutionContext, train_run: TrainResult,
