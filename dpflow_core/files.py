@@ -277,6 +277,22 @@ def remove_stale_temporaries(folder: str | Path, *, recursive: bool = False, dry
     return removed
 
 
+@contextlib.contextmanager
+def os_errors_named(path: str | Path, doing: str) -> Iterator[None]:
+    """Turn an ``OSError`` (with an errno: disk full, permission denied, read-only file system, ...) raised inside
+    the block into :class:`dpflow_core.errors.StorageError` naming ``path`` and what was being done
+    (:func:`dpflow_core.errors.storage_error`); the block's own clean-up has run by then. dpflow's own errors,
+    and an ``OSError`` with no errno (a timeout), pass unchanged."""
+    from dpflow_core.errors import storage_error
+
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise storage_error(exc, path, doing) from exc
+
+
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

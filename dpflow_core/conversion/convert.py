@@ -30,8 +30,8 @@ from dpflow_core.conversion.jobs import FrameStreamer, align_all, alignment_job
 from dpflow_core.conversion.metadata import dataset_metadata
 from dpflow_core.conversion.rates import RATE_POLICIES, apply_rate_policy, group_path, subset_manifest
 from dpflow_core.episode_cache import EpisodeCache, resolve_cache
-from dpflow_core.errors import ConversionError, DatasetError
-from dpflow_core.files import fsync_dir, temp_name
+from dpflow_core.errors import ConversionError, DatasetError, storage_error
+from dpflow_core.files import fsync_dir, os_errors_named, temp_name
 from dpflow_core.replay_buffer.writer import FRAMES_MEMBER, NpzMember, NpzStreamWriter, npy_data_offset
 from dpflow_core.recordings.topics import TopicMap
 from dpflow_core.results import StageResult
@@ -222,6 +222,8 @@ def convert(
         DatasetError: the written dataset fails validation or its norm stats
             cannot be computed (zero-variance dimension, non-finite values); the
             output is then not created.
+        StorageError: the output folder cannot be created or written (disk full, permission denied, read-only
+            file system), naming the output; nothing of this call is left there.
     """
     started = time.perf_counter()
     image_size = _check_image_size(image_size)
@@ -284,7 +286,8 @@ def convert(
             code="no_valid_episodes",
         )
 
-    folder.mkdir(parents=True, exist_ok=True)
+    with os_errors_named(folder, "creating the output folder"):
+        folder.mkdir(parents=True, exist_ok=True)
     stale = _remove_stale(folder)
     partial = folder / temp_name(out.name, "partial", unique=False)
     work = folder / temp_name(out.name, "work", unique=False)
@@ -311,6 +314,8 @@ def convert(
         rejected = list(inputs.rejected)
         ok = []
         for i, r in enumerate(results):
+            if not r["ok"] and r["code"] == "storage":  # a full or read-only disk stops the run
+                raise storage_error(OSError(r["errno"], r["reason"]), out, f"writing the scratch files of {r['stem']}")
             if r["ok"]:
                 ok.append((i, r))
             else:
@@ -422,6 +427,11 @@ def convert(
                 episode_cache.prune()
             except OSError:
                 pass  # a cache that cannot be pruned now is pruned by the next conversion or `dpflow cache prune`
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        # The disk filled or the folder became unwritable: the output is named, the finally removes what was made.
+        raise storage_error(exc, out, "writing the dataset") from exc
     finally:
         if streamer is not None:
             streamer.cancel()

@@ -28,7 +28,7 @@ from dpflow_core.conversion.align import (
     split_segments,
 )
 from dpflow_core.episode_cache import EpisodeCache, episode_key
-from dpflow_core.errors import ConversionError, DpflowError
+from dpflow_core.errors import STORAGE_ERRNOS, ConversionError, DpflowError
 from dpflow_core.files import path_kind, pid_alive
 from dpflow_core.replay_buffer.writer import NpzStreamWriter, npy_data_offset
 from dpflow_core.recordings.topics import TopicMap
@@ -203,6 +203,9 @@ def _episode_job(job: dict) -> dict:
     except DpflowError as exc:
         return {"ok": False, "stem": stem, "path": exc.path or str(path), "code": exc.code, "reason": exc.reason}
     except OSError as exc:
+        if exc.errno in STORAGE_ERRNOS:  # the scratch folder's disk, not this episode, is at fault
+            return {"ok": False, "stem": stem, "path": str(path), "code": "storage", "errno": exc.errno,
+                    "reason": exc.strerror or str(exc)}
         return {"ok": False, "stem": stem, "path": exc.filename or str(path), "code": "unreadable",
                 "reason": f"cannot read {Path(exc.filename or path).name}: {exc.strerror or exc} (errno {exc.errno})"}
 

@@ -26,7 +26,8 @@ from dpflow_core.conversion import (
 )
 from dpflow_core.conversion.align import ALIGN_IMPORTS
 from dpflow_core.conversion.jobs import _die_with_parent
-from dpflow_core.errors import ConversionError, DatasetError, DpflowError
+from dpflow_core.errors import STORAGE_ERRNOS, ConversionError, DatasetError, DpflowError, storage_error
+from dpflow_core.files import os_errors_named
 from dpflow_core.export.features import (
     ACTION_RULES, CAMERA_KEY, FORMATS, PROVENANCE_PATH, ROTATIONS, V30_VERSION, episode_state,
 )
@@ -59,6 +60,8 @@ def _align_job(job: dict) -> dict:
     except DpflowError as exc:
         return {"ok": False, "stem": stem, "code": exc.code, "reason": str(exc)}
     except OSError as exc:
+        if exc.errno in STORAGE_ERRNOS:  # the staging folder's disk, not this episode, is at fault
+            return {"ok": False, "stem": stem, "code": "storage", "errno": exc.errno, "reason": exc.strerror or str(exc)}
         return {"ok": False, "stem": stem, "code": "unreadable",
                 "reason": f"{exc.filename or job['vio_mcap']}: cannot read: {exc.strerror or exc} (errno {exc.errno})"}
 
@@ -302,8 +305,8 @@ def export_lerobot(
                               source, code="no_valid_episodes")
     skipped: dict[str, str] = {}
     n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
-    with LeRobotWriter(out_dir, task, action_rule, video=video, codebase_version=codebase_version,
-                       rotation=rotation) as writer:
+    with os_errors_named(out_dir, "writing the LeRobot export"), LeRobotWriter(
+            out_dir, task, action_rule, video=video, codebase_version=codebase_version, rotation=rotation) as writer:
         rgb_dir = writer.staging_dir / "frames"
         rgb_dir.mkdir()
         jobs = [
@@ -314,6 +317,8 @@ def export_lerobot(
         files = {e.stem: e.files for e in inputs.episodes}
         for done, result in enumerate(_aligned_in_order(jobs, n_workers), 1):
             stem = result["stem"]
+            if not result["ok"] and result["code"] == "storage":  # a full or read-only disk stops the export
+                raise storage_error(OSError(result["errno"], result["reason"]), out_dir, f"writing the frames of {stem}")
             if result["ok"]:
                 a, b = result["rgb_rows"]
                 rgb_path = Path(result["rgb_path"])

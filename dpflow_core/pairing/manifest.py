@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dpflow_core.errors import InvalidNameError, PairingError
-from dpflow_core.files import remove_stale_temporaries, write_text_atomic
+from dpflow_core.files import os_errors_named, remove_stale_temporaries, write_text_atomic
 from dpflow_core.names import validate_name
 from dpflow_core.recordings.topics import TopicMap
 from dpflow_core.results import StageResult
@@ -194,13 +194,16 @@ def write_manifest(manifest: Manifest, path: str | Path, overwrite: bool = False
 
     Raises:
         PairingError: ``path`` exists and ``overwrite`` is false (code ``output_exists``).
+        StorageError: the folder cannot be written (disk full, permission denied, read-only), naming ``path``;
+            no temporary is left.
     """
     path = Path(path)
     if path.exists() and not overwrite:
         raise PairingError("manifest already exists (pass --overwrite (overwrite=True from Python) to replace it)", path, code="output_exists")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path.parent)
-    return write_text_atomic(path, json.dumps(manifest.to_dict(), indent=2) + "\n")
+    with os_errors_named(path, "writing the manifest"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path.parent)
+        return write_text_atomic(path, json.dumps(manifest.to_dict(), indent=2) + "\n")
 
 
 def _need(obj: Any, key: str, kind: type | tuple, where: str, path: Path) -> Any:

@@ -6,6 +6,7 @@ the files of :func:`write_report` (temp name, then rename) or a Markdown string 
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dpflow_core.errors import DpflowError
-from dpflow_core.files import display_name, remove_stale_temporaries, write_text_atomic
+from dpflow_core.files import display_name, os_errors_named, remove_stale_temporaries, write_text_atomic
 from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 from dpflow_core.report.quality import (
@@ -190,12 +191,37 @@ def write_report(
         DpflowError: (code ``output_exists``) ``out_dir`` already holds a report
             and ``overwrite`` is false.
         PairingError, RecordingError: as :func:`episode_quality`.
+        StorageError: ``out_dir`` cannot be written (disk full, permission denied, read-only file system),
+            naming it; the files this call made are removed (with ``overwrite``, one it had replaced stays new).
     """
     out_dir = Path(out_dir)
-    html_path, json_path, preview_dir = out_dir / "report.html", out_dir / "quality.json", out_dir / "previews"
+    html_path, json_path = out_dir / "report.html", out_dir / "quality.json"
     if not overwrite and (html_path.exists() or json_path.exists()):
         raise DpflowError("a report already exists here; pass --overwrite (overwrite=True from Python) to replace it", out_dir, code="output_exists")
     data, _ = manifest_data(manifest)
+    made_dir = not out_dir.exists()
+    before = _report_files(out_dir)
+    try:
+        with os_errors_named(out_dir, "writing the report"):
+            return _write_report(manifest, data, out_dir, topics)
+    except BaseException:
+        # A full disk or an unwritable folder: what this call wrote goes, what was there stays.
+        for p in sorted(set(_report_files(out_dir)) - set(before), reverse=True) + ([out_dir] if made_dir else []):
+            with contextlib.suppress(OSError):
+                p.rmdir() if p.is_dir() else p.unlink()
+        raise
+
+
+def _report_files(out_dir: Path) -> list[Path]:
+    """The report's own files and the previews folder, as they are now (none when ``out_dir`` is missing)."""
+    found = [p for p in (out_dir / "report.html", out_dir / "quality.json", out_dir / "previews") if p.exists()]
+    if (out_dir / "previews").is_dir():
+        found += sorted((out_dir / "previews").iterdir())
+    return found
+
+
+def _write_report(manifest, data: Mapping[str, Any], out_dir: Path, topics: TopicMap) -> ReportResult:
+    html_path, json_path, preview_dir = out_dir / "report.html", out_dir / "quality.json", out_dir / "previews"
     out_dir.mkdir(parents=True, exist_ok=True)
     for folder in (out_dir, preview_dir):  # a killed report's temporaries
         remove_stale_temporaries(folder)
