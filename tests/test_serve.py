@@ -284,6 +284,69 @@ def test_remote_policy_matches_the_in_process_policy(served, policy, tiny_checkp
             remote.predict_action(obs[1], now_s=stale_now)
 
 
+class FaultyPolicy:
+    """The real policy, except that its next ``predict_action`` calls raise and its next ``check_obs``
+    calls hand back arrays the batcher cannot stack (a fault outside inference), as many as asked."""
+
+    def __init__(self, policy):
+        self.policy, self.failing_predictions, self.unstackable_checks = policy, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def check_obs(self, obs):
+        arrays, batched = self.policy.check_obs(obs)
+        if self.unstackable_checks:
+            self.unstackable_checks -= 1
+            arrays = {k: a.tolist() for k, a in arrays.items()}
+        return arrays, batched
+
+    def predict_action(self, *args, **kwargs):
+        if self.failing_predictions:
+            self.failing_predictions -= 1
+            raise RuntimeError("injected inference fault")
+        return self.policy.predict_action(*args, **kwargs)
+
+
+def test_a_failed_batch_answers_its_requests_with_the_error_and_the_next_batch_is_served(policy, tiny_checkpoint):
+    """The server in this process, on the real policy wrapped to fail once in inference and once around it."""
+    import asyncio
+    import queue
+    import threading
+
+    from dpflow_core.serving.client import RemotePolicy, ServingError
+    from dpflow_core.serving.server import load_server
+
+    server = load_server(tiny_checkpoint.checkpoint, ServeSettings(port=0))
+    server.policy = faulty = FaultyPolicy(server.policy)
+    bound, running = queue.Queue(), {}
+
+    async def main():
+        running["loop"], running["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        await server.run("127.0.0.1", 0, ready=lambda host, port: bound.put(port), stop=running["stop"])
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    obs = observations(tiny_checkpoint.dataset, policy)[1]
+    try:
+        with RemotePolicy(f"ws://127.0.0.1:{bound.get(timeout=30)}", timeout_s=10) as remote:
+            faulty.failing_predictions = 1
+            with pytest.raises(ServingError, match=r"error \(internal\): RuntimeError: injected inference fault"):
+                remote.predict_action(obs, noise_seed=3)
+            faulty.unstackable_checks = 1
+            with pytest.raises(ServingError, match=r"error \(internal\): AttributeError: .*'list'.*'shape'"):
+                remote.predict_action(obs, noise_seed=3)
+            got = remote.predict_action(obs, noise_seed=3)
+        want = in_process(policy, obs, 3)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], atol=1e-6, rtol=0)
+        assert server.requests_served == 1 and thread.is_alive()
+    finally:
+        running["loop"].call_soon_threadsafe(running["stop"].set)
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
 def test_robot_client_example_runs_with_openpi_client(served, tiny_checkpoint):
     run = subprocess.run([str(openpi_python()), str(REPO / "examples" / "robot_client.py"), "--port", str(served[1]),
                           "--dataset", str(tiny_checkpoint.dataset), "--cycles", "2"],

@@ -39,6 +39,7 @@ class RemotePolicy:
     Args:
         url: ``ws://host:port``.
         open_timeout_s: how long to wait for the connection and the metadata.
+        timeout_s: how long to wait for each answer (None: forever).
 
     Attributes:
         metadata: the server's metadata (:func:`dpflow_core.serving.server.policy_metadata`).
@@ -48,10 +49,10 @@ class RemotePolicy:
         ServingError: the server cannot be reached or sent no metadata.
     """
 
-    def __init__(self, url: str, open_timeout_s: float = 10.0):
+    def __init__(self, url: str, open_timeout_s: float = 10.0, timeout_s: float | None = 60.0):
         import websockets.sync.client
 
-        self.url = url
+        self.url, self.timeout_s = url, timeout_s
         try:
             self._ws = websockets.sync.client.connect(url, compression=None, max_size=None, open_timeout=open_timeout_s)
             self.metadata: dict[str, Any] = unpack(self._ws.recv(timeout=open_timeout_s))
@@ -107,8 +108,8 @@ class RemotePolicy:
             (a leading B for a batched observation).
 
         Raises:
-            ServingError: the server refused the request (its message says why) or the
-                connection broke.
+            ServingError: the server refused the request (its message says why), sent no
+                answer within ``timeout_s``, or the connection broke.
         """
         request: dict[str, Any] = {k: _wire(v) for k, v in obs.items()}
         request["frame"] = frame
@@ -124,7 +125,11 @@ class RemotePolicy:
             start = time.perf_counter()
             try:
                 self._ws.send(pack(request))
-                reply = self._ws.recv()
+                reply = self._ws.recv(timeout=self.timeout_s)
+            except TimeoutError:
+                self._ws.close()  # a late answer would be read as the next request's
+                raise ServingError(f"server {self.url} sent no answer within {self.timeout_s:g} s; "
+                                   "connection closed") from None
             except Exception as exc:
                 raise ServingError(f"connection to {self.url} broke: {type(exc).__name__}: {exc}") from exc
             round_trip_ms = (time.perf_counter() - start) * 1e3

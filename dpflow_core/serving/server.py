@@ -30,7 +30,10 @@ When more clients are connected than requests are waiting, the server waits up t
 ``batch_window_s`` for the others before it starts (a lone client never waits). A
 client therefore waits for at most one inference ahead of its own; the others' network
 and decoding never block it (openpi's own server runs inference on its event loop, so a
-second client waits for the first, openpi #717).
+second client waits for the first, openpi #717). A batch that fails, in inference or
+around it, answers each of its requests with the error on its socket and the next
+batch runs; should the batching task itself end, the server stops instead of leaving
+requests unanswered.
 """
 
 from __future__ import annotations
@@ -278,23 +281,36 @@ class PolicyServer:
                 except TimeoutError:
                     break
             batch = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch))]
-            groups: dict[Any, list[_Waiting]] = {}
-            for i, w in enumerate(batch):
-                if not w.answer.done():  # its client left
-                    groups.setdefault(w.request.stack_key() or ("alone", i), []).append(w)
-            for group in groups.values():
-                try:
-                    answers, start, end = await loop.run_in_executor(
-                        self._worker, self._timed_infer, [w.request for w in group])
-                except Exception as exc:  # handed to each request's handler, which answers it on its socket
-                    for w in group:
-                        if not w.answer.done():
-                            w.answer.set_exception(exc)
-                    continue
-                for w, answer in zip(group, answers):
-                    w.timing |= {"start": start, "end": end, "batch_size": len(group)}
+            try:
+                await self._answer_batch(batch)
+            except Exception as exc:  # a fault outside inference: this batch's requests get it, the next batch runs
+                log.exception("a batch of %d requests failed", len(batch))
+                for w in batch:
                     if not w.answer.done():
-                        w.answer.set_result(answer)
+                        w.answer.set_exception(exc)
+
+    async def _answer_batch(self, batch: Sequence[_Waiting]) -> None:
+        """Infer ``batch`` group by group (one group per stack key) and hand each request its answer or error."""
+        loop = asyncio.get_running_loop()
+        groups: dict[Any, list[_Waiting]] = {}
+        for i, w in enumerate(batch):
+            if not w.answer.done():  # its client left
+                groups.setdefault(w.request.stack_key() or ("alone", i), []).append(w)
+        for group in groups.values():
+            try:
+                answers, start, end = await loop.run_in_executor(
+                    self._worker, self._timed_infer, [w.request for w in group])
+            except Exception as exc:  # handed to each request's handler, which answers it on its socket
+                for w in group:
+                    if not w.answer.done():
+                        w.answer.set_exception(exc)
+                continue
+            if len(answers) != len(group):
+                raise RuntimeError(f"inference gave {len(answers)} answers for a batch of {len(group)} requests")
+            for w, answer in zip(group, answers):
+                w.timing |= {"start": start, "end": end, "batch_size": len(group)}
+                if not w.answer.done():
+                    w.answer.set_result(answer)
 
     async def handle(self, websocket) -> None:
         """One connection: metadata, then request -> answer until the client leaves."""
@@ -372,10 +388,14 @@ class PolicyServer:
             if ready is not None:
                 ready(bound[0], int(bound[1]))
             batches = asyncio.create_task(self._serve_batches())
+            stopped = asyncio.ensure_future(stop.wait() if stop is not None else asyncio.Future())
             try:
-                await (stop.wait() if stop is not None else asyncio.Future())
+                await asyncio.wait({batches, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if batches.done():  # a server that can no longer infer must stop, not leave requests waiting
+                    batches.result()
             finally:
                 batches.cancel()
+                stopped.cancel()
         self._worker.shutdown(wait=True)
 
 
