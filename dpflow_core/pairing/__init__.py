@@ -40,7 +40,8 @@ error, or a directory/FIFO where a file was expected), ``invalid_stem``,
 ``status_not_final``, ``unknown_status``, ``status_conflict``,
 ``duplicate_stem``, ``invalid_manifest_entry``, ``duplicate_episode`` (a later copy
 of an accepted episode: same ``_vio.mcap`` SHA-256, or the same camera payload
-re-muxed), ``status_stem_mismatch`` (the ``_vio.json`` names another stem), and the error codes of
+re-muxed; or a byte copy of an earlier episode in a sibling task folder, both paths named:
+:mod:`~dpflow_core.pairing.across`), ``status_stem_mismatch`` (the ``_vio.json`` names another stem), and the error codes of
 :func:`~dpflow_core.recordings.inspect_recording` (``truncated_mcap``,
 ``missing_closing_magic``, ``corrupt_mcap``, ``unknown_encoding``, ...).
 
@@ -57,6 +58,7 @@ Modules, in the order a task folder meets them:
 - :mod:`~dpflow_core.pairing.explicit`: the explicit manifest, for naming schemes that differ;
 - :mod:`~dpflow_core.pairing.status`: the ``_vio.json`` and ``vio_result.json`` status files;
 - :mod:`~dpflow_core.pairing.checks`: the checks each stem goes through, in order;
+- :mod:`~dpflow_core.pairing.across`: copies of an episode in the other task folders of the same output root;
 - :mod:`~dpflow_core.pairing.pair`: :func:`pair_recordings`, the entry point;
 - :mod:`~dpflow_core.pairing.manifest`: the manifest's types, and how it is written, named and read.
 

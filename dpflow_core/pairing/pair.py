@@ -15,6 +15,7 @@ from typing import Callable
 
 from dpflow_core.errors import PairingError
 from dpflow_core.names import validate_name
+from dpflow_core.pairing.across import cross_task_rejects
 from dpflow_core.pairing.checks import check_candidate, content_rejects
 from dpflow_core.pairing.explicit import read_explicit
 from dpflow_core.pairing.manifest import AcceptedEpisode, Manifest, PairingReject, topic_map_to_dict
@@ -92,6 +93,8 @@ def pair_recordings(
             progress(cand.stem, i + 1, len(candidates))
     accepted, content = content_rejects(accepted)
     rejects.extend(content)
+    accepted, across = cross_task_rejects(root, accepted)
+    rejects.extend(across)
     rejects.sort(key=lambda r: (r.stem, r.path))
     return Manifest(
         root=root,
