@@ -124,7 +124,7 @@ def test_episodes_off_the_dataset_rate_are_left_out(tmp_path):
         for k, hz in enumerate((30.0, 30.1, 15.0)):
             s, fr = synthetic_episode(20, k)
             writer.add_episode(s, {lr.CAMERA_KEY: fr}, frame_times(20, hz, k), stem=f"ep{k}")
-        result = writer.finish()
+        result = writer.finish(rate_policy="reject")
     assert result.stems == ["ep0", "ep1"] and result.n_episodes == 2
     assert set(result.skipped) == {"ep2"} and result.skipped["ep2"].startswith("frequency_mismatch: measured 15.0")
     record = json.loads((out / "meta/dpflow.json").read_text())

@@ -21,7 +21,12 @@ def export_lerobot_cmd(
     action_rule: str = typer.Option("next_state", "--action-rule", help="next_state | delta"),
     image_size: str = typer.Option("native", "--image-size", help="W,H (even numbers) or native."),
     invalid_pose_policy: str = typer.Option("trim", "--invalid-pose-policy", help="trim | reject"),
-    frequency_tolerance: float = typer.Option(0.05, "--frequency-tolerance", help="Relative; episodes off the median rate are left out."),
+    frequency_tolerance: float = typer.Option(0.05, "--frequency-tolerance", help="Relative tolerance of an episode's rate."),
+    rate_policy: str = typer.Option(
+        "resample", "--rate-policy",
+        help="An episode at another rate than its task's: 'resample' it to the task's rate (images held, poses "
+             "interpolated), 'group' (a dataset of its own beside the output, <output>-<rate>hz) or 'reject'.",
+    ),
     workers: int = typer.Option(0, "--workers", help="Alignment worker processes [default: 0 = CPU cores]."),
     fmt: str = typer.Option(lerobot.V30_VERSION, "--format",
                             help="v3.0 (lerobot >= 0.4) | v2.1 (lerobot 0.3, openpi)."),
@@ -40,12 +45,17 @@ def export_lerobot_cmd(
         workers=workers,
         codebase_version=fmt,
         rotation=rotation,
+        rate_policy=rate_policy,
     )
     typer.echo(
         f"{result.path}: LeRobot {result.codebase_version}, {result.n_episodes} episodes, {result.total_frames} frames, "
         f"fps {result.fps:.4f}, {result.image_size[0]}x{result.image_size[1]}, actions {result.action_rule}, "
         f"task {result.task!r}"
     )
+    for stem in result.resampled:
+        typer.echo(f"resampled {stem} to {result.fps:.4f} Hz (images held, poses interpolated)", err=True)
+    for g in result.rate_groups:
+        typer.echo(f"{g['n_episodes']} episodes at {g['fps']:.3f} Hz kept as their own dataset {g['path']}")
     for stem, reason in result.skipped.items():
         typer.echo(f"skipped {stem}: {reason}", err=True)
 

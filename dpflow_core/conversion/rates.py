@@ -84,6 +84,26 @@ def sample_and_hold_grid(t_s: np.ndarray, rate_hz: float) -> tuple[np.ndarray, n
     return grid, source.astype(np.int64)
 
 
+def resample_pose(t_s: np.ndarray, grid: np.ndarray, pos: np.ndarray, rotvec: np.ndarray, gripper: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An episode's pose and gripper width at the times ``grid``: position and width linear (``np.interp``), rotation
+    scipy ``Slerp`` (the module docstring's rule; the LeRobot export uses it too).
+
+    Args:
+        t_s: (N,) float64 strictly increasing sample times, seconds; ``grid`` (M,) within them.
+        pos: (N, 3) metres; rotvec: (N, 3) rotation vectors, radians; gripper: (N,) or (N, 1) metres.
+
+    Returns:
+        (M, 3) position, (M, 3) rotation vector, (M, 1) width, float32.
+    """
+    from scipy.spatial.transform import Rotation, Slerp
+
+    pos_m = np.stack([np.interp(grid, t_s, pos[:, d]) for d in range(3)], axis=1).astype(np.float32)
+    rot_m = Slerp(t_s, Rotation.from_rotvec(np.asarray(rotvec, np.float64)))(grid).as_rotvec().astype(np.float32)
+    width = np.interp(grid, t_s, np.asarray(gripper).reshape(len(t_s), -1)[:, 0]).astype(np.float32)[:, None]
+    return pos_m, rot_m, width
+
+
 def resample_part(part: dict, rate_hz: float, writer, out_dir: Path, tag: tuple) -> dict:
     """One aligned part put on the ``rate_hz`` grid (see the module docstring); its frames appended to ``writer``.
 
@@ -100,18 +120,13 @@ def resample_part(part: dict, rate_hz: float, writer, out_dir: Path, tag: tuple)
         ``resampled``: {from_hz, to_hz, frames_before, frames_after, images, low_dim}) and ``tags``, the
         pieces that now hold its frames in order.
     """
-    from scipy.spatial.transform import Rotation, Slerp
-
     files = part["files"]
     t_s = np.load(files["timestamp"])
     grid, source = sample_and_hold_grid(t_s, rate_hz)
     arrays = {"timestamp": grid}
-    arrays["robot0_eef_pos"] = np.stack(
-        [np.interp(grid, t_s, np.load(files["robot0_eef_pos"])[:, d]) for d in range(3)], axis=1).astype(np.float32)
-    rotations = Rotation.from_rotvec(np.load(files["robot0_eef_rot_axis_angle"]).astype(np.float64))
-    arrays["robot0_eef_rot_axis_angle"] = Slerp(t_s, rotations)(grid).as_rotvec().astype(np.float32)
-    arrays["robot0_gripper_width"] = np.interp(
-        grid, t_s, np.load(files["robot0_gripper_width"])[:, 0]).astype(np.float32)[:, None]
+    (arrays["robot0_eef_pos"], arrays["robot0_eef_rot_axis_angle"], arrays["robot0_gripper_width"]) = resample_pose(
+        t_s, grid, np.load(files["robot0_eef_pos"]), np.load(files["robot0_eef_rot_axis_angle"]),
+        np.load(files["robot0_gripper_width"]))
     for key in ("robot0_demo_start_pose", "robot0_demo_end_pose"):
         arrays[key] = np.repeat(np.load(files[key])[:1], len(grid), axis=0)
     out_dir.mkdir(parents=True, exist_ok=True)

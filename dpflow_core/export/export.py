@@ -31,6 +31,7 @@ from dpflow_core.files import os_errors_named
 from dpflow_core.export.features import (
     ACTION_RULES, CAMERA_KEY, FORMATS, PROVENANCE_PATH, ROTATIONS, V30_VERSION, episode_state,
 )
+from dpflow_core.export.rates import RATE_POLICIES
 from dpflow_core.export.validation import _read_json, validate_lerobot_dataset
 from dpflow_core.export.video import VideoSpec
 from dpflow_core.export.writer import LeRobotExport, LeRobotWriter
@@ -139,7 +140,7 @@ def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> s
     defaults = {
         "action_rule": "next_state", "image_size": None, "invalid_pose_policy": "trim",
         "min_overlap_fraction": 0.5, "frequency_tolerance": 0.05, "topics": DAS_DEFAULT, "video": VideoSpec(),
-        "codebase_version": V30_VERSION, "rotation": "rotvec",
+        "codebase_version": V30_VERSION, "rotation": "rotvec", "rate_policy": "resample",
     }
     unknown = set(options) - set(defaults)
     if unknown:
@@ -159,6 +160,7 @@ def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> s
             "video": dataclasses.asdict(o["video"]),
             "codebase_version": o["codebase_version"],
             "rotation": o["rotation"],
+            "rate_policy": o["rate_policy"],
         },
     )
 
@@ -192,6 +194,8 @@ def load_export(dataset_dir: str | Path) -> LeRobotExport:
             skipped=dict(record.get("skipped", {})),
             export_key=record.get("export_key"),
             codebase_version=info["codebase_version"],
+            resampled=[e["stem"] for e in record["episodes"] if "resampled" in e],
+            rate_groups=list(record.get("rate_groups", [])),
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise DatasetError(f"metadata lacks a field: {exc!r}", path, code="bad_metadata") from exc
@@ -214,6 +218,7 @@ def export_lerobot(
     progress: Callable[[str, int, int], None] | None = None,
     codebase_version: str = V30_VERSION,
     rotation: str = "rotvec",
+    rate_policy: str = "resample",
 ) -> LeRobotExport:
     """Export the accepted episodes of a pairing manifest as a LeRobot dataset, v3.0 (default) or v2.1.
 
@@ -225,9 +230,10 @@ def export_lerobot(
     exactly as for ``dataset.npz``, in worker processes: inputs are checked
     against the manifest's size and SHA-256 first. Its state is
     :func:`episode_state`, its actions :func:`episode_actions`, its camera0
-    frames the video :data:`CAMERA_KEY`. Episodes that cannot be aligned, or
-    whose frequency is off (see :meth:`LeRobotWriter.finish`), are skipped with
-    their reason; ``fps`` is :func:`measured_fps`. ``meta/dpflow.json`` records
+    frames the video :data:`CAMERA_KEY`. Episodes that cannot be aligned are
+    skipped with their reason; one at another rate than its task's is resampled,
+    written as a dataset of its own or skipped by ``rate_policy`` (the
+    conversion's rule, :mod:`dpflow_core.export.rates`); ``fps`` is :func:`measured_fps`. ``meta/dpflow.json`` records
     the manifest, every input's SHA-256 and every alignment report.
 
     Args:
@@ -237,7 +243,8 @@ def export_lerobot(
         action_rule: one of :data:`ACTION_RULES`.
         image_size: (W, H) of the videos, even numbers; None keeps the camera's size.
         invalid_pose_policy, min_overlap_fraction, topics: see ``align_episode``.
-        frequency_tolerance: see :meth:`LeRobotWriter.finish`.
+        frequency_tolerance, rate_policy: see :meth:`LeRobotWriter.finish` (``rate_policy`` ``"resample"``,
+            ``"group"``: ``<out_dir>-<rate>hz`` beside ``out_dir``, or ``"reject"``).
         verify_sha256: hash each input and compare with the manifest.
         workers: alignment worker processes; 0 = the number of CPU cores.
         video: encoder settings.
@@ -264,6 +271,8 @@ def export_lerobot(
         raise ConversionError(f"unknown LeRobot format {codebase_version!r}; use one of {', '.join(FORMATS)}", code="bad_option")
     if rotation not in ROTATIONS:
         raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
+    if rate_policy not in RATE_POLICIES:
+        raise ConversionError(f"rate_policy must be one of {RATE_POLICIES}, got {rate_policy!r}", code="bad_option")
     if invalid_pose_policy not in INVALID_POSE_POLICIES:
         raise ConversionError(
             f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
@@ -286,6 +295,7 @@ def export_lerobot(
         "video": dataclasses.asdict(video),
         "codebase_version": codebase_version,
         "rotation": rotation,
+        "rate_policy": rate_policy,
     }
     key = _export_key(inputs, options)
     if Path(out_dir).exists():
@@ -345,4 +355,4 @@ def export_lerobot(
             "rejected_by_pairing": inputs.rejected,
             "skipped": skipped,
         }
-        return writer.finish(frequency_tolerance, provenance)
+        return writer.finish(frequency_tolerance, provenance, rate_policy)

@@ -20,6 +20,7 @@ column's dtype, float32 for vectors, and squares camera pixels in uint8, which w
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -187,4 +188,59 @@ def aggregate_stats(per_episode: Iterable[Mapping[str, Mapping[str, np.ndarray]]
             if all(q in p for p in parts):
                 agg[q] = (np.stack([p[q] for p in parts]) * w).sum(axis=0) / total
         out[key] = agg
+    return out
+
+
+# --------------------------------------------------------------------------- v2.1 (lerobot 0.3)
+
+
+def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    """LeRobot per-episode statistics of a low-dimensional feature.
+
+    Args:
+        values: (N,) or (N, D) numbers.
+
+    Returns:
+        ``min``, ``max``, ``mean``, ``std`` (population), each (D,) — (1,) for a
+        1-D column — and ``count`` = [N].
+    """
+    v = np.asarray(values)
+    v2 = v.reshape(len(v), -1)
+    stats = {
+        "min": v2.min(axis=0),
+        "max": v2.max(axis=0),
+        "mean": v2.mean(axis=0, dtype=np.float64),
+        "std": v2.std(axis=0, dtype=np.float64),
+    }
+    stats["count"] = np.array([len(v)], dtype=np.int64)
+    return stats
+
+
+def image_stats(frames: np.ndarray) -> dict[str, np.ndarray]:
+    """LeRobot per-episode statistics of a camera, over every pixel of every frame.
+
+    Args:
+        frames: (N, H, W, 3) uint8 RGB.
+
+    Returns:
+        ``min``, ``max``, ``mean``, ``std`` per channel, each (3, 1, 1) float64
+        scaled to [0, 1] (value / 255), and ``count`` = [N]. Exact: computed
+        from per-channel histograms of the uint8 values.
+    """
+    f = np.asarray(frames)
+    if f.dtype != np.uint8 or f.ndim != 4 or f.shape[-1] != 3:
+        raise ConversionError(f"frames must be (N, H, W, 3) uint8, got {f.shape} {f.dtype}")
+    levels = np.arange(256, dtype=np.float64)
+    out = {k: np.zeros((3, 1, 1)) for k in ("min", "max", "mean", "std")}
+    for c in range(3):
+        hist = np.bincount(f[..., c].ravel(), minlength=256).astype(np.float64)
+        n = hist.sum()
+        present = np.flatnonzero(hist)
+        mean = float(hist @ levels) / n
+        var = float(hist @ (levels - mean) ** 2) / n
+        out["min"][c, 0, 0] = present[0] / 255.0
+        out["max"][c, 0, 0] = present[-1] / 255.0
+        out["mean"][c, 0, 0] = mean / 255.0
+        out["std"][c, 0, 0] = math.sqrt(var) / 255.0
+    out["count"] = np.array([len(f)], dtype=np.int64)
     return out

@@ -19,11 +19,10 @@ the chosen layout:
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +35,8 @@ from dpflow_core.export.features import (
     ROT6D_STATE_NAMES, ROTATIONS, TASKS_PATH, V30_CHUNKS_SIZE, V30_DATA_PATH, V30_VERSION,
     V30_VIDEO_PATH, VIDEO_FILES_SIZE_IN_MB, VIDEO_PATH, episode_actions, measured_fps, with_rotation,
 )
-from dpflow_core.export.stats import camera_stats
+from dpflow_core.export.rates import RATE_POLICIES, decode_frames, group_dir, plan_rates, resample_state
+from dpflow_core.export.stats import camera_stats, feature_stats, image_stats
 from dpflow_core.export.v30 import V30Layout, write_v30
 from dpflow_core.export.video import VideoSpec, encode_video, retime_video, video_info
 from dpflow_core.files import install_dir, remove_stale_temporaries, temp_name, write_text_atomic
@@ -60,10 +60,14 @@ class LeRobotExport(StageResult):
         action_rule: one of :data:`ACTION_RULES`.
         task: the task text of every episode.
         stems: the recording stem of each episode, by episode index.
-        skipped: stem -> reason, for episodes left out (not aligned, or off the dataset's frequency).
+        skipped: stem -> reason, for episodes left out (not aligned, or off the dataset's rate under ``rate_policy``
+            ``reject``).
         export_key: content address of the export (:func:`export_key`), when made from a manifest.
         reused: True when :func:`export_lerobot` found this export already in place.
         codebase_version: the LeRobot format written, one of :data:`FORMATS`.
+        resampled: stems of the episodes put on the dataset's rate grid (``rate_policy`` ``resample``).
+        rate_groups: the datasets written beside this one for other rates (``rate_policy`` ``group``): each
+            ``{"path", "fps", "n_episodes", "total_frames", "stems"}``.
     """
 
     path: Path
@@ -79,58 +83,8 @@ class LeRobotExport(StageResult):
     export_key: str | None = None
     reused: bool = field(default=False, compare=False)
     codebase_version: str = V30_VERSION
-
-
-def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
-    """LeRobot per-episode statistics of a low-dimensional feature.
-
-    Args:
-        values: (N,) or (N, D) numbers.
-
-    Returns:
-        ``min``, ``max``, ``mean``, ``std`` (population), each (D,) — (1,) for a
-        1-D column — and ``count`` = [N].
-    """
-    v = np.asarray(values)
-    v2 = v.reshape(len(v), -1)
-    stats = {
-        "min": v2.min(axis=0),
-        "max": v2.max(axis=0),
-        "mean": v2.mean(axis=0, dtype=np.float64),
-        "std": v2.std(axis=0, dtype=np.float64),
-    }
-    stats["count"] = np.array([len(v)], dtype=np.int64)
-    return stats
-
-
-def image_stats(frames: np.ndarray) -> dict[str, np.ndarray]:
-    """LeRobot per-episode statistics of a camera, over every pixel of every frame.
-
-    Args:
-        frames: (N, H, W, 3) uint8 RGB.
-
-    Returns:
-        ``min``, ``max``, ``mean``, ``std`` per channel, each (3, 1, 1) float64
-        scaled to [0, 1] (value / 255), and ``count`` = [N]. Exact: computed
-        from per-channel histograms of the uint8 values.
-    """
-    f = np.asarray(frames)
-    if f.dtype != np.uint8 or f.ndim != 4 or f.shape[-1] != 3:
-        raise ConversionError(f"frames must be (N, H, W, 3) uint8, got {f.shape} {f.dtype}")
-    levels = np.arange(256, dtype=np.float64)
-    out = {k: np.zeros((3, 1, 1)) for k in ("min", "max", "mean", "std")}
-    for c in range(3):
-        hist = np.bincount(f[..., c].ravel(), minlength=256).astype(np.float64)
-        n = hist.sum()
-        present = np.flatnonzero(hist)
-        mean = float(hist @ levels) / n
-        var = float(hist @ (levels - mean) ** 2) / n
-        out["min"][c, 0, 0] = present[0] / 255.0
-        out["max"][c, 0, 0] = present[-1] / 255.0
-        out["mean"][c, 0, 0] = mean / 255.0
-        out["std"][c, 0, 0] = math.sqrt(var) / 255.0
-    out["count"] = np.array([len(f)], dtype=np.int64)
-    return out
+    resampled: list[str] = field(default_factory=list)
+    rate_groups: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _jsonable(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
@@ -159,6 +113,7 @@ class _Episode:
     camera_stats: dict[str, dict[str, np.ndarray]]
     staged_videos: dict[str, Path]
     record: dict
+    state7: np.ndarray  # the 7-D rotation-vector state as given, from which a resampled episode is made
 
     @property
     def frequency_hz(self) -> float:
@@ -239,6 +194,7 @@ class LeRobotWriter:
         self.staging_dir.mkdir(parents=True)
         self._episodes: list[_Episode] = []
         self._camera_shapes: dict[str, tuple[int, int]] = {}
+        self._group_tmps: list[Path] = []
 
     def __enter__(self) -> "LeRobotWriter":
         return self
@@ -303,12 +259,13 @@ class LeRobotWriter:
                 stats[key] = image_stats(frames)
             self._camera_shapes[key] = (int(frames.shape[1]), int(frames.shape[2]))
         action = with_rotation(episode_actions(state, self.action_rule), self.rotation)
-        state = with_rotation(state, self.rotation)
-        self._episodes.append(_Episode(stem, state, action, t, stats, sampled, staged, dict(record or {})))
+        self._episodes.append(_Episode(stem, with_rotation(state, self.rotation), action, t, stats, sampled, staged,
+                                       dict(record or {}), state))
 
     def abort(self) -> None:
-        """Remove the temporary folder; nothing is left behind."""
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        """Remove the temporary folders; nothing is left behind."""
+        for folder in (self.tmp_dir, *self._group_tmps):
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _features(self, video_infos: dict[str, dict]) -> dict:
         names = list(ROT6D_STATE_NAMES if self.rotation == "rot6d" else STATE_NAMES)
@@ -327,54 +284,131 @@ class LeRobotWriter:
             features[key] = {"dtype": dtype, "shape": [1], "names": None}
         return features
 
-    def _drop_off_rate(self, tolerance: float) -> dict[str, str]:
-        """Drop episodes whose frequency is off the median episode frequency (the npz conversion's rule)."""
-        ref = float(np.median([e.frequency_hz for e in self._episodes]))
-        kept, dropped = [], {}
-        for e in self._episodes:
-            dev = abs(e.frequency_hz - ref) / ref
-            if dev > tolerance:
-                dropped[e.stem] = (
-                    f"frequency_mismatch: measured {e.frequency_hz:.3f} Hz differs from the dataset's {ref:.3f} Hz "
-                    f"by {dev:.1%} (tolerance {tolerance:.1%})"
-                )
-                for p in e.staged_videos.values():
-                    p.unlink(missing_ok=True)
+    def _resampled(self, ep: _Episode, rate_hz: float) -> _Episode:
+        """``ep`` on the ``rate_hz`` grid (:mod:`.rates`): state interpolated, frames held and encoded again."""
+        grid, state7, source = resample_state(ep.state7, ep.timestamps_s, rate_hz)
+        staged, stats, sampled = {}, {}, {}
+        for key, path in ep.staged_videos.items():
+            held = decode_frames(path, len(ep.timestamps_s))[source]
+            staged[key] = path.with_name(f"{path.stem}-{round(rate_hz)}hz.mp4")
+            encode_video(staged[key], held, _STAGING_FPS, self.video)
+            path.unlink()
+            if self.codebase_version == V30_VERSION:
+                sampled[key] = camera_stats(held)
             else:
-                kept.append(e)
-        self._episodes = kept
-        return dropped
+                stats[key] = image_stats(held)
+        record = {**ep.record, "resampled": {
+            "from_hz": ep.frequency_hz, "to_hz": rate_hz, "frames_before": len(ep.timestamps_s), "frames_after": len(grid),
+            "images": "latest frame at or before each step (sample and hold), encoded a second time",
+            "low_dim": "position and gripper width linear, rotation slerp; actions made from the resampled state",
+        }}
+        action = with_rotation(episode_actions(state7, self.action_rule), self.rotation)
+        return _Episode(ep.stem, with_rotation(state7, self.rotation), action, grid, stats, sampled, staged, record,
+                        state7)
 
-    def finish(self, frequency_tolerance: float = 0.05, provenance: dict | None = None) -> LeRobotExport:
+    def finish(self, frequency_tolerance: float = 0.05, provenance: dict | None = None,
+               rate_policy: str = "resample") -> LeRobotExport:
         """Write parquet files, videos and metadata in the writer's format, then rename into place.
 
-        Episodes whose frequency differs from the median episode frequency by
-        more than ``frequency_tolerance`` (relative) are left out (one ``fps``
-        cannot describe them) and listed in ``skipped``. ``fps`` is
-        :func:`measured_fps` of the episodes kept.
+        An episode at another rate than the task's (the largest group agreeing within
+        ``frequency_tolerance``, relative) is resampled onto the task's grid, written as a dataset of
+        its own beside ``out_dir`` (``<name>-<rate>hz``), or left out and listed in ``skipped``, by
+        ``rate_policy`` (:mod:`.rates`). ``fps`` is :func:`measured_fps` of the episodes written.
 
         Args:
             frequency_tolerance: relative tolerance, in (0, 1).
             provenance: written to ``meta/dpflow.json`` with each episode's
                 ``record`` and the skipped episodes; LeRobot's loaders ignore that file.
+            rate_policy: ``"resample"`` (default), ``"group"`` or ``"reject"``.
 
         Returns:
-            The export summary.
+            The export summary (``resampled`` and ``rate_groups`` say what the policy did).
 
         Raises:
-            ConversionError: when no episode is left, or ``out_dir`` appeared meanwhile.
+            ConversionError: when no episode is left, an option is invalid (``bad_option``), or ``out_dir``
+                or a rate group's folder appeared meanwhile (``output_exists``).
         """
         if not 0 < frequency_tolerance < 1:
             raise ConversionError(f"frequency_tolerance must be in (0, 1), got {frequency_tolerance}", code="bad_option")
+        if rate_policy not in RATE_POLICIES:
+            raise ConversionError(f"rate_policy must be one of {RATE_POLICIES}, got {rate_policy!r}", code="bad_option")
         if not self._episodes:
             self.abort()
             raise ConversionError("no episode to write: the dataset would be empty", self.out_dir, code="no_valid_episodes")
-        skipped = self._drop_off_rate(frequency_tolerance)
-        fps = measured_fps([e.timestamps_s for e in self._episodes])
-        root = self.tmp_dir
-        (root / "meta").mkdir(exist_ok=True)
-        episodes, start = [], 0
-        for ep_index, ep in enumerate(self._episodes):
+        eps = self._episodes
+        plan = plan_rates([e.frequency_hz for e in eps], rate_policy, frequency_tolerance)
+        skipped = {eps[i].stem: reason for i, reason in plan.rejected.items()}
+        for i in plan.rejected:
+            for p in eps[i].staged_videos.values():
+                p.unlink(missing_ok=True)
+        common = {**(provenance or {}), "rate_policy": rate_policy, "frequency_tolerance": frequency_tolerance}
+        groups = []  # (temporary folder, final folder, summary)
+        for hz, members in plan.groups:  # before the main dataset: its metadata names what they became
+            final = group_dir(self.out_dir, hz)
+            if final.exists():
+                raise ConversionError("rate group folder already exists; choose a new output (nothing is overwritten)",
+                                      final, code="output_exists")
+            tmp = final.with_name(temp_name(final.name, unique=False))
+            self._group_tmps.append(tmp)
+            groups.append((tmp, final, self._write(
+                tmp, [eps[i] for i in members], {**common, "rate_group_of": str(self.out_dir), "skipped": {}})))
+        rate_groups = [{"path": str(final), **{k: g[k] for k in ("fps", "n_episodes", "total_frames", "stems")}}
+                       for _, final, g in groups]
+        self._episodes = [eps[i] for i in plan.main] + [self._resampled(eps[i], plan.rate_hz) for i in plan.resample]
+        warnings = [{"stem": e.stem, "code": "rate_resampled", "reason": (
+            f"measured {e.record['resampled']['from_hz']:.3f} Hz, resampled to the dataset's {plan.rate_hz:.3f} Hz "
+            f"({e.record['resampled']['frames_before']} -> {e.record['resampled']['frames_after']} frames, "
+            "images held, poses interpolated)")} for e in self._episodes if "resampled" in e.record]
+        main = self._write(self.tmp_dir, self._episodes, {
+            **common, "skipped": {**(provenance or {}).get("skipped", {}), **skipped}, "rate_groups": rate_groups,
+            "warnings": warnings})
+        shutil.rmtree(self.staging_dir)
+        installed = []
+        try:
+            for tmp, final, _ in groups:
+                self._install(tmp, final)
+                installed.append(final)
+            self._install(self.tmp_dir, self.out_dir)
+        except ConversionError:
+            for final in installed:  # a rate group is only meaningful beside its dataset
+                shutil.rmtree(final, ignore_errors=True)
+            raise
+        h, w = next(iter(self._camera_shapes.values()))
+        return LeRobotExport(
+            path=self.out_dir,
+            fps=main["fps"],
+            n_episodes=main["n_episodes"],
+            total_frames=main["total_frames"],
+            video_keys=list(self._camera_shapes),
+            image_size=[w, h],
+            action_rule=self.action_rule,
+            task=self.task,
+            stems=main["stems"],
+            skipped=main["record"]["skipped"],
+            export_key=main["record"].get("export_key"),
+            codebase_version=self.codebase_version,
+            resampled=[e["stem"] for e in warnings],
+            rate_groups=rate_groups,
+        )
+
+    def _install(self, tmp: Path, final: Path) -> None:
+        try:
+            installed = install_dir(tmp, final)
+        except OSError as exc:
+            self.abort()
+            raise ConversionError(f"cannot move the dataset into place: {exc}", final, code="output_exists") from exc
+        if not installed:
+            self.abort()
+            raise ConversionError("cannot move the dataset into place: another dataset appeared there meanwhile",
+                                  final, code="output_exists")
+
+    def _write(self, root: Path, episodes: list[_Episode], record: dict) -> dict:
+        """The dataset of ``episodes`` written into the folder ``root``; its fps, totals, stems and ``record``
+        as written to ``meta/dpflow.json``."""
+        fps = measured_fps([e.timestamps_s for e in episodes])
+        (root / "meta").mkdir(parents=True, exist_ok=True)
+        rows, start = [], 0
+        for ep_index, ep in enumerate(episodes):
             n = len(ep.state)
             frame_index = np.arange(n, dtype=np.int64)
             columns = {
@@ -386,15 +420,15 @@ class LeRobotWriter:
             }
             table = pa.table({STATE_KEY: _list_column(ep.state), ACTION_KEY: _list_column(ep.action),
                               **{k: pa.array(v) for k, v in columns.items()}})
-            episodes.append((ep_index, ep, table, columns, start))
+            rows.append((ep_index, ep, table, columns, start))
             start += n
         if self.codebase_version == V30_VERSION:
             layout = V30Layout(self.task, tuple(self._camera_shapes), self.chunks_size,
                                self.data_files_size_in_mb, self.video_files_size_in_mb)
-            first_video = write_v30(layout, root, fps, episodes)
+            first_video = write_v30(layout, root, fps, rows)
         else:
-            first_video = self._write_v21(root, fps, episodes)
-        n_episodes = len(self._episodes)
+            first_video = self._write_v21(root, fps, rows)
+        n_episodes = len(episodes)
         info = {
             "codebase_version": self.codebase_version,
             "robot_type": self.robot_type,
@@ -424,44 +458,18 @@ class LeRobotWriter:
             }
         info["features"] = self._features({k: video_info(p, fps) for k, p in first_video.items()})
         write_text_atomic(root / INFO_PATH, json.dumps(info, indent=4) + "\n")
-        records = [{"episode_index": ep_index, "stem": ep.stem, "frames": len(ep.state),
-                    "frequency_hz": ep.frequency_hz, **ep.record} for ep_index, ep, *_ in episodes]
         record = {
-            **(provenance or {}),
+            **record,
             "codebase_version": self.codebase_version,
             "fps": fps,
             "action_rule": self.action_rule,
             "rotation": self.rotation,
-            "frequency_tolerance": frequency_tolerance,
-            "episodes": records,
-            "skipped": {**(provenance or {}).get("skipped", {}), **skipped},
+            "episodes": [{"episode_index": ep_index, "stem": ep.stem, "frames": len(ep.state),
+                          "frequency_hz": ep.frequency_hz, **ep.record} for ep_index, ep, *_ in rows],
         }
         write_text_atomic(root / PROVENANCE_PATH, json.dumps(record, indent=2, default=str) + "\n")
-        shutil.rmtree(self.staging_dir)
-        try:
-            installed = install_dir(root, self.out_dir)
-        except OSError as exc:
-            self.abort()
-            raise ConversionError(f"cannot move the dataset into place: {exc}", self.out_dir, code="output_exists") from exc
-        if not installed:
-            self.abort()
-            raise ConversionError("cannot move the dataset into place: another dataset appeared there meanwhile",
-                                  self.out_dir, code="output_exists")
-        h, w = next(iter(self._camera_shapes.values()))
-        return LeRobotExport(
-            path=self.out_dir,
-            fps=fps,
-            n_episodes=n_episodes,
-            total_frames=start,
-            video_keys=list(self._camera_shapes),
-            image_size=[w, h],
-            action_rule=self.action_rule,
-            task=self.task,
-            stems=[e.stem for e in self._episodes],
-            skipped=record["skipped"],
-            export_key=record.get("export_key"),
-            codebase_version=self.codebase_version,
-        )
+        return {"fps": fps, "n_episodes": n_episodes, "total_frames": start, "stems": [e.stem for e in episodes],
+                "record": record}
 
     def _write_v21(self, root: Path, fps: float, episodes: list) -> dict[str, Path]:
         """One parquet file and one video per episode, and the ``.jsonl`` metadata."""

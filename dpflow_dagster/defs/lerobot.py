@@ -34,7 +34,13 @@ class LeRobotDatasetConfig(dg.Config):
     action_rule: str = Field(default="next_state", description="next_state | delta")
     image_size: str = Field(default="native", description="Video frame size 'W,H' (even numbers) or 'native'.")
     invalid_pose_policy: str = Field(default="trim", description="trim | reject (pose_valid == false stretches).")
-    frequency_tolerance: float = Field(default=0.05, description="Relative; episodes off the median rate are left out.")
+    frequency_tolerance: float = Field(default=0.05, description="Relative tolerance of an episode's frame rate.")
+    rate_policy: str = Field(
+        default="resample",
+        description="An episode at another rate than its task's: 'resample' it to the task's rate (images held, "
+        "poses interpolated), 'group' (a LeRobot dataset of its own beside the export, <export>-<rate>hz) or "
+        "'reject' (as dpflow export-lerobot --rate-policy).",
+    )
     workers: int = Field(default=0, description="Alignment worker processes; 0 = CPU cores.")
     format: str = Field(default="v3.0", description="LeRobot format: v3.0 (lerobot >= 0.4) | v2.1 (lerobot 0.3, openpi).")
     rotation: str = Field(
@@ -92,6 +98,7 @@ def lerobot_dataset(
             topics=topics,
             codebase_version=config.format,
             rotation=config.rotation,
+            rate_policy=config.rate_policy,
         )
         out = lerobot.lerobot_path_in(workdir, paired.manifest_path, paired.task, config.task_text, **options)
         result = lerobot.export_lerobot(
@@ -123,6 +130,9 @@ def lerobot_dataset(
             "export_key": result.export_key or "",
             "reused": result.reused,
             "skipped": dg.MetadataValue.md(_skipped_table(result.skipped)),
+            "rate_policy": config.rate_policy,
+            "resampled": ", ".join(result.resampled),
+            "rate_groups": dg.MetadataValue.json(result.rate_groups),
         },
     )
 
