@@ -18,7 +18,7 @@ import numpy as np
 from dpflow_core.errors import DatasetError
 from dpflow_core.export import OPENPI_ACTION_HORIZON, OPENPI_BATCH_SIZE  # noqa: F401  (defined there for the CLI)
 from dpflow_core.export.validation import LeRobotLayout, read_lowdim, validate_lerobot_dataset
-from dpflow_core.files import write_text_atomic
+from dpflow_core.files import os_errors_named, remove_stale_temporaries, write_text_atomic
 from dpflow_core.results import StageResult
 
 
@@ -272,6 +272,7 @@ def write_openpi_norm_stats(
     Raises:
         DatasetError: invalid dataset (see :func:`compute_openpi_norm_stats`) or
             an existing, different output without ``overwrite`` (``output_exists``).
+        StorageError: the disk is full, read-only or the folder not writable, naming the output.
     """
     out = Path(dataset_dir) / "norm_stats.json" if output is None else Path(output)
     if out.is_dir() or out.suffix.lower() != ".json":
@@ -285,8 +286,10 @@ def write_openpi_norm_stats(
         raise DatasetError(
             "a different norm stats file already exists (pass --overwrite (overwrite=True from Python) to replace it)", out, code="output_exists"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, text)
+    with os_errors_named(out, "writing the openpi norm stats"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(out.parent)
+        write_text_atomic(out, text)
     return out
 
 

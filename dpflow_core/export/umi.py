@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from dpflow_core.errors import DatasetError
-from dpflow_core.files import atomic_path, sha256_file
+from dpflow_core.files import atomic_path, os_errors_named, remove_stale_temporaries, sha256_file, temp_name
 from dpflow_core.results import StageResult
 
 #: The ``data/`` arrays UMI reads, in order.
@@ -147,9 +146,9 @@ def export_umi(
         DatasetError: when the output or its sidecar exists (and not ``overwrite``), the output name
             does not end in ``.zip``, a level or effort is out of range, or the dataset is invalid
             (as :class:`~dpflow_core.replay_buffer.ReplayBuffer` reports it).
+        StorageError: a full disk, a read-only file system or a denied permission while writing, naming ``out``
+            (nothing is left: neither the zip, its sidecar nor the work folder).
     """
-    import zarr
-
     from dpflow_core.replay_buffer import ReplayBuffer
 
     out = Path(out)
@@ -164,56 +163,66 @@ def export_umi(
         if path.exists() and not overwrite:
             raise DatasetError("exists already (pass --overwrite to replace it)", path=path, code="exists")
     buffer = ReplayBuffer(dataset, required=UMI_DATA_KEYS)
+    with os_errors_named(out, "writing the UMI replay buffer"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(out.parent)  # a killed export's store, as large as the frames
+        work = out.parent / temp_name(out.name, "work")
+        work.mkdir()
+        try:
+            return _write_umi(buffer, dataset, out, sidecar, work, jpegxl_level, jpegxl_effort, overwrite)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _write_umi(buffer, dataset, out: Path, sidecar: Path, work: Path, jpegxl_level: int, jpegxl_effort: int,
+               overwrite: bool) -> UmiExport:
+    """The zarr store in ``work``, packed into ``out``, then the sidecar (see :func:`export_umi`)."""
+    import zarr
+
     frames = buffer["camera0_rgb"]
     n_steps = int(frames.shape[0])
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # the zip is installed first, then its sidecar (overwrite=False: linked, never over a file
+    # that appeared meanwhile); on any error neither is
+    with atomic_path(sidecar, overwrite=overwrite) as sidecar_tmp, atomic_path(out, overwrite=overwrite) as tmp_zip:
+        root = zarr.open_group(zarr.storage.LocalStore(work / "store"), mode="w", zarr_format=2)
+        data = root.create_group("data")
+        codec = _jpegxl(jpegxl_level, jpegxl_effort)
+        rgb = data.create_array(
+            "camera0_rgb", shape=frames.shape, chunks=(1, *frames.shape[1:]), dtype="uint8", compressors=codec,
+        )
+        for start in range(0, n_steps, 64):  # 64 frames at a time: memory stays small, chunks written once
+            rgb[start:start + 64] = np.asarray(frames[start:start + 64])
+        for key in UMI_DATA_KEYS[1:]:
+            values = np.asarray(buffer[key])
+            data.create_array(key, shape=values.shape, chunks=values.shape, dtype=values.dtype, compressors=None)[...] = values
+        frequency = buffer.metadata.get("frequency_hz")
+        if frequency is not None:  # for the server's run spec (task.dataset_frequeny); UMI's reader ignores it
+            root.attrs["frequency_hz"] = float(frequency)
+        meta = root.create_group("meta")
+        ends = np.asarray(buffer.episode_ends, dtype=np.int64)
+        meta.create_array("episode_ends", shape=ends.shape, chunks=ends.shape, dtype="int64", compressors=None)[...] = ends
 
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        # the zip is installed first, then its sidecar (overwrite=False: linked, never over a file
-        # that appeared meanwhile); on any error neither is
-        with atomic_path(sidecar, overwrite=overwrite) as sidecar_tmp, atomic_path(out, overwrite=overwrite) as tmp_zip:
-            root = zarr.open_group(zarr.storage.LocalStore(work / "store"), mode="w", zarr_format=2)
-            data = root.create_group("data")
-            codec = _jpegxl(jpegxl_level, jpegxl_effort)
-            rgb = data.create_array(
-                "camera0_rgb", shape=frames.shape, chunks=(1, *frames.shape[1:]), dtype="uint8", compressors=codec,
-            )
-            for start in range(0, n_steps, 64):  # 64 frames at a time: memory stays small, chunks written once
-                rgb[start:start + 64] = np.asarray(frames[start:start + 64])
-            for key in UMI_DATA_KEYS[1:]:
-                values = np.asarray(buffer[key])
-                data.create_array(key, shape=values.shape, chunks=values.shape, dtype=values.dtype, compressors=None)[...] = values
-            frequency = buffer.metadata.get("frequency_hz")
-            if frequency is not None:  # for the server's run spec (task.dataset_frequeny); UMI's reader ignores it
-                root.attrs["frequency_hz"] = float(frequency)
-            meta = root.create_group("meta")
-            ends = np.asarray(buffer.episode_ends, dtype=np.int64)
-            meta.create_array("episode_ends", shape=ends.shape, chunks=ends.shape, dtype="int64", compressors=None)[...] = ends
-
-            store_dir = work / "store"
-            with zipfile.ZipFile(tmp_zip, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for folder, dirs, files in os.walk(store_dir):
-                    dirs.sort()
-                    for name in sorted(files):
-                        full = Path(folder) / name
-                        # fixed member times (as dataset.npz): the same dataset and settings give the same bytes
-                        info = zipfile.ZipInfo(full.relative_to(store_dir).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
-                        info.external_attr = 0o644 << 16
-                        zf.writestr(info, full.read_bytes(), compress_type=zipfile.ZIP_STORED)
-            digest = sha256_file(tmp_zip)
-            size = tmp_zip.stat().st_size
-            result = UmiExport(
-                path=str(out), sidecar_path=str(sidecar), sha256=digest, size_bytes=size, n_steps=n_steps,
-                n_episodes=int(len(ends)), image_shape=tuple(int(v) for v in frames.shape[1:]),
-                jpegxl_level=int(jpegxl_level), jpegxl_effort=int(jpegxl_effort), source=str(Path(dataset).resolve()),
-                source_sha256=buffer.metadata.get("sha256") or sha256_file(dataset),
-            )
-            sidecar_tmp.write_text(json.dumps({**result.to_dict(), "format": "umi-zarr-v2",
-                                               "frequency_hz": buffer.metadata.get("frequency_hz")}, indent=2) + "\n")
-        return result
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        store_dir = work / "store"
+        with zipfile.ZipFile(tmp_zip, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for folder, dirs, files in os.walk(store_dir):
+                dirs.sort()
+                for name in sorted(files):
+                    full = Path(folder) / name
+                    # fixed member times (as dataset.npz): the same dataset and settings give the same bytes
+                    info = zipfile.ZipInfo(full.relative_to(store_dir).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
+                    info.external_attr = 0o644 << 16
+                    zf.writestr(info, full.read_bytes(), compress_type=zipfile.ZIP_STORED)
+        digest = sha256_file(tmp_zip)
+        size = tmp_zip.stat().st_size
+        result = UmiExport(
+            path=str(out), sidecar_path=str(sidecar), sha256=digest, size_bytes=size, n_steps=n_steps,
+            n_episodes=int(len(ends)), image_shape=tuple(int(v) for v in frames.shape[1:]),
+            jpegxl_level=int(jpegxl_level), jpegxl_effort=int(jpegxl_effort), source=str(Path(dataset).resolve()),
+            source_sha256=buffer.metadata.get("sha256") or sha256_file(dataset),
+        )
+        sidecar_tmp.write_text(json.dumps({**result.to_dict(), "format": "umi-zarr-v2",
+                                           "frequency_hz": buffer.metadata.get("frequency_hz")}, indent=2) + "\n")
+    return result
 
 
 __all__ = [

@@ -6,6 +6,7 @@ Takes frames (uint8, ``(T, H, W, 3)`` RGB) and the fps; gives an MP4 whose frame
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -13,12 +14,18 @@ from pathlib import Path
 import av
 import numpy as np
 
-from dpflow_core.errors import ConversionError
+from dpflow_core.errors import STORAGE_ERRNOS, ConversionError
 
 
 #: Time base of the MP4 video streams: frame i is stored at round(i * 90000 / fps) ticks,
 #: within 5.6 microseconds of i / fps (LeRobot's video tolerance is 100 microseconds).
 _VIDEO_TIME_BASE = Fraction(1, 90_000)
+
+
+def _disk_at_fault(exc: Exception) -> bool:
+    """PyAV raises the OS's write errors as ``av.error.OSError`` (an ``FFmpegError`` and an ``OSError``): a full,
+    read-only or forbidden disk passes on as it is, for the export to name its folder (``StorageError``)."""
+    return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS | {errno.EACCES, errno.EPERM}
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ def encode_video(path: str | Path, frames: np.ndarray, fps: float, spec: VideoSp
                 container.mux(stream.encode(frame))
             container.mux(stream.encode(None))
     except (av.FFmpegError, ValueError) as exc:
+        if _disk_at_fault(exc):
+            raise
         raise ConversionError(f"video encoding failed: {exc}", path) from exc
 
 
@@ -110,6 +119,8 @@ def retime_video(src: str | Path, dst: str | Path, fps: float) -> int:
                 oc.mux(packet)
             return len(packets)
     except av.FFmpegError as exc:
+        if _disk_at_fault(exc):
+            raise
         raise ConversionError(f"cannot rewrite video timestamps: {exc}", src) from exc
 
 
@@ -162,6 +173,8 @@ def concat_videos(sources: list[str | Path], dst: str | Path, fps: float) -> lis
                     k += len(packets)
                     counts.append(len(packets))
     except av.FFmpegError as exc:
+        if _disk_at_fault(exc):
+            raise
         raise ConversionError(f"cannot concatenate videos: {exc}", dst) from exc
     return counts
 
