@@ -19,6 +19,7 @@ and its gripper width (m), each stamped with its capture time on one clock.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -35,18 +36,28 @@ def load_episode(path: str, episode: int, keys: list[str]) -> dict[str, np.ndarr
         return {k: z[f"data__{k}"][start:int(ends[episode])] for k in keys}
 
 
-def request_at(episode: dict[str, np.ndarray], step: int, history: int, freq: float, now: float) -> dict:
-    """Streams of the ``history`` samples up to ``step``, stamped as if the newest was captured just now."""
+def sensor_latency_s(meta: dict, key: str) -> float:
+    """How late the sensor of ``key`` delivers its samples (the trained camera/robot/gripper latency)."""
+    sensor = "camera" if meta["observation"][key]["dtype"] == "uint8" else "gripper" if "gripper" in key else "robot"
+    return float(meta["latency_s"][sensor])
+
+
+def request_at(episode: dict[str, np.ndarray], step: int, history: int, freq: float, now: float,
+               latency_s: dict[str, float]) -> dict:
+    """Streams of the ``history`` samples up to ``step``, stamped as if the newest of each had just arrived:
+    captured its sensor's latency before now (a camera 0.1 s late stamps its frames 0.1 s before the pose)."""
     lo = max(0, step - history + 1)
-    stamps = now - (step - np.arange(lo, step + 1)) / freq
-    return {key: {"timestamp": stamps, "value": values[lo:step + 1]} for key, values in episode.items()}
+    ago = (step - np.arange(lo, step + 1)) / freq
+    return {key: {"timestamp": now - latency_s[key] - ago, "value": values[lo:step + 1]}
+            for key, values in episode.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--dataset", required=True, help="a dpflow dataset.npz to take the sensor samples from")
+    parser.add_argument("--dataset", help="a dpflow dataset.npz to take the sensor samples from "
+                        "(default: the served policy's training dataset, when this computer has it)")
     parser.add_argument("--episode", type=int, default=0)
     parser.add_argument("--cycles", type=int, default=5, help="control cycles to run")
     parser.add_argument("--exec-latency-s", type=float, default=0.01, help="command -> controller delay")
@@ -57,8 +68,13 @@ def main() -> None:
     print(f"server {meta['server']}: checkpoint {meta['checkpoint_sha256'][:12]}, "
           f"dataset {meta['dataset_sha256'][:12]}, To={meta['n_obs_steps']}, H={meta['horizon']}, "
           f"{meta['frequency_hz']:g} Hz, streams {sorted(k for k, v in meta['observation'].items() if v['kind'] == 'stream')}")
+    dataset = args.dataset or meta["dataset_path"]
+    if not dataset or not os.path.isfile(dataset):
+        raise SystemExit(f"no dataset {dataset!r} here: give --dataset, a dpflow dataset.npz of this policy's task")
     keys = sorted(meta["observation"])
-    episode = load_episode(args.dataset, args.episode, keys)
+    episode = load_episode(dataset, args.episode, keys)
+    streams = [k for k in keys if meta["observation"][k]["kind"] == "stream"]
+    latency_s = {k: sensor_latency_s(meta, k) for k in streams}
     freq = float(meta["frequency_hz"])
     # enough samples for the oldest observation step, plus one on each side to interpolate between
     history = (meta["n_obs_steps"] - 1) * meta["obs_down_sample_steps"] + 3
@@ -68,8 +84,7 @@ def main() -> None:
         if step >= n_steps:
             break
         sent = time.time()
-        obs = request_at({k: v for k, v in episode.items() if meta["observation"][k]["kind"] == "stream"},
-                         step, history, freq, sent)
+        obs = request_at({k: episode[k] for k in streams}, step, history, freq, sent, latency_s)
         obs |= {k: v[step] for k, v in episode.items() if meta["observation"][k]["kind"] == "constant"}
         obs["now_s"] = sent
         answer = policy.infer(obs)
