@@ -513,16 +513,35 @@ def test_the_printed_serve_command_rebuilds_its_settings(settings, monkeypatch, 
 
 
 def test_a_rollout_through_the_server_is_the_rollout_in_process(served, policy):
-    """`dpflow rollout --server`: the closed-loop world driven through `dpflow serve` gives the records the
-    in-process policy gives on the same held-out states (same noise seeds per decision)."""
+    """`dpflow rollout --server`: the closed-loop world driven through `dpflow serve` moves the gripper as the
+    in-process policy does on the same held-out states: two episodes in lockstep, their batch sent as one
+    request with the decision's noise seed."""
     from dpflow_core.serving.client import RemotePolicy
     from dpflow_core.sim.rollout import eval_seeds, rollout_policy
 
     _, port = served
     seeds = eval_seeds(2, seed=4)
-    local = rollout_policy(policy, "stack", seeds)
+    tracks = {"local": ([], []), "through": ([], [])}
+
+    def track(name):  # the gripper after every controller step: any difference in a chunk moves it
+        return lambda i, world: tracks[name][i].append(np.r_[world.gripper.pos, world.gripper.rotvec,
+                                                                world.gripper.opening])
+
+    threads, mkldnn = torch.get_num_threads(), torch.backends.mkldnn.enabled
+    # the server's float arithmetic (its threads, no oneDNN): float32 rounding differences grow in closed loop
+    torch.set_num_threads(ServeSettings().threads)
+    torch.backends.mkldnn.enabled = ServeSettings().mkldnn
+    try:
+        local = rollout_policy(policy, "stack", seeds, video=track("local"), video_episodes=2)
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.mkldnn.enabled = mkldnn
     with RemotePolicy(f"ws://127.0.0.1:{port}") as remote:
-        through = rollout_policy(remote, "stack", seeds)
+        through = rollout_policy(remote, "stack", seeds, video=track("through"), video_episodes=2)
     strip = lambda r: {k: v for k, v in r.__dict__.items() if k != "predict_s"}  # noqa: E731
     assert [strip(r) for r in through] == [strip(r) for r in local]
     assert all(r.decisions > 10 for r in local)
+    for i in range(2):
+        here, there = np.array(tracks["local"][i]), np.array(tracks["through"][i])
+        assert len(here) > 100 and np.ptp(here[:, :3], axis=0).max() > 0.01, "the gripper never moved"
+        np.testing.assert_allclose(there, here, atol=1e-6, rtol=0)

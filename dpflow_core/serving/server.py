@@ -435,5 +435,7 @@ def serve(checkpoint: str | Path, settings: ServeSettings = ServeSettings(),
 
     torch.set_num_threads(int(settings.threads))
     torch.backends.mkldnn.enabled = bool(settings.mkldnn)
+    # loading and hashing take tens of seconds on a busy CPU: say so before the silence
+    log.info("loading %s on %s (the policy, then its SHA-256)", checkpoint, settings.device)
     server = load_server(checkpoint, settings)
     asyncio.run(server.run(settings.host, settings.port, ready=ready))

@@ -342,7 +342,8 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
 
     Up to ``batch`` episodes run in lockstep (they decide at the same simulated times), and their
     observations go to one batched ``predict_action`` call: each episode still sees only its own world.
-    A served policy gets one request per episode and decision, with one noise seed each.
+    A served policy gets that batch as one request with the same noise seed, so a rollout through
+    ``dpflow serve`` is the in-process rollout, chunk for chunk.
     """
     import torch
 
@@ -351,7 +352,7 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
     n_exec = int(n_action_steps or view.n_action_steps)
     tick = 1.0 / recording.fps
     timeout = TIMEOUT_S[task]
-    size = 1 if view.remote else max(1, int(batch))
+    size = max(1, int(batch))
     worlds = [new_world(task, recording.width, recording.height) for _ in range(min(size, len(seeds)))]
     rng = np.random.default_rng(int(rng_seed))
     out: list[RolloutRecord] = []
@@ -365,14 +366,13 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
         while active:
             obs = [_observe(eps[k], view, lat, tick, frames[k]) for k in active]
             started = time.perf_counter()
-            if view.remote:  # one noise seed per request: the same seed in process gives the same chunk
-                acts = [policy.predict_action(o, frame="dataset", noise_seed=int(rng.integers(0, 2**31 - 1)))
-                        for o in obs]
+            batched = {key: np.stack([o[key] for o in obs]) for key in obs[0]}
+            noise_seed = int(rng.integers(0, 2**31 - 1))
+            if view.remote:  # the server seeds torch.Generator().manual_seed(noise_seed) as below
+                out_b = policy.predict_action(batched, frame="dataset", noise_seed=noise_seed)
             else:
-                batched = {key: np.stack([o[key] for o in obs]) for key in obs[0]}
-                gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31 - 1)))
-                out_b = policy.predict_action(batched, generator=gen, frame="dataset")
-                acts = [{key: v[i] for key, v in out_b.items()} for i in range(len(obs))]
+                out_b = policy.predict_action(batched, generator=torch.Generator().manual_seed(noise_seed), frame="dataset")
+            acts = [{key: v[i] for key, v in out_b.items()} for i in range(len(obs))]
             took = (time.perf_counter() - started) / len(active)
             for k, act in zip(active, acts):
                 index = group[k][0]
