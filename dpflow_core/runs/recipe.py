@@ -47,6 +47,8 @@ class LabRun:
 def _config_name(server: GpuServer, lab: LabServers, config_name: str, inventory: GpuInventory | None) -> str:
     if lab.mode == "slurm":
         return slurm_config_name(config_name, server.config.slurm)
+    if config_name != "auto":  # named: no nvidia-smi needed
+        return config_name
     return resolve_config_name(config_name, inventory if inventory is not None else server.gpu_inventory(), server)
 
 
