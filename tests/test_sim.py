@@ -63,6 +63,37 @@ def test_grasp_rule_geometry():
     assert grasp_holds(centre + [0, 0, 0.012], 0.4, block) == (False, "too_high")
 
 
+def _base_pixels(img: np.ndarray) -> int:
+    """Pixels of the blue base (rgba 0.15 0.3 0.85 under the headlight) in a wrist image."""
+    r, b = img[..., 0].astype(int), img[..., 2].astype(int)
+    return int(((b > 120) & (r < 90)).sum())
+
+
+def test_stack_base_stays_in_view_while_aligning_and_holds_what_lands_on_it():
+    """The base shows around the held block in every 64 x 64 frame of the last second before release (a base
+    the held block's size showed 0 pixels there in each of these demonstrations), and a block let go over the
+    base's footprint rests on it, off it on the table."""
+    world = new_world("stack", 64, 64)
+    for seed in (0, 1, 2, 3):
+        state = initial_state("stack", seed)
+        reset_world(world, state)
+        p = plan(state)
+        release = int(np.flatnonzero((p.opening[1:] > 1e-4) & (p.opening[:-1] <= 1e-4))[-1]) + 1
+        seen = []
+        for i in range(release):
+            world.step(p.pos[i], p.rotvec[i], p.opening[i], 1 / CONTROL_HZ)
+            if i >= release - CONTROL_HZ and i % 5 == 0:
+                seen.append(_base_pixels(world.render()))
+        assert world.holding is not None and min(seen) >= 5, (seed, seen)
+    base = world.blocks[1]
+    c, s = math.cos(base.yaw), math.sin(base.yaw)
+    for along, across, on_top in ((0.045, 0.0, True), (0.0, 0.027, True), (0.06, 0.0, False), (0.0, 0.035, False)):
+        block = Block(np.array([base.pos[0] + along * c - across * s, base.pos[1] + along * s + across * c, 0.05]), 0.0)
+        world.blocks[0] = block
+        rest = world._rest_height(block)
+        assert rest == pytest.approx(3 * BLOCK_HALF[2] if on_top else BLOCK_HALF[2]), (along, across)
+
+
 def _execute(world, p) -> bool:
     for i in range(len(p.t_s)):
         world.step(p.pos[i], p.rotvec[i], p.opening[i], 1 / CONTROL_HZ)

@@ -7,7 +7,9 @@ Two tasks of different structure:
   put it down on the pad, open, retreat. Success: the block rests on the table
   with its centre inside the pad, the gripper no longer holds it and the TCP is
   at least :data:`RETREAT_Z_M` above the table.
-- ``stack``: a red block to pick and a blue block to put it on. Success: the red
+- ``stack``: a red block to pick and a wider blue base to put it on
+  (:data:`~dpflow_core.sim.world.BASE_HALF`: its edges stay in the wrist camera's
+  view around the held block while aligning; it is not picked up). Success: the red
   block rests on the blue one, centres within :data:`STACK_XY_TOL_M` and long
   axes within :data:`STACK_YAW_TOL_RAD` (a half turn is the same block), the
   gripper open and retreated.

@@ -39,6 +39,11 @@ from scipy.spatial.transform import Rotation
 
 #: Half sizes of a block (m): 7 cm long (x), 2.5 cm wide (y), 3 cm tall (z).
 BLOCK_HALF = np.array([0.035, 0.0125, 0.015])
+#: Half sizes of the second block (``stack``'s base, m): 10 cm x 6 cm, as tall as the first. A base as
+#: small as the held block hides behind it in the wrist camera for the last 0.5-1.5 s before release (its
+#: pixels at 64 x 64 fall to 0 in every scripted demonstration measured), so the final alignment would be
+#: blind; a wider base keeps its edges in view around the held block, as a lab's stacking target would be.
+BASE_HALF = np.array([0.05, 0.03, 0.015])
 #: Half size of the square target pad (m).
 PAD_HALF = 0.035
 #: Finger opening range (m).
@@ -74,9 +79,13 @@ BLOCK_RGBA = ("0.85 0.15 0.1 1", "0.15 0.3 0.85 1")
 PAD_RGBA = "0.1 0.7 0.25 1"
 
 
+def block_half(index: int) -> np.ndarray:
+    """Half sizes (3,) m of block ``index``: :data:`BLOCK_HALF` for the one to pick, :data:`BASE_HALF` after it."""
+    return BLOCK_HALF if index == 0 else BASE_HALF
+
+
 def scene_xml(n_blocks: int, camera_fovy_deg: float = 85.0) -> str:
     """MJCF of the scene: table, ``n_blocks`` mocap blocks, the pad and the gripper with its camera."""
-    bx, by, bz = BLOCK_HALF
     blocks = "".join(
         f'<body name="block{i}" mocap="true" pos="{0.3 * i} 0.5 {bz}">'
         f'<geom type="box" size="{bx} {by} {bz}" rgba="{BLOCK_RGBA[i]}" contype="0" conaffinity="0"/>'
@@ -84,7 +93,7 @@ def scene_xml(n_blocks: int, camera_fovy_deg: float = 85.0) -> str:
         # so yaw is visible while the grasp itself stays symmetric under a half turn
         f'<geom type="box" size="0.006 {by + 0.0005} {bz + 0.0005}" pos="{bx - 0.008} 0 0" rgba="0.2 0.2 0.2 1" '
         'contype="0" conaffinity="0"/></body>'
-        for i in range(n_blocks)
+        for i, (bx, by, bz) in enumerate(block_half(i) for i in range(n_blocks))
     )
     cx, cy, cz = CAMERA_IN_TCP
     return f"""
@@ -303,7 +312,8 @@ class GripperWorld:
                 g.opening = width  # the fingers stop on the block
             return
         if before > width >= g.opening and step < 0:
-            candidates = [(b, *grasp_holds(g.pos, yaw_of(g.rotvec), b)) for b in self.blocks]
+            # only the first block can be picked up (documented simplification: stack's base stays put)
+            candidates = [(b, *grasp_holds(g.pos, yaw_of(g.rotvec), b)) for b in self.blocks[:1]]
             holding = [b for b, ok, _ in candidates if ok]
             if holding:
                 b = holding[0]
@@ -316,12 +326,16 @@ class GripperWorld:
                 self.grasp_attempts.append(min((r for _, _, r in candidates), key=_REASON_ORDER.index))
 
     def _rest_height(self, block: Block) -> float:
-        """Centre height (m) at which a released block rests: on the table, or on a block below it."""
-        for other in self.blocks:
-            if other is block:
+        """Centre height (m) at which a released block rests: on the table, or on a block below it (its centre
+        over that block's footprint)."""
+        for i, other in enumerate(self.blocks):
+            if other is block or other.pos[2] >= block.pos[2]:
                 continue
-            if np.linalg.norm(other.pos[:2] - block.pos[:2]) < BLOCK_HALF[1] * 2 and other.pos[2] < block.pos[2]:
-                return float(other.pos[2] + 2 * BLOCK_HALF[2])
+            c, s = np.cos(other.yaw), np.sin(other.yaw)
+            d = block.pos[:2] - other.pos[:2]
+            half = block_half(i)
+            if abs(d @ np.array([c, s])) <= half[0] and abs(d @ np.array([-s, c])) <= half[1]:
+                return float(other.pos[2] + half[2] + BLOCK_HALF[2])
         return float(BLOCK_HALF[2])
 
     def camera_pose(self) -> tuple[np.ndarray, np.ndarray]:
