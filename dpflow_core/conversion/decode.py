@@ -158,104 +158,133 @@ def decode_camera(
     order = np.arange(len(packets)) if decode_order is None else np.asarray(decode_order, dtype=np.int64)
     steps = np.diff(np.unique(ts_ns))
     period_ns = float(np.median(steps)) if len(steps) else 1e9 / 30
-    parser = av.CodecContext.create(codec, "r")
-    ctx = av.CodecContext.create(codec, "r")
-    # Parallelism comes from worker processes; decoder threads did not help.
-    ctx.thread_count = 1
-    # One scaler for the whole stream: ``VideoFrame.reformat`` gives every frame a new swscale
-    # context, whose set-up (the area filter's coefficients) costs about a third of the scaling
-    # itself at 640x480 -> 224x224; the pixels are the same either way (docs/benchmarks.md).
-    scaler = VideoReformatter()
-    buf: np.ndarray | None = None
-    out: FrameFile | None = None
-    unit_msg: list[int] = []
-    unit_ns: list[int] = []
-    index: list[int] = []
-    serial: list[int] = []
-    frame_ns: list[int] = []
-    errors: set[int] = set()
-    ranges: list[tuple[int, int]] = []
-    motion: list[float] = []
-    thumb: np.ndarray | None = None
-
-    def take(frames: Iterable[av.VideoFrame]) -> None:
-        nonlocal buf, out, thumb
-        for frame in frames:
-            if frame.pts is None or not 0 <= frame.pts < len(unit_msg):
-                raise ConversionError(f"decoder returned a frame with pts {frame.pts!r}", path, code="decode_error")
-            t = unit_ns[frame.pts]
-            if frame_ns and t == frame_ns[-1]:
-                continue
-            if image_size is None and max_width is not None and frame.width > max_width:
-                rgb = scaler.reformat(frame, width=max_width, height=max(1, round(frame.height * max_width / frame.width)),
-                                      format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
-            elif image_size is None:
-                rgb = scaler.reformat(frame, format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
-            else:
-                rgb = scaler.reformat(
-                    frame, width=image_size[0], height=image_size[1], format="rgb24", interpolation=_SWS_FLAGS
-                ).to_ndarray()
-            if rgb_path is not None:
-                if out is None:
-                    out = FrameFile(rgb_path, rgb.shape, len(packets))
-                out.append(rgb)
-            else:
-                if buf is None:
-                    buf = np.empty((len(packets), *rgb.shape), dtype=np.uint8)
-                elif len(index) == len(buf):
-                    buf = np.concatenate([buf, np.empty_like(buf[: max(1, len(buf) // 2)])])
-                buf[len(index)] = rgb
-            ranges.append((int(rgb.min()), int(rgb.max())))
-            change, thumb = frame_motion(rgb, thumb)
-            if on_frame is not None:
-                on_frame(rgb)
-            motion.append(change)
-            index.append(unit_msg[frame.pts])
-            serial.append(int(frame.pts))
-            frame_ns.append(t)
-
+    sink = _FrameSink(len(packets), image_size, max_width, rgb_path, on_frame)
     try:
-        for i in order:
-            i = int(i)
-            units = [bytes(u) for u in parser.parse(bytes(packets[i]))]
-            units += [bytes(u) for u in parser.parse(None)]
-            # Bytes the parser finds no unit in still go to the decoder (it names them rejected).
-            units = units or [bytes(packets[i])]
-            for t in access_unit_times(ts_ns, i, len(units), period_ns):
-                unit_msg.append(i)
-                unit_ns.append(t)
-            for k, data in enumerate(units):
-                packet = av.Packet(data)
-                packet.pts = packet.dts = len(unit_msg) - len(units) + k
-                try:
-                    take(ctx.decode(packet))
-                except av.error.InvalidDataError:
-                    errors.add(i)
-        try:
-            take(ctx.decode(None))
-        except av.error.InvalidDataError:
-            pass
+        errors = _feed(packets, order, ts_ns, period_ns, codec, sink, path)
     except BaseException:
-        if out is not None:
-            out.abort()
+        sink.abort()
         raise
-    if not index:
-        if out is not None:
-            out.abort()
+    if not sink.index:
+        sink.abort()
         raise ConversionError(
             f"no decodable camera frame in {len(packets)} packets (no IDR frame with SPS/PPS?)",
             path,
             code="undecodable",
         )
-    idx = np.asarray(index, dtype=np.int64)
-    times = np.asarray(frame_ns, dtype=np.int64)
-    prefix_crc32 = None
-    if out is not None:
-        out.close()
-        frames = np.load(rgb_path, mmap_mode="r")
-        prefix_crc32 = np.asarray(out.prefix_crc32, dtype=np.int64)
-    else:
-        frames = buf[: len(idx)]
+    frames, prefix_crc32 = sink.finish()
+    times = _presentation_times(np.asarray(sink.frame_ns, dtype=np.int64), sink.serial, path)
+    return (frames, np.asarray(sink.index, dtype=np.int64), sorted(errors),
+            np.asarray(sink.ranges, dtype=np.uint8).reshape(-1, 2), prefix_crc32,
+            np.asarray(sink.motion, dtype=np.float32), times)
+
+
+class _FrameSink:
+    """Where :func:`decode_camera`'s decoded frames go: converted and resized by one scaler, kept in
+    memory or streamed to a :class:`FrameFile`, with each frame's unit, message, time, range and motion."""
+
+    def __init__(self, capacity: int, image_size: tuple[int, int] | None, max_width: int | None,
+                 rgb_path: Path | None, on_frame: Callable[[np.ndarray], None] | None):
+        self.capacity, self.image_size, self.max_width = capacity, image_size, max_width
+        self.rgb_path, self.on_frame = rgb_path, on_frame
+        # One scaler for the whole stream: ``VideoFrame.reformat`` gives every frame a new swscale
+        # context, whose set-up (the area filter's coefficients) costs about a third of the scaling
+        # itself at 640x480 -> 224x224; the pixels are the same either way (docs/benchmarks.md).
+        self.scaler = VideoReformatter()
+        self.buf: np.ndarray | None = None
+        self.out: FrameFile | None = None
+        self.unit_msg: list[int] = []
+        self.unit_ns: list[int] = []
+        self.index: list[int] = []
+        self.serial: list[int] = []
+        self.frame_ns: list[int] = []
+        self.ranges: list[tuple[int, int]] = []
+        self.motion: list[float] = []
+        self.thumb: np.ndarray | None = None
+
+    def _rgb(self, frame: av.VideoFrame) -> np.ndarray:
+        if self.image_size is None and self.max_width is not None and frame.width > self.max_width:
+            height = max(1, round(frame.height * self.max_width / frame.width))
+            return self.scaler.reformat(frame, width=self.max_width, height=height, format="rgb24",
+                                        interpolation=_SWS_FLAGS).to_ndarray()
+        if self.image_size is None:
+            return self.scaler.reformat(frame, format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+        return self.scaler.reformat(frame, width=self.image_size[0], height=self.image_size[1], format="rgb24",
+                                    interpolation=_SWS_FLAGS).to_ndarray()
+
+    def take(self, frames: Iterable[av.VideoFrame], path: Path) -> None:
+        for frame in frames:
+            if frame.pts is None or not 0 <= frame.pts < len(self.unit_msg):
+                raise ConversionError(f"decoder returned a frame with pts {frame.pts!r}", path, code="decode_error")
+            t = self.unit_ns[frame.pts]
+            if self.frame_ns and t == self.frame_ns[-1]:
+                continue
+            rgb = self._rgb(frame)
+            if self.rgb_path is not None:
+                if self.out is None:
+                    self.out = FrameFile(self.rgb_path, rgb.shape, self.capacity)
+                self.out.append(rgb)
+            else:
+                if self.buf is None:
+                    self.buf = np.empty((self.capacity, *rgb.shape), dtype=np.uint8)
+                elif len(self.index) == len(self.buf):
+                    self.buf = np.concatenate([self.buf, np.empty_like(self.buf[: max(1, len(self.buf) // 2)])])
+                self.buf[len(self.index)] = rgb
+            self.ranges.append((int(rgb.min()), int(rgb.max())))
+            change, self.thumb = frame_motion(rgb, self.thumb)
+            if self.on_frame is not None:
+                self.on_frame(rgb)
+            self.motion.append(change)
+            self.index.append(self.unit_msg[frame.pts])
+            self.serial.append(int(frame.pts))
+            self.frame_ns.append(t)
+
+    def abort(self) -> None:
+        if self.out is not None:
+            self.out.abort()
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The frames (a read-only memory map of the file when streamed) and the file's prefix CRC-32s."""
+        if self.out is None:
+            return self.buf[: len(self.index)], None
+        self.out.close()
+        return np.load(self.rgb_path, mmap_mode="r"), np.asarray(self.out.prefix_crc32, dtype=np.int64)
+
+
+def _feed(packets: Sequence[bytes], order: np.ndarray, ts_ns: np.ndarray, period_ns: float, codec: str,
+          sink: _FrameSink, path: Path) -> set[int]:
+    """Split each message (in ``order``) into access units with the codec's parser, decode them into
+    ``sink``; returns the messages a unit of which the decoder rejected."""
+    parser = av.CodecContext.create(codec, "r")
+    ctx = av.CodecContext.create(codec, "r")
+    # Parallelism comes from worker processes; decoder threads did not help.
+    ctx.thread_count = 1
+    errors: set[int] = set()
+    for i in order:
+        i = int(i)
+        units = [bytes(u) for u in parser.parse(bytes(packets[i]))]
+        units += [bytes(u) for u in parser.parse(None)]
+        # Bytes the parser finds no unit in still go to the decoder (it names them rejected).
+        units = units or [bytes(packets[i])]
+        for t in access_unit_times(ts_ns, i, len(units), period_ns):
+            sink.unit_msg.append(i)
+            sink.unit_ns.append(t)
+        for k, data in enumerate(units):
+            packet = av.Packet(data)
+            packet.pts = packet.dts = len(sink.unit_msg) - len(units) + k
+            try:
+                sink.take(ctx.decode(packet), path)
+            except av.error.InvalidDataError:
+                errors.add(i)
+    try:
+        sink.take(ctx.decode(None), path)
+    except av.error.InvalidDataError:
+        pass
+    return errors
+
+
+def _presentation_times(times: np.ndarray, serial: list[int], path: Path) -> np.ndarray:
+    """Each presented frame's capture time (see :func:`decode_camera`: sorted when the decoder reordered
+    B-frames and the messages were stamped in decode order)."""
     if np.any(np.diff(times) <= 0):
         if not np.any(np.diff(serial) < 0):
             raise ConversionError(
@@ -265,5 +294,4 @@ def decode_camera(
         if np.any(np.diff(times) <= 0):
             raise ConversionError("camera frames with B-frames repeat a capture time after reordering",
                                   path, code="decode_error")
-    return (frames, idx, sorted(errors), np.asarray(ranges, dtype=np.uint8).reshape(-1, 2), prefix_crc32,
-            np.asarray(motion, dtype=np.float32), times)
+    return times

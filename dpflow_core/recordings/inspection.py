@@ -6,7 +6,8 @@ H.264 frame, and :class:`Problem` entries with codes such as ``truncated_mcap``)
 in the manifest. Faults are data here, never exceptions.
 
 This module is over 500 lines because :func:`inspect_recording` is one streaming pass whose checks
-share its per-topic state; split up, they would pass that state between modules.
+(one function per stage: the pass, counts, topics, streams, camera, overlap) share the pass's state
+(:class:`_Pass`); split across modules, they would pass that private state between them.
 """
 
 from __future__ import annotations
@@ -310,88 +311,51 @@ def inspect_recording(
     if size == 0:
         report.errors.append(Problem("empty_file", f"{path.name}: empty file (0 bytes)"))
         return report
-
-    accepted_schemas = {
-        topics.camera: topics.camera_schemas,
-        topics.pose: topics.pose_schemas,
-        topics.gripper: topics.gripper_schemas,
-        topics.imu: topics.imu_schemas,
-    }
     measured = [t for t in (topics.camera, topics.pose, topics.gripper, topics.imu, topics.camera_info, *topics.extra_cameras) if t]
-    stats = {t: _TopicStats() for t in measured}
-    schemas: dict[int, Schema] = {}
-    channels: dict[int, Channel] = {}
-    decoders: dict[int, object] = {}
-    undecodable: dict[str, int] = {}
-    no_header: set[str] = set()
-    per_channel: dict[int, int] = {}
+    state = _Pass(stats={t: _TopicStats() for t in measured})
+    _stream_pass(path, topics, required, probe_video, report, state)
+    if not _check_counts(report, state):
+        return report
+    _check_topics(report, state, topics)
+    _check_streams(report, state)
+    camera_start = _camera_figures(report, state, topics, probe_video)
+    _check_overlap(report, topics, camera_start)
+    return report
+
+
+@dataclass
+class _Pass:
+    """What the streaming pass of :func:`inspect_recording` gathers for the checks after it."""
+
+    stats: dict[str, _TopicStats]
+    schemas: dict[int, Schema] = field(default_factory=dict)
+    channels: dict[int, Channel] = field(default_factory=dict)
+    decoders: dict[int, object] = field(default_factory=dict)
+    undecodable: dict[str, int] = field(default_factory=dict)
+    no_header: set[str] = field(default_factory=set)
+    per_channel: dict[int, int] = field(default_factory=dict)
     statistics: Statistics | None = None
     footer: Footer | None = None
-    pose_invalid = 0
-    camera_heap: list[tuple[int, int, bytes]] = []  # max-heap on capture time: (-ts, -seq, data)
-    camera_digests: list[tuple[int, bytes]] = []  # (capture ns, SHA-256 of the payload)
-    factory = DecoderFactory()  # one per file: it caches message classes by schema id
+    pose_invalid: int = 0
+    camera_heap: list[tuple[int, int, bytes]] = field(default_factory=list)  # max-heap on capture time: (-ts, -seq, data)
+    camera_digests: list[tuple[int, bytes]] = field(default_factory=list)  # (capture ns, SHA-256 of the payload)
+    factory: DecoderFactory = field(default_factory=DecoderFactory)  # one per file: it caches classes by schema id
 
+
+def _stream_pass(path: Path, topics: TopicMap, required: tuple[str, ...], probe_video: bool,
+                 report: RecordingReport, state: _Pass) -> None:
+    """Read every record of ``path`` once (CRCs checked), filling ``state``; a structural fault becomes
+    an error of ``report``; the file's SHA-256 is taken from the same bytes."""
+    size = report.size_bytes
     with HashingReader(path) as f:
         try:
             for record in StreamReader(f, validate_crcs=True).records:
                 if isinstance(record, Message):
-                    per_channel[record.channel_id] = per_channel.get(record.channel_id, 0) + 1
-                    channel = channels.get(record.channel_id)
-                    if channel is None or channel.topic not in stats:
-                        continue
-                    decoder = decoders.get(record.channel_id)
-                    if decoder is None:
-                        continue
-                    topic = channel.topic
-                    try:
-                        decoded = decoder(record.data)
-                    except (DecodeError, ValueError):
-                        undecodable[topic] = undecodable.get(topic, 0) + 1
-                        continue
-                    header = getattr(decoded, "header", None)
-                    if header is None:
-                        no_header.add(topic)
-                        continue
-                    st = stats[topic]
-                    ts = int(header.timestamp)
-                    if st.expect_hz is None:
-                        st.expect_hz = float(getattr(header, "expect_hz", 0.0) or 0.0)
-                    st.ts.append(ts)
-                    st.log_times.append(record.log_time)
-                    if topic == topics.camera:
-                        if not report.camera_format:
-                            report.camera_format = str(getattr(decoded, "format", ""))
-                        camera_digests.append((ts, hashlib.sha256(decoded.data).digest()))
-                        if probe_video:
-                            item = (-ts, -len(st.ts), bytes(decoded.data))
-                            if len(camera_heap) < H264_PROBE_PACKETS:
-                                heapq.heappush(camera_heap, item)
-                            elif item > camera_heap[0]:
-                                heapq.heapreplace(camera_heap, item)
-                    elif topic == topics.pose and not getattr(decoded, "pose_valid", True):
-                        pose_invalid += 1
+                    _on_message(record, state, report, topics, probe_video)
                 elif isinstance(record, Schema):
-                    schemas[record.id] = record
+                    state.schemas[record.id] = record
                 elif isinstance(record, Channel):
-                    if record.id in channels:  # repeated in the summary section
-                        continue
-                    channels[record.id] = record
-                    schema = schemas.get(record.schema_id)
-                    report.schemas[record.topic] = schema.name if schema else ""
-                    report.encodings[record.topic] = record.message_encoding
-                    if record.topic in stats:
-                        decoder = factory.decoder_for(record.message_encoding, schema)
-                        if decoder is None:
-                            code_reason = (
-                                f"{path.name}: topic {record.topic} uses message encoding "
-                                f"{record.message_encoding!r} with schema encoding "
-                                f"{schema.encoding if schema else 'none'!r}; only protobuf can be decoded"
-                            )
-                            target = report.errors if record.topic in required else report.warnings
-                            target.append(Problem("unknown_encoding", code_reason))
-                        else:
-                            decoders[record.id] = decoder
+                    _on_channel(record, state, report, required)
                 elif isinstance(record, MessageIndex):
                     report.has_message_index = True
                 elif isinstance(record, ChunkIndex):
@@ -399,9 +363,9 @@ def inspect_recording(
                     if record.message_index_offsets:
                         report.has_message_index = True
                 elif isinstance(record, Statistics):
-                    statistics = record
+                    state.statistics = record
                 elif isinstance(record, Footer):
-                    footer = record
+                    state.footer = record
         except InvalidMagic as exc:
             offset = 0 if f.tell() <= 8 else f.tell()
             kind = "opening" if offset == 0 else "closing"
@@ -419,8 +383,8 @@ def inspect_recording(
                     f"{path.name}: not an MCAP file: bad {kind} magic at byte {offset} ({exc})",
                 ))
         except EndOfFile:
-            n_read = sum(per_channel.values())
-            if footer is not None:
+            n_read = sum(state.per_channel.values())
+            if state.footer is not None:
                 report.errors.append(Problem(
                     "missing_closing_magic",
                     f"{path.name}: missing closing magic: the file ends at byte {size} right after the "
@@ -440,22 +404,88 @@ def inspect_recording(
         # The same bytes the parser read, plus any it left: the file is read once for both.
         report.sha256 = f.sha256()
 
-    report.has_summary = footer is not None and footer.summary_start != 0
-    report.has_statistics = statistics is not None
-    topic_of = {cid: ch.topic for cid, ch in channels.items()}
-    for cid, n in per_channel.items():
+
+def _on_message(record: Message, state: _Pass, report: RecordingReport, topics: TopicMap, probe_video: bool) -> None:
+    """One message of the streaming pass: counted, and for a measured topic decoded for its capture time."""
+    state.per_channel[record.channel_id] = state.per_channel.get(record.channel_id, 0) + 1
+    channel = state.channels.get(record.channel_id)
+    if channel is None or channel.topic not in state.stats:
+        return
+    decoder = state.decoders.get(record.channel_id)
+    if decoder is None:
+        return
+    topic = channel.topic
+    try:
+        decoded = decoder(record.data)
+    except (DecodeError, ValueError):
+        state.undecodable[topic] = state.undecodable.get(topic, 0) + 1
+        return
+    header = getattr(decoded, "header", None)
+    if header is None:
+        state.no_header.add(topic)
+        return
+    st = state.stats[topic]
+    ts = int(header.timestamp)
+    if st.expect_hz is None:
+        st.expect_hz = float(getattr(header, "expect_hz", 0.0) or 0.0)
+    st.ts.append(ts)
+    st.log_times.append(record.log_time)
+    if topic == topics.camera:
+        if not report.camera_format:
+            report.camera_format = str(getattr(decoded, "format", ""))
+        state.camera_digests.append((ts, hashlib.sha256(decoded.data).digest()))
+        if probe_video:
+            item = (-ts, -len(st.ts), bytes(decoded.data))
+            if len(state.camera_heap) < H264_PROBE_PACKETS:
+                heapq.heappush(state.camera_heap, item)
+            elif item > state.camera_heap[0]:
+                heapq.heapreplace(state.camera_heap, item)
+    elif topic == topics.pose and not getattr(decoded, "pose_valid", True):
+        state.pose_invalid += 1
+
+
+def _on_channel(record: Channel, state: _Pass, report: RecordingReport, required: tuple[str, ...]) -> None:
+    """A channel record: its topic's schema and encoding, and a decoder for a measured topic."""
+    if record.id in state.channels:  # repeated in the summary section
+        return
+    state.channels[record.id] = record
+    schema = state.schemas.get(record.schema_id)
+    report.schemas[record.topic] = schema.name if schema else ""
+    report.encodings[record.topic] = record.message_encoding
+    if record.topic in state.stats:
+        decoder = state.factory.decoder_for(record.message_encoding, schema)
+        if decoder is None:
+            code_reason = (
+                f"{report.path.name}: topic {record.topic} uses message encoding "
+                f"{record.message_encoding!r} with schema encoding "
+                f"{schema.encoding if schema else 'none'!r}; only protobuf can be decoded"
+            )
+            target = report.errors if record.topic in required else report.warnings
+            target.append(Problem("unknown_encoding", code_reason))
+        else:
+            state.decoders[record.id] = decoder
+
+
+def _check_counts(report: RecordingReport, state: _Pass) -> bool:
+    """Messages per topic, against the Statistics record when there is one; False when a structural
+    fault left the rest of the file unread (the later checks are then skipped)."""
+    path = report.path
+    report.has_summary = state.footer is not None and state.footer.summary_start != 0
+    report.has_statistics = state.statistics is not None
+    topic_of = {cid: ch.topic for cid, ch in state.channels.items()}
+    for cid, n in state.per_channel.items():
         topic = topic_of.get(cid, f"<channel {cid}>")
         report.message_counts[topic] = report.message_counts.get(topic, 0) + n
-    for topic in channels.values():
+    for topic in state.channels.values():
         report.message_counts.setdefault(topic.topic, 0)
     read_ok = not any(p.code in _STRUCTURAL for p in report.errors)
 
-    if statistics is not None:
+    if state.statistics is not None:
         summary_counts: dict[str, int] = {}
-        for cid, n in statistics.channel_message_counts.items():
+        for cid, n in state.statistics.channel_message_counts.items():
             topic = topic_of.get(cid, f"<channel {cid}>")
             summary_counts[topic] = summary_counts.get(topic, 0) + n
-        for channel in channels.values():  # channels without messages are left out of the record
+        for channel in state.channels.values():  # channels without messages are left out of the record
             summary_counts.setdefault(channel.topic, 0)
         report.summary_counts = summary_counts
         if read_ok:
@@ -475,9 +505,12 @@ def inspect_recording(
             f"{path.name}: no {' and no '.join(missing_parts)}: read in a streaming pass"
             + ("" if report.has_statistics else "; message counts could not be checked against statistics"),
         ))
-    if not read_ok:
-        return report
+    return read_ok
 
+
+def _check_topics(report: RecordingReport, state: _Pass, topics: TopicMap) -> None:
+    """The topics present: one arm, the required ones with messages, the expected schemas, decodable headers."""
+    path, required = report.path, report.required
     arms = _other_arms(report.schemas, topics)
     if arms:
         own, others = arms
@@ -492,6 +525,12 @@ def inspect_recording(
         report.errors.append(Problem(
             "missing_topics", f"{path.name}: not a Matrix Studio recording: missing topics {', '.join(missing)}"
         ))
+    accepted_schemas = {
+        topics.camera: topics.camera_schemas,
+        topics.pose: topics.pose_schemas,
+        topics.gripper: topics.gripper_schemas,
+        topics.imu: topics.imu_schemas,
+    }
     for topic, names in accepted_schemas.items():
         name = report.schemas.get(topic)
         if name is not None and name not in names and report.encodings.get(topic) == "protobuf":
@@ -501,17 +540,21 @@ def inspect_recording(
                 "unexpected_schema",
                 f"{path.name}: topic {topic} has schema {name!r}, expected one of {list(names)}",
             ))
-    for topic, n in undecodable.items():
+    for topic, n in state.undecodable.items():
         target = report.errors if topic in required else report.warnings
         target.append(Problem("undecodable_message", f"{path.name}: {n} {topic} messages fail to decode as protobuf"))
-    for topic in sorted(no_header):
+    for topic in sorted(state.no_header):
         target = report.errors if topic in required else report.warnings
         target.append(Problem("no_header", f"{path.name}: topic {topic} messages have no device header (header.timestamp)"))
     for topic in required:
         if topic in report.schemas and report.message_counts.get(topic, 0) == 0:
             report.errors.append(Problem("no_messages", f"{path.name}: required topic {topic} has no messages"))
 
-    for topic, st in stats.items():
+
+def _check_streams(report: RecordingReport, state: _Pass) -> None:
+    """Each measured stream's times: first and last, rate, clock steps, log-time order, repeated stamps."""
+    path = report.path
+    for topic, st in state.stats.items():
         if not st.ts:
             continue
         t = np.asarray(st.ts, dtype=np.int64)
@@ -552,26 +595,31 @@ def inspect_recording(
                 "later duplicates dropped",
             ))
 
-    if camera_digests:
+
+def _camera_figures(report: RecordingReport, state: _Pass, topics: TopicMap, probe_video: bool) -> int | None:
+    """The camera payload hash, the invalid pose fraction and the first decodable frame; returns the
+    camera's start for the overlap (that frame's capture time when probed)."""
+    path = report.path
+    if state.camera_digests:
         digest = hashlib.sha256()
-        for ts, d in sorted(camera_digests):
+        for ts, d in sorted(state.camera_digests):
             digest.update(int(ts).to_bytes(8, "little", signed=False))
             digest.update(d)
         report.camera_payload_sha256 = digest.hexdigest()
 
-    n_pose = len(stats[topics.pose].ts) if topics.pose in stats else 0
+    n_pose = len(state.stats[topics.pose].ts) if topics.pose in state.stats else 0
     if n_pose:
-        report.pose_invalid_fraction = pose_invalid / n_pose
-        if pose_invalid:
+        report.pose_invalid_fraction = state.pose_invalid / n_pose
+        if state.pose_invalid:
             report.warnings.append(Problem(
                 "pose_invalid",
-                f"{path.name}: {pose_invalid} of {n_pose} poses ({100 * pose_invalid / n_pose:.1f} %) have "
+                f"{path.name}: {state.pose_invalid} of {n_pose} poses ({100 * state.pose_invalid / n_pose:.1f} %) have "
                 "pose_valid == false (VIO lost tracking)",
             ))
 
     camera_start = report.first_ts_ns.get(topics.camera)
-    if probe_video and camera_heap and report.camera_format.lower() in ("h264", ""):
-        packets = sorted(((-neg_ts, -neg_seq), data) for neg_ts, neg_seq, data in camera_heap)
+    if probe_video and state.camera_heap and report.camera_format.lower() in ("h264", ""):
+        packets = sorted(((-neg_ts, -neg_seq), data) for neg_ts, neg_seq, data in state.camera_heap)
         first = _first_decodable([(ts, data) for (ts, _seq), data in packets])
         if first is None:
             report.errors.append(Problem(
@@ -591,7 +639,12 @@ def inspect_recording(
                     f"{path.name}: {first} leading H.264 packets ({report.leading_undecodable_s:.3f} s) before the "
                     "first decodable frame (IDR with SPS/PPS); they are skipped",
                 ))
+    return camera_start
 
+
+def _check_overlap(report: RecordingReport, topics: TopicMap, camera_start: int | None) -> None:
+    """Late starts and early ends of the required streams, and the span they all cover."""
+    path, required = report.path, report.required
     present = [t for t in required if t in report.first_ts_ns]
     if present and len(present) == len(required):
         starts = {t: report.first_ts_ns[t] for t in present}
@@ -630,4 +683,3 @@ def inspect_recording(
                     f"{path.name}: the required streams do not overlap in time "
                     f"({', '.join(f'{t} {(starts[t] - earliest) / 1e9:.3f}-{(ends[t] - earliest) / 1e9:.3f} s' for t in present)})",
                 ))
-    return report
