@@ -5,7 +5,8 @@ reject (its ``code`` and a ``reason`` naming the file):
 
 1. every file lies inside the task folder (``path_escapes_root``);
 2. folder naming rules (not for an explicit manifest): a merged dual-arm stem
-   (``unsupported_multi_arm``), a retry of a stem that is also there (``retry_duplicate``), a
+   (``unsupported_multi_arm``), a retry of a stem that is also there (``retry_duplicate``), a stem
+   that is no safe file name (``invalid_stem``, :func:`~dpflow_core.names.validate_stem`), a
    lone ``<NAME>.mcap`` that is not a Matrix Studio recording (``missing_topics``) or one still
    waiting for VIO (``missing_partner``);
 3. each file is a regular file (``unreadable``, ``missing_file``/``missing_partner``) and
@@ -14,7 +15,8 @@ reject (its ``code`` and a ``reason`` naming the file):
    success (``failed_status``, ``status_not_final``, ``unknown_status``), in agreement with
    ``vio_result.json`` (``status_conflict``);
 5. both MCAP files pass :func:`~dpflow_core.recordings.inspect_recording` (its error codes,
-   e.g. ``truncated_mcap``, or a second arm's ``/robotN/...`` topics: ``unsupported_multi_arm``).
+   e.g. ``truncated_mcap``, or a second arm's ``/robotN/...`` topics: ``unsupported_multi_arm``);
+6. the ``_vio.mcap`` holds the raw recording's camera (``raw_vio_mismatch``, :func:`raw_vio_mismatch`).
 
 :func:`content_rejects` then compares the accepted episodes with each other: a later copy of an
 episode (``duplicate_episode``) and a status file naming another stem (``status_stem_mismatch``).
@@ -32,8 +34,9 @@ from typing import Any
 from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
 
-from dpflow_core.errors import RecordingError
+from dpflow_core.errors import InvalidNameError, RecordingError
 from dpflow_core.files import display_name, path_kind
+from dpflow_core.names import validate_stem
 from dpflow_core.pairing.manifest import ROLES, AcceptedEpisode, FileEntry, PairingReject
 from dpflow_core.pairing.naming import SUFFIX, Candidate, inside, retry_base
 from dpflow_core.pairing.status import TaskSummary, parse_vio_status, status_stems, status_value, unknown_status_reason
@@ -94,6 +97,9 @@ def check_candidate(
             n_more = len(report.errors) - 1
             more = f" (and {n_more} more problem{'s' if n_more > 1 else ''})" if n_more else ""
             return PairingReject(cand.stem, str(cand.files[role]), first.code, first.reason + more)
+    reject = raw_vio_mismatch(cand, vio_report, raw_report, vio_status, topics)
+    if reject is not None:
+        return reject
 
     validation = vio_report.to_dict()
     # An explicit manifest maps the files itself, so names inside its status files may differ.
@@ -111,6 +117,44 @@ def check_candidate(
         p = cand.files[role].resolve()
         files[role] = FileEntry(p, p.stat().st_size, digests[role])
     return AcceptedEpisode(cand.stem, files, vio_status, validation)
+
+
+#: The VIO output's camera may start or end this much (s) beyond the raw recording's and still be its own.
+RAW_VIO_TOLERANCE_S = 0.5
+
+
+def raw_vio_mismatch(cand: Candidate, vio_report, raw_report, vio_status: Any, topics: TopicMap) -> PairingReject | None:
+    """Step 6: the ``_vio.mcap`` holds the camera of its own raw recording (``raw_vio_mismatch``).
+
+    VIO copies the raw recording's camera into its output (formats.md section 1), so both files carry
+    it: equal camera payload hashes (:attr:`~dpflow_core.recordings.RecordingReport.camera_payload_sha256`)
+    settle it. Otherwise (a VIO that re-encodes or trims) the output's camera must lie within the raw
+    one's capture span (:data:`RAW_VIO_TOLERANCE_S` either side) and hold no more messages; two
+    recordings' files swapped between stems fail that by their whole recording times. The reason names
+    both files with their camera messages, first and last capture times, and the ``_vio.json``'s
+    ``frame_count`` when it has one.
+    """
+    cam = topics.camera
+    if vio_report.camera_payload_sha256 == raw_report.camera_payload_sha256:
+        return None
+    n_vio, n_raw = vio_report.message_counts.get(cam, 0), raw_report.message_counts.get(cam, 0)
+    v0, v1 = vio_report.first_ts_ns.get(cam), vio_report.last_ts_ns.get(cam)
+    r0, r1 = raw_report.first_ts_ns.get(cam), raw_report.last_ts_ns.get(cam)
+    if None in (v0, v1, r0, r1):
+        return None
+    tol = RAW_VIO_TOLERANCE_S * 1e9
+    if v0 >= r0 - tol and v1 <= r1 + tol and n_vio <= n_raw:
+        return None
+    counted = vio_status.get("frame_count") if isinstance(vio_status, dict) else None
+    status_note = (f"; {cand.files['vio_json'].name} says frame_count {counted}"
+                   if isinstance(counted, int) and not isinstance(counted, bool) else "")
+    raw, vio = cand.files["raw_mcap"], cand.files["vio_mcap"]
+    return PairingReject(cand.stem, str(vio), "raw_vio_mismatch", (
+        f"{vio.name} does not hold the camera of {raw.name}: {raw.name} {n_raw} camera messages captured "
+        f"{r0} to {r1} ns ({(r1 - r0) / 1e9:.3f} s), {vio.name} {n_vio} captured {v0} to {v1} ns, starting "
+        f"{(v0 - r0) / 1e9:+.3f} s from the raw one{status_note}; camera payload SHA-256 "
+        f"{(raw_report.camera_payload_sha256 or '')[:12]}... vs {(vio_report.camera_payload_sha256 or '')[:12]}...: "
+        "the VIO output belongs to another recording (files swapped or renamed?): give each stem its own files"))
 
 
 def _path_reject(cand: Candidate, root: Path) -> PairingReject | None:
@@ -151,6 +195,10 @@ def _naming_reject(cand: Candidate, root: Path, all_stems: set[str], topics: Top
             f"{any_file.name} is a retry duplicate of stem {base!r}: exact pairing uses {base}'s files "
             "(list this stem in an explicit manifest to use it instead)",
         )
+    try:
+        validate_stem(stem)
+    except InvalidNameError as exc:
+        return PairingReject(stem, str(any_file), "invalid_stem", f"{any_file.name}: {exc.reason}: rename the files")
     missing = [r for r in ROLES if r not in cand.files]
     if missing == ["vio_mcap", "vio_json"]:
         raw = cand.files["raw_mcap"]

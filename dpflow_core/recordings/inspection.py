@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from mcap_protobuf.decoder import DecoderFactory
 
 from dpflow_core.errors import RecordingError
 from dpflow_core.files import HashingReader
-from dpflow_core.recordings.plausibility import check_clock
+from dpflow_core.recordings.plausibility import PlausibilityOptions, check_clock
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -190,6 +191,14 @@ class _TopicStats:
         self.ts: list[int] = []
         self.log_times: list[int] = []
         self.expect_hz: float | None = None
+        #: samples (pose: while ``pose_valid``) holding a NaN or inf: (count, first message index, field)
+        self.nonfinite: tuple[int, int, str] | None = None
+
+    def note_nonfinite(self, index: int, values: dict[str, float]) -> None:
+        bad = next((name for name, v in values.items() if not math.isfinite(v)), None)
+        if bad is not None:
+            n = self.nonfinite[0] if self.nonfinite else 0
+            self.nonfinite = (n + 1, *(self.nonfinite[1:] if self.nonfinite else (index, f"{bad} = {values[bad]}")))
 
 
 def _first_decodable(packets: list[tuple[int, bytes]]) -> int | None:
@@ -440,8 +449,16 @@ def _on_message(record: Message, state: _Pass, report: RecordingReport, topics: 
                 heapq.heappush(state.camera_heap, item)
             elif item > state.camera_heap[0]:
                 heapq.heapreplace(state.camera_heap, item)
-    elif topic == topics.pose and not getattr(decoded, "pose_valid", True):
-        state.pose_invalid += 1
+    elif topic == topics.pose:
+        if not getattr(decoded, "pose_valid", True):
+            state.pose_invalid += 1
+        elif hasattr(decoded, "pose"):
+            p, q = decoded.pose.position, decoded.pose.orientation
+            st.note_nonfinite(len(st.ts) - 1, {"position.x": p.x, "position.y": p.y, "position.z": p.z,
+                                               "orientation.x": q.x, "orientation.y": q.y,
+                                               "orientation.z": q.z, "orientation.w": q.w})
+    elif topic == topics.gripper and hasattr(decoded, "value"):
+        st.note_nonfinite(len(st.ts) - 1, {"value": decoded.value})
 
 
 def _on_channel(record: Channel, state: _Pass, report: RecordingReport, required: tuple[str, ...]) -> None:
@@ -554,18 +571,35 @@ def _check_topics(report: RecordingReport, state: _Pass, topics: TopicMap) -> No
 def _check_streams(report: RecordingReport, state: _Pass) -> None:
     """Each measured stream's times: first and last, rate, clock steps, log-time order, repeated stamps."""
     path = report.path
+    t0 = min((min(st.ts) for t, st in state.stats.items() if st.ts and t in report.required), default=None)
+    off_unit = _check_units(report, state)
     for topic, st in state.stats.items():
         if not st.ts:
             continue
         t = np.asarray(st.ts, dtype=np.int64)
         lt = np.asarray(st.log_times, dtype=np.int64)
+        target = report.errors if topic in report.required else report.warnings
+        if st.nonfinite is not None:
+            n_bad, k, value = st.nonfinite
+            target.append(Problem("not_finite", (
+                f"{path.name}: {topic} {value} at {(st.ts[k] - (t0 or st.ts[0])) / 1e9:.3f} s (message {k}"
+                f"{f', and {n_bad - 1} more' if n_bad > 1 else ''} of {len(st.ts)}): a NaN/inf sample is no "
+                "measurement and cannot be interpolated across")))
         report.log_time_inversions[topic] = int(np.count_nonzero(np.diff(lt) < 0))
         uniq = np.unique(t)
         report.duplicate_timestamps[topic] = int(len(t) - len(uniq))
         report.first_ts_ns[topic], report.last_ts_ns[topic] = int(uniq[0]), int(uniq[-1])
         span_s = (int(uniq[-1]) - int(uniq[0])) / 1e9
         report.rates_hz[topic] = (len(uniq) - 1) / span_s if span_s > 0 else 0.0
-        steps = check_clock(t, lt, int(uniq[0]), topic)
+        steps = [] if topic in off_unit else check_clock(t, lt, int(uniq[0]), topic)
+        back = None if steps or topic in off_unit else file_order_reversal(t, lt)
+        if back is not None:
+            k, size_s, device = back
+            target.append(Problem("clock_reversal", (
+                f"{path.name}: {topic} capture clock ran backwards by {size_s:.3f} s at "
+                f"{(int(t[k - 1]) - (t0 or int(uniq[0]))) / 1e9:.3f} s (message {k}, file order"
+                f"{'; arrival times went back with it: the device clock itself' if device else ''}): its samples "
+                f"after that overlap {size_s:.3f} s of earlier ones and would interleave with them")))
         for f in steps:
             what = "stepped forward" if f.code == "clock_step" else "ran backwards"
             (report.errors if f.policy == "reject" else report.warnings).append(Problem(
@@ -577,7 +611,7 @@ def _check_streams(report: RecordingReport, state: _Pass) -> None:
             report.rates_hz[topic] = 1e9 / float(np.median(np.diff(uniq))) if len(uniq) > 1 else 0.0
         if st.expect_hz:
             report.expected_hz[topic] = st.expect_hz
-            if not steps and report.rates_hz[topic] and abs(report.rates_hz[topic] / st.expect_hz - 1) > RATE_TOLERANCE:
+            if not steps and topic not in off_unit and report.rates_hz[topic] and abs(report.rates_hz[topic] / st.expect_hz - 1) > RATE_TOLERANCE:
                 report.warnings.append(Problem(
                     "rate_mismatch",
                     f"{path.name}: {topic} measured {report.rates_hz[topic]:.2f} Hz, header expects {st.expect_hz:g} Hz",
@@ -594,6 +628,82 @@ def _check_streams(report: RecordingReport, state: _Pass) -> None:
                 f"{path.name}: {report.duplicate_timestamps[topic]} {topic} messages repeat a capture time; "
                 "later duplicates dropped",
             ))
+
+
+#: A capture clock counting in another unit than ns advances this many times too fast or slow (a
+#: power of 1000) against the others; named by what its stamps then look like.
+_UNIT_NAMES = {-3: "microseconds", -6: "milliseconds", -9: "seconds", 3: "picoseconds"}
+
+
+def _check_units(report: RecordingReport, state: _Pass) -> set[str]:
+    """Streams whose capture stamps run a power of 1000 too slow or fast against the other streams
+    (stamps in ms where ns are expected, formats.md section 1): ``timestamp_units``, an error on a
+    required topic, a warning on another; returns those topics.
+
+    Method: each stream's span of capture times against the median span of the other measured streams
+    (streams that start late or end early stay within a factor of 3 of it; a unit differs by 1000^k),
+    confirmed by its span of arrival (log) times when those advance."""
+    spans = {t: max(st.ts) - min(st.ts) for t, st in state.stats.items() if len(st.ts) > 1}
+    off: set[str] = set()
+    for topic, span in spans.items():
+        # The median of the *other* streams: with two of four streams off, its own span would pull it halfway.
+        others = [v for t, v in spans.items() if t != topic and v > 0]
+        if span <= 0 or not others:
+            continue
+        ref = float(np.median(others))
+        power = _power_of_1000(span / ref)
+        st = state.stats[topic]
+        log_span = max(st.log_times) - min(st.log_times)
+        # Where the arrival clock ticks, it must agree: two streams of four off leave the median between.
+        if power == 0 or (log_span > 0 and _power_of_1000(span / log_span) != power):
+            continue
+        against_log = f", {span / log_span:.3g} x its arrival times'" if log_span > 0 else ""
+        unit = _UNIT_NAMES.get(power, f"1e{-power} ns units")
+        others = [min(o.ts) for t, o in state.stats.items() if t != topic and t not in off and o.ts]
+        first = f"; first stamp {min(st.ts):.3g} ns against {float(np.median(others)):.3g} ns" if others else ""
+        off.add(topic)
+        (report.errors if topic in report.required else report.warnings).append(Problem("timestamp_units", (
+            f"{report.path.name}: {topic} capture stamps advance {span / ref:.3g} x as fast as the other streams'"
+            f"{against_log} (span {span / 1e9:.6g} s against {ref / 1e9:.6g} s{first}): they look like {unit}, "
+            "not nanoseconds; re-export the recording with header.timestamp in ns")))
+    return off
+
+
+def _power_of_1000(ratio: float) -> int:
+    """``3k`` when ``ratio`` is within a factor of 3 of ``1000^k`` (k != 0), else 0."""
+    power = 3 * round(math.log10(ratio) / 3)
+    return power if abs(math.log10(ratio) - power) <= 0.5 else 0
+
+
+def file_order_reversal(ts_ns: np.ndarray, log_ns: np.ndarray, limit_s: float | None = None,
+                        window: int = 9) -> tuple[int, float, bool] | None:
+    """A stream's capture clock that went back in file (arrival) order, whatever its log times did.
+
+    :func:`~dpflow_core.recordings.plausibility.check_clock` sees a clock that steps against its
+    arrival clock; when the whole device clock goes back (capture and log times together) their
+    offset stays and only the order shows it: message ``b`` is captured more than ``limit_s``
+    (default ``clock_step_s``) before the latest capture time already read, and the median of the
+    ``window`` messages from ``b`` on stays that far back (B-frame reordering, a few frames, and a
+    single late message do not). ``ts_ns``, ``log_ns``: (N,) int64 capture and log times, file order.
+
+    Returns:
+        ``(b, size_s, device)``: the first message on the new clock, how far it went back (s, one
+        interval added: the step from the last old sample to the first new one), and whether the log
+        times went back with it; None when the clock never went back.
+    """
+    limit_ns = (PlausibilityOptions().clock_step_s if limit_s is None else limit_s) * 1e9
+    t = np.asarray(ts_ns, dtype=np.int64)
+    if len(t) < window + 1:
+        return None
+    latest = np.maximum.accumulate(t)
+    steps = np.diff(t)
+    period = float(np.median(steps[steps > 0])) if np.any(steps > 0) else 0.0
+    for b in np.flatnonzero(latest[:-1] - t[1:] > limit_ns) + 1:
+        if len(t) - b >= window and float(np.median(t[b : b + window])) < latest[b - 1] - limit_ns:
+            lt = np.asarray(log_ns, dtype=np.int64)
+            device = bool(lt[b] < np.max(lt[:b]) - limit_ns)
+            return int(b), (float(latest[b - 1] - t[b]) + period) / 1e9, device
+    return None
 
 
 def _camera_figures(report: RecordingReport, state: _Pass, topics: TopicMap, probe_video: bool) -> int | None:

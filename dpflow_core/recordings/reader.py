@@ -195,6 +195,33 @@ def _order_camera(ts: list[int], log_times: list[int], data: Sequence[bytes]) ->
     return np.asarray(keep, dtype=np.int64), inversions, repeated
 
 
+def _check_samples(path: Path, topics: TopicMap, camera, pose, gripper, pose_vals, grip_vals) -> None:
+    """What sorting by capture time would hide: a clock that went back in file order (rows from before
+    and after would interleave) and NaN/inf samples (a valid pose's or a gripper width), each a
+    :class:`RecordingError` naming the stream, the time (s from the first sample) and the figure."""
+    from dpflow_core.recordings.inspection import file_order_reversal
+
+    t0 = min((min(ts) for ts, _lt in (camera, pose, gripper) if ts), default=0)
+    for topic, (ts, lt) in ((topics.camera, camera), (topics.pose, pose), (topics.gripper, gripper)):
+        back = file_order_reversal(np.asarray(ts, dtype=np.int64), np.asarray(lt, dtype=np.int64))
+        if back is not None:
+            k, size_s, _device = back
+            raise RecordingError(
+                f"{topic} capture clock ran backwards by {size_s:.3f} s at {(ts[k - 1] - t0) / 1e9:.3f} s (message {k}, "
+                "file order): its samples after that would interleave with earlier ones", path, code="clock_reversal")
+    vals = np.asarray(pose_vals, dtype=np.float64).reshape(-1, 9)
+    bad_pose = ~np.isfinite(vals[:, :7]).all(axis=1) & (vals[:, 7] != 0)
+    widths = np.asarray(grip_vals, dtype=np.float64)
+    for topic, ts, bad, what in ((topics.pose, pose[0], bad_pose, "pose (pose_valid true)"),
+                                 (topics.gripper, gripper[0], ~np.isfinite(widths), "gripper width")):
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise RecordingError(
+                f"{topic}: {int(bad.sum())} {what} sample{'s' if bad.sum() > 1 else ''} NaN/inf, the first at "
+                f"{(ts[k] - t0) / 1e9:.3f} s (message {k} of {len(ts)}): a NaN/inf sample is no measurement",
+                path, code="not_finite")
+
+
 def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT, spool_path: str | Path | None = None) -> EpisodeStreams:
     """Read the camera, pose and gripper streams of a ``<STEM>_vio.mcap``.
 
@@ -213,7 +240,8 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT, spool_path: s
     Raises:
         RecordingError: the file is missing, not a regular file (``unreadable``), empty,
             truncated or corrupt (with
-            the byte offset reached), a channel uses a message encoding other
+            the byte offset reached), a capture clock went back in file order (``clock_reversal``),
+            a valid pose or a gripper width is NaN/inf (``not_finite``), a channel uses a message encoding other
             than protobuf, required topics are missing ("not a Matrix Studio
             recording: missing topics ..."), a topic has an unexpected schema,
             or a required topic has no messages.
@@ -307,6 +335,7 @@ def _read(path: Path, topics: TopicMap, spool) -> EpisodeStreams:
                 code="unexpected_schema",
             )
 
+    _check_samples(path, topics, (cam_ts, cam_lt), (pose_ts, pose_lt), (grip_ts, grip_lt), pose_vals, grip_vals)
     if spool is not None:
         spool.flush()
         at = np.asarray(cam_data, dtype=np.int64).reshape(-1, 2)
