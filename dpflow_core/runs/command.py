@@ -21,7 +21,7 @@ from dpflow_core.runs.spec import TEMPLATE_FIELDS, RunSpec
 # ------------------------------------------------------------------------- command
 
 
-def _main_process_port(name: str) -> int:
+def default_main_process_port(name: str) -> int:
     """A rendezvous port derived from the run name (29500-30499), so parallel runs do not collide."""
     return 29500 + int(hashlib.sha256(name.encode()).hexdigest(), 16) % 1000
 
@@ -66,7 +66,7 @@ def launcher_args(num_processes: int, gpu_ids: Sequence[int], run_name: str, mac
     args = ["--num_processes", str(int(num_processes)), "--gpu_ids", ",".join(str(int(g)) for g in gpu_ids),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     if int(num_processes) > 1:
-        args += ["--multi_gpu", "--main_process_port", str(_main_process_port(run_name))]
+        args += ["--multi_gpu", "--main_process_port", str(default_main_process_port(run_name))]
     return args
 
 

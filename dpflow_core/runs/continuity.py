@@ -19,12 +19,12 @@ from dpflow_core.names import validate_name
 from dpflow_core.server.preflight import repo_state
 from dpflow_core.server import GpuServer
 from dpflow_core.runs.launch import launch_run
-from dpflow_core.runs.monitor import _last_error_line, _read_records, _tail, describe_exit
+from dpflow_core.runs.monitor import describe_exit, last_error_line, read_log_records, read_output_tail
 from dpflow_core.runs.processes import cleanup_run, run_processes
 from dpflow_core.runs.records import probe_checkpoint
 from dpflow_core.runs.smoke import list_checkpoints
 from dpflow_core.runs.spec import CHECKPOINT_DIR, LATEST_CKPT, RunSpec, run_dir_for
-from dpflow_core.runs.state import RunHandle, _mkdir_exclusive
+from dpflow_core.runs.state import RunHandle, mkdir_exclusive
 
 
 # ---------------------------------------------------------------- resume continuity
@@ -191,7 +191,7 @@ def check_resume_continuity(
     full = launch_run(server, RunSpec(name=full_name, extra_overrides=extra, **common), method="setsid", record=False)
     status = _wait_and_release(server, full, timeout_s)
     if status != 0:
-        problems.append(f"uninterrupted run {full_name}: {describe_exit(status)}: {_last_error_line(_tail(server, full.output_path))}")
+        problems.append(f"uninterrupted run {full_name}: {describe_exit(status)}: {last_error_line(read_output_tail(server, full.output_path))}")
         return finish()
     names = list_checkpoints(server, full.run_dir)
     first = next((n for n in sorted(names) if re.search(r"epoch=0*0\b|epoch=0+-", n)), None)
@@ -200,7 +200,7 @@ def check_resume_continuity(
         return finish()
 
     cont_dir = run_dir_for(server, cont_name)
-    if not _mkdir_exclusive(server, cont_dir):
+    if not mkdir_exclusive(server, cont_dir):
         raise RunError("the run directory exists already", path=cont_dir, code="run_exists")
     server.mkdir(posixpath.join(cont_dir, CHECKPOINT_DIR))
     server.run(["cp", "--", posixpath.join(full.checkpoint_dir, first), posixpath.join(cont_dir, CHECKPOINT_DIR, LATEST_CKPT)], check=True)
@@ -211,11 +211,11 @@ def check_resume_continuity(
     cont = launch_run(server, RunSpec(name=cont_name, resume=True, extra_overrides=extra, **common), method="setsid", record=False)
     status = _wait_and_release(server, cont, timeout_s)
     if status != 0:
-        problems.append(f"resumed run {cont_name}: {describe_exit(status)}: {_last_error_line(_tail(server, cont.output_path))}")
+        problems.append(f"resumed run {cont_name}: {describe_exit(status)}: {last_error_line(read_output_tail(server, cont.output_path))}")
         return finish()
     resume_step = probe.global_step
-    full_log = _read_records(server, full.log_path)
-    cont_log = _read_records(server, cont.log_path)
+    full_log = read_log_records(server, full.log_path)
+    cont_log = read_log_records(server, cont.log_path)
     if resume_step is None:
         resume_step = min((int(r["global_step"]) for r in cont_log if is_finite_number(r.get("global_step"))), default=0)
     compared, max_loss, max_lr, mismatches = compare_logs(full_log, cont_log, resume_step, loss_rtol=loss_rtol)

@@ -20,9 +20,9 @@ from dpflow_core.runs.gpus import choose_gpus, gpu_memory, require_gpus
 from dpflow_core.runs.processes import describe_process, run_processes
 from dpflow_core.runs.records import probe_checkpoint, reproducibility_record
 from dpflow_core.runs.spec import (
-    CHECKPOINT_DIR, HANDLE_NAME, LATEST_CKPT, OUTPUT_LOG, RECORD_NAME, RunSpec, _run_env, run_dir_for, utc_now,
+    CHECKPOINT_DIR, HANDLE_NAME, LATEST_CKPT, OUTPUT_LOG, RECORD_NAME, RunSpec, run_environment, run_dir_for, utc_now,
 )
-from dpflow_core.runs.state import RunHandle, _mkdir_exclusive, _state_dir, launch_indices, load_handle
+from dpflow_core.runs.state import RunHandle, mkdir_exclusive, launch_state_dir, launch_indices, load_handle
 
 
 log = logging.getLogger(__name__)
@@ -90,22 +90,22 @@ def launch_run(
                         path=run_dir, code="already_running",
                     )
         index = (indices[-1] + 1) if indices else 0
-        state_dir = _state_dir(run_dir, index)
-        if not _mkdir_exclusive(server, state_dir):
+        state_dir = launch_state_dir(run_dir, index)
+        if not mkdir_exclusive(server, state_dir):
             raise RunError("another launch of this run is being prepared", path=state_dir, code="already_running")
     else:
-        if not _mkdir_exclusive(server, run_dir):
+        if not mkdir_exclusive(server, run_dir):
             raise RunError(
                 "the run directory exists already: choose a new run name, or resume explicitly",
                 path=run_dir, code="run_exists",
             )
         index = 0
-        state_dir = _state_dir(run_dir, index)
+        state_dir = launch_state_dir(run_dir, index)
         server.mkdir(state_dir)
 
     command, overrides, num_processes = build_command(server, spec, run_dir, gpu_ids, machine)
     token = f"{spec.name}.{uuid.uuid4().hex[:16]}"
-    env = _run_env(run_dir, token, spec) | dict(extra_env or {})
+    env = run_environment(run_dir, token, spec) | dict(extra_env or {})
     if machine is not None and not gpu_ids:
         env["ACCELERATE_USE_CPU"] = "true"
     cwd = server.config.repo_path or run_dir

@@ -251,29 +251,47 @@ def describe_exit(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _read_records(server: GpuServer, path: str) -> list[dict[str, Any]]:
+def read_log_records(server: GpuServer, path: str) -> list[dict[str, Any]]:
+    """Every complete record of the run log ``path`` (``logs.json.txt``) on ``server``, oldest first.
+
+    Returns ``[]`` when the file does not exist yet (a run that died before its first step);
+    a trailing partial line is left out (:func:`dpflow_core.logs.parse_log_text`).
+
+    Raises:
+        RemoteError: the server could not be read (other than the file being absent).
+    """
     if server.size(path) is None:
         return []
     return parse_log_text(server.read_text(path))
 
 
-def _tail(server: GpuServer, path: str, n_bytes: int = 16 * 1024) -> str:
+def read_output_tail(server: GpuServer, path: str, n_bytes: int = 16 * 1024) -> str:
+    """The last ``n_bytes`` bytes of a process output file on ``server`` as text (invalid UTF-8
+    replaced), or ``""`` when it cannot be read: it only feeds error messages, which must not fail."""
     try:
         return server.tail(path, n_bytes)
     except RemoteError:
         return ""
 
 
-def _last_error_line(output: str) -> str:
+def read_output_head(server: GpuServer, path: str, n_bytes: int = 64 * 1024) -> str:
+    """The first ``n_bytes`` bytes of a process output file on ``server`` as text, or ``""`` when it
+    cannot be read (the start-up lines, such as the batch sizes the trainer chose, fall out of the tail)."""
+    try:
+        return server.read_from(path, 0, n_bytes).data.decode("utf-8", "replace")
+    except RemoteError:
+        return ""
+
+
+def last_error_line(output: str) -> str:
+    """The line of a process ``output`` that best names its failure, at most 300 characters.
+
+    The last line that starts with ``error:`` or contains ``Error``/``error`` (a traceback's
+    final line, argparse's message); else the last non-blank line; ``"(no output)"`` for none.
+    Carriage returns (progress bars) count as line breaks.
+    """
     lines = [ln.strip() for ln in output.replace("\r", "\n").splitlines() if ln.strip()]
     for ln in reversed(lines):
         if ln.startswith("error:") or "Error" in ln or "error" in ln:
             return ln[:300]
     return lines[-1][:300] if lines else "(no output)"
-
-
-def _head(server: GpuServer, path: str, n_bytes: int = 64 * 1024) -> str:
-    try:
-        return server.read_from(path, 0, n_bytes).data.decode("utf-8", "replace")
-    except RemoteError:
-        return ""

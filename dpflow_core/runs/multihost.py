@@ -29,7 +29,7 @@ from typing import Literal, Sequence
 
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.server import DetachedStatus, GpuServer
-from dpflow_core.runs.command import MachineRank, _main_process_port
+from dpflow_core.runs.command import MachineRank, default_main_process_port
 from dpflow_core.runs.gpus import choose_gpus, require_gpus
 from dpflow_core.runs.launch import launch_run
 from dpflow_core.runs.monitor import describe_exit
@@ -119,7 +119,7 @@ def launch_multihost(
         raise RunError(f"every machine must offer the same number of free GPUs, got {counts} "
                        f"({', '.join(s.config.describe() for s in servers)})", code="bad_config")
     address = main_address or servers[0].config.host or "127.0.0.1"
-    port = int(port or _main_process_port(spec.name))
+    port = int(port or default_main_process_port(spec.name))
     env = {"GLOO_SOCKET_IFNAME": network_interface, "NCCL_SOCKET_IFNAME": network_interface} if network_interface else {}
     handles: list[RunHandle] = []
     try:

@@ -7,13 +7,14 @@ Takes a server and a run's :class:`~dpflow_core.runs.state.RunHandle`; gives a
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dpflow_core.logs import is_finite_number
 from dpflow_core.server import GpuServer
-from dpflow_core.runs.monitor import _head, _last_error_line, _read_records, _tail, describe_exit
-from dpflow_core.runs.oom import _BATCHES_PATTERN, is_out_of_memory, oom_advice
+from dpflow_core.runs.monitor import describe_exit, last_error_line, read_log_records, read_output_head, read_output_tail
+from dpflow_core.runs.oom import is_out_of_memory, oom_advice
 from dpflow_core.runs.records import CheckpointProbe, probe_checkpoint
 from dpflow_core.runs.spec import LATEST_CKPT
 from dpflow_core.runs.state import RunHandle
@@ -36,7 +37,13 @@ def read_run_config(server: GpuServer, run_dir: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _select(cfg: Mapping[str, Any] | None, dotted: str) -> Any:
+#: The trainer's start-up line giving the epoch's length (train/workspace logs it before the first step).
+_BATCHES_PATTERN = re.compile(r"(\d+) batches per epoch")
+
+
+def config_value(cfg: Mapping[str, Any] | None, dotted: str) -> Any:
+    """The value at ``dotted`` (``"training.num_epochs"``) in a run's resolved config, or None when
+    ``cfg`` is None or any key on the way is missing or not a mapping (never raises)."""
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -99,13 +106,13 @@ def check_natural_exit(server: GpuServer, handle: RunHandle) -> NaturalExitRepor
     status = server.detached_status(handle.detached)
     running = not status.finished and not status.vanished
     problems: list[str] = []
-    output = _tail(server, handle.output_path)
+    output = read_output_tail(server, handle.output_path)
     if running:
         problems.append("the run is still running")
     elif status.exit_code is None:
         problems.append("no exit status recorded: the run was killed together with its wrapper (SIGKILL, OOM killer or reboot)")
     elif status.exit_code != 0:
-        problems.append(f"{describe_exit(status.exit_code)}: {_last_error_line(output)}")
+        problems.append(f"{describe_exit(status.exit_code)}: {last_error_line(output)}")
     return judge_completion(server, handle, exit_code=status.exit_code, running=running, output=output, problems=problems)
 
 
@@ -119,15 +126,15 @@ def judge_completion(
     ``log_path``, ``output_path``, ``checkpoint_dir`` and ``gpu_ids`` (a Slurm job, a multi-host run).
     """
     cfg = read_run_config(server, handle.run_dir)
-    expected_epochs = _select(cfg, "training.num_epochs")
+    expected_epochs = config_value(cfg, "training.num_epochs")
     if expected_epochs is None:
         expected_epochs = handle.spec.epochs
-    records = _read_records(server, handle.log_path)
+    records = read_log_records(server, handle.log_path)
     steps = [r for r in records if "global_step" in r and is_finite_number(r["global_step"])]
     last_epoch = max((int(r["epoch"]) for r in records if is_finite_number(r.get("epoch"))), default=None)
     last_step = int(steps[-1]["global_step"]) if steps else None
     bpe = None
-    m = list(_BATCHES_PATTERN.finditer(output)) or list(_BATCHES_PATTERN.finditer(_head(server, handle.output_path)))
+    m = list(_BATCHES_PATTERN.finditer(output)) or list(_BATCHES_PATTERN.finditer(read_output_head(server, handle.output_path)))
     if m:
         bpe = int(m[-1].group(1))
     else:
@@ -156,8 +163,8 @@ def judge_completion(
     advice = ()
     if is_out_of_memory(output):
         advice = tuple(oom_advice(
-            handle, batch_size=_select(cfg, "dataloader.batch_size"), val_batch_size=_select(cfg, "val_dataloader.batch_size"),
-            gradient_accumulate_every=_select(cfg, "training.gradient_accumulate_every"),
+            handle, batch_size=config_value(cfg, "dataloader.batch_size"), val_batch_size=config_value(cfg, "val_dataloader.batch_size"),
+            gradient_accumulate_every=config_value(cfg, "training.gradient_accumulate_every"),
             inventory=server.gpu_inventory() if handle.gpu_ids else None,
         ))
     return NaturalExitReport(

@@ -13,7 +13,6 @@ from dpflow_core.runs.state import RunHandle
 
 
 _OOM_PATTERN = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED")
-_BATCHES_PATTERN = re.compile(r"(\d+) batches per epoch")
 
 
 # ------------------------------------------------------------------------ OOM advice

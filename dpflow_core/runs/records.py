@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from dpflow_core.server.preflight import repo_state
 from dpflow_core.server import GpuInventory, GpuServer
-from dpflow_core.runs.spec import CPU_RUN_NOTE, RECORD_NAME, TOKEN_ENV, RunSpec, _run_env, utc_now
+from dpflow_core.runs.spec import CPU_RUN_NOTE, RECORD_NAME, TOKEN_ENV, RunSpec, run_environment, utc_now
 from dpflow_core.runs.state import RunHandle
 
 
@@ -209,7 +209,7 @@ def reproducibility_record(server: GpuServer, handle: RunHandle, inventory: GpuI
         "gpu_ids": list(handle.gpu_ids),
         "gpu_release": "checked after the run" if handle.gpu_ids else CPU_RUN_NOTE,
         "nvidia_smi": inventory.to_dict(),
-        "environment": {k: v for k, v in _run_env(handle.run_dir, handle.token, handle.spec).items() if k != TOKEN_ENV},
+        "environment": {k: v for k, v in run_environment(handle.run_dir, handle.token, handle.spec).items() if k != TOKEN_ENV},
     }
 
 

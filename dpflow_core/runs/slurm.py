@@ -44,12 +44,12 @@ from typing import Any, Callable, Mapping
 
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.server import GpuServer, SlurmSettings
-from dpflow_core.runs.command import _main_process_port, render_train_command
+from dpflow_core.runs.command import default_main_process_port, render_train_command
 from dpflow_core.runs.records import launch_record, probe_checkpoint
 from dpflow_core.runs.spec import (
-    CHECKPOINT_DIR, LATEST_CKPT, LOG_NAME, OUTPUT_LOG, RECORD_NAME, RunSpec, _run_env, run_dir_for, utc_now,
+    CHECKPOINT_DIR, LATEST_CKPT, LOG_NAME, OUTPUT_LOG, RECORD_NAME, RunSpec, run_environment, run_dir_for, utc_now,
 )
-from dpflow_core.runs.state import _mkdir_exclusive, _state_dir, launch_indices
+from dpflow_core.runs.state import mkdir_exclusive, launch_state_dir, launch_indices
 
 
 SLURM_RECORD = "slurm.json"
@@ -67,7 +67,8 @@ FINAL_STATES = {
     "DEADLINE": "reached its deadline",
     "REVOKED": "revoked (federation)",
 }
-_DATASET_MISMATCH = 3
+#: The batch script's exit status when a node's copy of the dataset fails its SHA-256 check.
+DATASET_MISMATCH_EXIT = 3
 #: slurmstepd's line when the cgroup OOM killer hit a step (task/cgroup, Slurm 22.05: "Detected 1 oom-kill
 #: event(s) in StepId=4.1. Some of your processes may have been killed by the cgroup out-of-memory handler.").
 _OOM_EVENT = re.compile(r"Detected \d+ oom-kill event\(s\) in StepId=(\d+\.(?:\d+|batch|extern))")
@@ -169,7 +170,12 @@ class SlurmJob:
         return cls(**values)
 
 
-def _settings(server: GpuServer) -> SlurmSettings:
+def slurm_settings(server: GpuServer) -> SlurmSettings:
+    """The ``slurm:`` settings of ``server``'s configuration.
+
+    Raises:
+        RunError: ``bad_config`` when the server is not configured with ``scheduler: slurm``.
+    """
     if server.config.scheduler != "slurm" or server.config.slurm is None:
         raise RunError(f"{server.config.describe()} is not configured with scheduler: slurm", code="bad_config")
     return server.config.slurm
@@ -213,7 +219,7 @@ def job_script(server: GpuServer, job: SlurmJob, overrides: list[str]) -> str:
     if s.time_limit:
         header.append(f"--time={s.time_limit}")
     header += list(s.extra_sbatch)
-    env = _run_env(job.run_dir, job.token, spec)
+    env = run_environment(job.run_dir, job.token, spec)
     if not job.gpus_per_node:
         env["ACCELERATE_USE_CPU"] = "true"
     q = shlex.quote
@@ -224,7 +230,7 @@ def job_script(server: GpuServer, job: SlurmJob, overrides: list[str]) -> str:
         check += ' || { echo "dpflow: dataset SHA-256 mismatch or missing on $(hostname)" >&2; exit 1; }'
         # the batch shell says it too: srun may end the other nodes' tasks before it relays the failing node's line
         lines.append(f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c {q(check)} || "
-                     f"{{ echo 'dpflow: dataset SHA-256 check failed on a node' >&2; exit {_DATASET_MISMATCH}; }}")
+                     f"{{ echo 'dpflow: dataset SHA-256 check failed on a node' >&2; exit {DATASET_MISMATCH_EXIT}; }}")
     lines += [
         'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'addr=$(scontrol show node "$first" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")',
@@ -246,7 +252,7 @@ def submit_run(server: GpuServer, spec: RunSpec) -> SlurmJob:
             ``checkpoint_incomplete``, ``already_running``, ``submit_failed`` (sbatch's message).
         DatasetError: ``not_found`` when the dataset is not on the cluster's file system.
     """
-    settings = _settings(server)
+    settings = slurm_settings(server)
     run_dir = run_dir_for(server, spec.name)
     if server.size(spec.dataset_path) is None:
         raise DatasetError("dataset not found on the cluster", path=server.abspath(spec.dataset_path), code="not_found")
@@ -263,15 +269,15 @@ def submit_run(server: GpuServer, spec: RunSpec) -> SlurmJob:
             if state is not None and not state.finished:
                 raise RunError(f"run {spec.name!r} still has {state.describe()}", path=run_dir, code="already_running")
         index = (indices[-1] + 1) if indices else 0
-        state_dir = _state_dir(run_dir, index)
-        if not _mkdir_exclusive(server, state_dir):
+        state_dir = launch_state_dir(run_dir, index)
+        if not mkdir_exclusive(server, state_dir):
             raise RunError("another launch of this run is being prepared", path=state_dir, code="already_running")
     else:
-        if not _mkdir_exclusive(server, run_dir):
+        if not mkdir_exclusive(server, run_dir):
             raise RunError("the run directory exists already: choose a new run name, or resume explicitly",
                            path=run_dir, code="run_exists")
         index = 0
-        state_dir = _state_dir(run_dir, index)
+        state_dir = launch_state_dir(run_dir, index)
         server.mkdir(state_dir)
     nodes = 1 if spec.kind == "smoke" else int(settings.nodes)
     gpus = min(1, settings.gpus_per_node) if spec.kind == "smoke" else int(settings.gpus_per_node)
@@ -280,7 +286,7 @@ def submit_run(server: GpuServer, spec: RunSpec) -> SlurmJob:
         spec.train_command, run_dir=run_dir, dataset=spec.dataset_path, overrides=overrides,
         num_processes=nodes * max(1, gpus), gpu_ids=tuple(range(gpus)), config_name=spec.config_name,
     )
-    port = settings.main_process_port or _main_process_port(spec.name)
+    port = settings.main_process_port or default_main_process_port(spec.name)
     job = SlurmJob(
         spec=spec, run_dir=run_dir, state_dir=state_dir, launch_index=index, job_id="",
         token=f"{spec.name}.{uuid.uuid4().hex[:16]}", settings=settings, nodes=nodes, gpus_per_node=gpus,
@@ -347,7 +353,7 @@ def load_job(server: GpuServer, name: str, launch_index: int | None = None) -> S
     if not indices:
         raise RunError(f"run {name!r} was never submitted", path=run_dir, code="run_not_found")
     index = indices[-1] if launch_index is None else int(launch_index)
-    path = posixpath.join(_state_dir(run_dir, index), SLURM_RECORD)
+    path = posixpath.join(launch_state_dir(run_dir, index), SLURM_RECORD)
     if server.size(path) is None:
         raise RunError(f"launch {index} of run {name!r} has no Slurm job record", path=path, code="run_not_found")
     return SlurmJob.from_dict(json.loads(server.read_text(path)))

@@ -15,12 +15,12 @@ from typing import Any
 from dpflow_core.errors import RunError
 from dpflow_core.logs import is_finite_number
 from dpflow_core.server import GpuServer
-from dpflow_core.runs.monitor import _last_error_line, _read_records, _tail
-from dpflow_core.runs.natural_exit import NaturalExitReport, _select, judge_completion, read_run_config
+from dpflow_core.runs.monitor import last_error_line, read_log_records, read_output_tail
+from dpflow_core.runs.natural_exit import NaturalExitReport, config_value, judge_completion, read_run_config
 from dpflow_core.runs.oom import oom_advice
 from dpflow_core.runs.processes import token_pids
 from dpflow_core.runs.slurm import (
-    _DATASET_MISMATCH, JobState, SlurmJob, _settings, cancel_job, job_state, oom_killed_steps, submit_run, wait_job,
+    DATASET_MISMATCH_EXIT, JobState, SlurmJob, slurm_settings, cancel_job, job_state, oom_killed_steps, submit_run, wait_job,
 )
 from dpflow_core.runs.smoke import list_checkpoints
 from dpflow_core.runs.spec import RunSpec
@@ -57,7 +57,7 @@ class SlurmExitReport:
 def check_slurm_exit(server: GpuServer, job: SlurmJob) -> SlurmExitReport:
     """Judge a Slurm run's completion (rule 10 on a cluster)."""
     state = job_state(server, job.job_id)
-    output = _tail(server, job.output_path) if server.size(job.output_path) is not None else ""
+    output = read_output_tail(server, job.output_path) if server.size(job.output_path) is not None else ""
     running = state is not None and not state.finished
     exit_problems: list[str] = []
     status: int | None = None
@@ -69,8 +69,8 @@ def check_slurm_exit(server: GpuServer, job: SlurmJob) -> SlurmExitReport:
     else:
         status = int(state.exit_code.split(":")[0]) if state.exit_code and state.exit_code.split(":")[0].isdigit() else None
         if state.state != "COMPLETED" or state.exit_code != "0:0":
-            exit_problems.append(f"{state.describe()}: {_last_error_line(output)}")
-            if status == _DATASET_MISMATCH and "dataset SHA-256" in output:
+            exit_problems.append(f"{state.describe()}: {last_error_line(output)}")
+            if status == DATASET_MISMATCH_EXIT and "dataset SHA-256" in output:
                 exit_problems.append("the dataset's SHA-256 did not match on a node: nothing was trained")
             oom_steps = oom_killed_steps(server, job.job_id, output)
             if oom_steps and state.state != "OUT_OF_MEMORY":
@@ -82,9 +82,9 @@ def check_slurm_exit(server: GpuServer, job: SlurmJob) -> SlurmExitReport:
     if state is not None and (state.state == "OUT_OF_MEMORY" or oom_steps) and not advice:
         cfg = read_run_config(server, job.run_dir)
         advice = ("Slurm ended the job for exceeding its memory: ask for more (extra_sbatch --mem=...), or",
-                  *oom_advice(job, batch_size=_select(cfg, "dataloader.batch_size"),
-                              val_batch_size=_select(cfg, "val_dataloader.batch_size"),
-                              gradient_accumulate_every=_select(cfg, "training.gradient_accumulate_every")))
+                  *oom_advice(job, batch_size=config_value(cfg, "dataloader.batch_size"),
+                              val_batch_size=config_value(cfg, "val_dataloader.batch_size"),
+                              gradient_accumulate_every=config_value(cfg, "training.gradient_accumulate_every")))
     return SlurmExitReport(passed=not problems, state=state, trainer=trainer, problems=problems, oom_advice=tuple(advice),
                            oom_steps=oom_steps)
 
@@ -151,8 +151,8 @@ def run_slurm_smoke(server: GpuServer, spec: RunSpec, *, timeout_s: float = 900.
         problems.append(f"did not finish within {timeout_s:.0f} s (job {job.job_id} cancelled)")
         state = wait_job(server, job, timeout_s=60)
     elif state.state != "COMPLETED" or state.exit_code != "0:0":
-        problems.append(f"{state.describe()}: {_last_error_line(_tail(server, job.output_path))}")
-    records = _read_records(server, job.log_path)
+        problems.append(f"{state.describe()}: {last_error_line(read_output_tail(server, job.output_path))}")
+    records = read_log_records(server, job.log_path)
     finite = sum(1 for r in records if not r.get("epoch_summary") and is_finite_number(r.get("train_loss")))
     if finite == 0:
         problems.append(f"no finite train_loss in {job.log_path}")
@@ -181,7 +181,7 @@ class SlurmPreflight:
 
 def slurm_preflight(server: GpuServer, dataset_path: str, dataset_sha256: str, *, timeout_s: float = 300.0) -> SlurmPreflight:
     """Check the partition (``sinfo``), its GPUs, and the dataset from a compute node's view."""
-    settings = _settings(server)
+    settings = slurm_settings(server)
     checks: list[tuple[str, bool, str]] = []
     part = ["-p", settings.partition] if settings.partition else []
     info = server.run(["sinfo", "-h", *part, "-o", "%P|%a|%D|%G|%t"], timeout_s=60)

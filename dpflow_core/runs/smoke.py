@@ -16,7 +16,7 @@ from dpflow_core.logs import LogProgress, LogTailer, is_finite_number
 from dpflow_core.results import StageResult
 from dpflow_core.server import GpuServer
 from dpflow_core.runs.launch import launch_run
-from dpflow_core.runs.monitor import _last_error_line, _read_records, _tail, describe_exit
+from dpflow_core.runs.monitor import describe_exit, last_error_line, read_log_records, read_output_tail
 from dpflow_core.runs.oom import is_out_of_memory, oom_advice
 from dpflow_core.runs.processes import cleanup_run
 from dpflow_core.runs.records import finalize_record
@@ -186,17 +186,17 @@ def run_smoke(
     if timed_out:
         cleanup_run(server, handle)
         status = server.detached_status(handle.detached)
-    records = _read_records(server, handle.log_path)
+    records = read_log_records(server, handle.log_path)
     finite = sum(1 for r in records if not r.get("epoch_summary") and is_finite_number(r.get("train_loss")))
     ckpts = tuple(list_checkpoints(server, handle.run_dir))
-    output = _tail(server, handle.output_path)
+    output = read_output_tail(server, handle.output_path)
     problems = []
     if timed_out:
         problems.append(f"did not finish within {timeout_s:.0f} s (its processes were ended)")
     elif status.exit_code is None:
         problems.append("no exit status recorded: the run was killed")
     elif status.exit_code != 0:
-        problems.append(f"{describe_exit(status.exit_code)}: {_last_error_line(output)}")
+        problems.append(f"{describe_exit(status.exit_code)}: {last_error_line(output)}")
     if finite == 0:
         problems.append(f"no finite train_loss in {handle.log_path}")
     if ckpts:

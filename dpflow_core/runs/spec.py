@@ -285,7 +285,14 @@ def dataset_frequency(server: GpuServer, dataset_path: str, timeout_s: float = 1
 # ---------------------------------------------------------------------- launching
 
 
-def _run_env(run_dir: str, token: str, spec: RunSpec) -> dict[str, str]:
+def run_environment(run_dir: str, token: str, spec: RunSpec) -> dict[str, str]:
+    """The environment variables a launched run gets on top of the server's (name -> value).
+
+    The run's name and ``token`` (:data:`TOKEN_ENV`, by which cleanup finds its processes), W&B's
+    folder ``run_dir`` (offline for a smoke run or ``logging_mode="offline"``), unbuffered Python
+    output, Hydra's full errors and PyTorch's expandable CUDA segments. Recorded in ``record.json``
+    without the token.
+    """
     env = {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "WANDB_DIR": run_dir,

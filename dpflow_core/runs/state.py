@@ -115,7 +115,9 @@ class RunHandle:
         }
 
 
-def _state_dir(run_dir: str, index: int) -> str:
+def launch_state_dir(run_dir: str, index: int) -> str:
+    """The folder of launch ``index`` (0, 1, ... one per start or resume) of the run in ``run_dir``:
+    ``<run_dir>/dpflow/launch-<index>``, a POSIX path on the server. Holds that launch's handle."""
     return posixpath.join(run_dir, STATE_DIR, f"launch-{index}")
 
 
@@ -139,21 +141,28 @@ def load_handle(server: GpuServer, name: str, launch_index: int | None = None) -
     indices = launch_indices(server, run_dir)
     if launch_index is None:
         for index in reversed(indices):
-            path = posixpath.join(_state_dir(run_dir, index), HANDLE_NAME)
+            path = posixpath.join(launch_state_dir(run_dir, index), HANDLE_NAME)
             if server.size(path):
                 launch_index = index
                 break
     if launch_index is None:
         raise RunError(f"run {name!r} was never launched on this server", path=run_dir, code="run_not_found")
-    path = posixpath.join(_state_dir(run_dir, launch_index), HANDLE_NAME)
+    path = posixpath.join(launch_state_dir(run_dir, launch_index), HANDLE_NAME)
     try:
         return RunHandle.from_dict(json.loads(server.read_text(path)))
     except RemoteError as exc:
         raise RunError(f"run {name!r} has no launch record {launch_index}", path=path, code="run_not_found") from exc
 
 
-def _mkdir_exclusive(server: GpuServer, path: str) -> bool:
-    """Create ``path`` (parents first); False when it exists already (atomic on POSIX)."""
+def mkdir_exclusive(server: GpuServer, path: str) -> bool:
+    """Create the folder ``path`` on ``server`` (parents first); False when it exists already.
+
+    The last ``mkdir`` is atomic on POSIX, so of two launches racing for the same run folder or
+    launch index exactly one gets True (the claim). Any other failure of that ``mkdir`` is also False.
+
+    Raises:
+        RemoteError: the parents could not be created.
+    """
     server.mkdir(posixpath.dirname(path))
     return server.run(["mkdir", "--", path]).ok
 
