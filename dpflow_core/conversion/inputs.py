@@ -21,6 +21,7 @@ from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.files import display_name
 from dpflow_core.names import validate_name
 from dpflow_core.pairing import load_manifest, pair_recordings
+from dpflow_core.pairing.manifest import pairing_warnings
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -37,6 +38,7 @@ class EpisodeInput:
         size_bytes: its size recorded in the manifest (None when absent).
         sha256: its SHA-256 recorded in the manifest (None when absent).
         files: the manifest's ``files`` entry ({role: {path, size_bytes, sha256}}).
+        pairing_warnings: what pairing tolerated (:func:`~dpflow_core.pairing.manifest.pairing_warnings`).
     """
 
     stem: str
@@ -44,6 +46,7 @@ class EpisodeInput:
     size_bytes: int | None
     sha256: str | None
     files: dict
+    pairing_warnings: tuple = ()
 
 
 @dataclass
@@ -162,7 +165,8 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
                 continue
             for _what, h in hashes:
                 by_content[h] = (stem, source)
-            episodes.append(EpisodeInput(stem, p, vio.get("size_bytes"), vio.get("sha256"), dict(entry.get("files") or {})))
+            episodes.append(EpisodeInput(stem, p, vio.get("size_bytes"), vio.get("sha256"), dict(entry.get("files") or {}),
+                                         tuple(pairing_warnings(entry))))
         for r in m.get("rejected") or []:
             rejected.append({"stem": r.get("stem"), "stage": "pairing", "path": r.get("path"),
                              "code": r.get("code"), "reason": r.get("reason")})

@@ -173,6 +173,16 @@ def topic_map_from_dict(data: dict) -> TopicMap:
         raise PairingError(f"invalid topic map: {exc}") from exc
 
 
+def pairing_warnings(entry: Any) -> list[dict]:
+    """The faults pairing tolerated in one accepted manifest entry (``validation.warnings`` of both files,
+    e.g. ``duplicate_timestamps``, ``late_start``, ``timestamp_units`` of an optional stream), each
+    ``{"code", "reason", "stage": "pairing"}``, for a dataset's ``warnings``; [] for an entry without them."""
+    validation = entry.get("validation") if isinstance(entry, dict) else None
+    found = validation.get("warnings") if isinstance(validation, dict) else None
+    return [{"code": str(w.get("code")), "reason": str(w.get("reason")), "stage": "pairing"}
+            for w in (found if isinstance(found, list) else []) if isinstance(w, dict) and w.get("code")]
+
+
 def reject_summary(rejected: list, limit: int = 6) -> str:
     """One line per reject code, most frequent first: ``code xN (stem: reason)`` with the
     first example's reason. Accepts :class:`PairingReject` objects or their dicts."""

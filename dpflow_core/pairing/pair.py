@@ -93,7 +93,7 @@ def pair_recordings(
             progress(cand.stem, i + 1, len(candidates))
     accepted, content = content_rejects(accepted)
     rejects.extend(content)
-    accepted, across = cross_task_rejects(root, accepted)
+    accepted, across = cross_task_rejects(root, accepted, topics)
     rejects.extend(across)
     rejects.sort(key=lambda r: (r.stem, r.path))
     return Manifest(
