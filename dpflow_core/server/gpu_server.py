@@ -24,13 +24,13 @@ from typing import IO, Iterator, Literal, Mapping, Sequence
 from dpflow_core.errors import RemoteError
 from dpflow_core.files import atomic_path
 from dpflow_core.names import validate_name
-from dpflow_core.server.config import _SHA256_PATTERN, CommandResult, ServerConfig
+from dpflow_core.server.config import CommandResult, ServerConfig, is_sha256
 from dpflow_core.server.nvidia_smi import (
     GPU_APPS_QUERY_ARGS, GPU_QUERY_ARGS, GpuInventory, parse_compute_apps, parse_gpu_query,
 )
-from dpflow_core.server.procfs import ProcessInfo, _parse_stat_line, _validate_signal
+from dpflow_core.server.procfs import ProcessInfo, parse_stat_line, validate_signal
 from dpflow_core.server.tmux import DetachedProcess, DetachedStatus
-from dpflow_core.server.transports import FileChunk, _LocalTransport, _SshTransport
+from dpflow_core.server.transports import FileChunk, LocalTransport, SshTransport
 
 
 _ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -54,7 +54,7 @@ class GpuServer:
 
     def __init__(self, config: ServerConfig):
         self.config = config
-        self._transport = _LocalTransport(config) if config.host is None else _SshTransport(config)
+        self._transport = LocalTransport(config) if config.host is None else SshTransport(config)
         self._commands: dict[str, bool] = {}
 
     # -- lifecycle
@@ -320,7 +320,7 @@ class GpuServer:
             script = f"if command -v sha256sum >/dev/null 2>&1; then sha256sum -- {shlex.quote(full)}; else {py}; fi"
         out = self.run(script, check=True).stdout.split()
         digest = out[0].lower() if out else ""
-        if not _SHA256_PATTERN.match(digest):
+        if not is_sha256(digest):
             raise RemoteError(f"unexpected SHA-256 output {out[:2]!r}", path=full, code="command_failed")
         return digest
 
@@ -357,7 +357,7 @@ class GpuServer:
         # Four parts: the stat line, btime, CLK_TCK, then the command line (args
         # separated by \x1f, which keeps newlines inside arguments intact).
         stat_line, btime, clk_tck, args = (result.stdout.split("\n", 3) + ["", "", ""])[:4]
-        parsed = _parse_stat_line(stat_line)
+        parsed = parse_stat_line(stat_line)
         if parsed is None:
             return None
         _, comm, fields = parsed
@@ -384,7 +384,7 @@ class GpuServer:
         btime, clk_tck = int(lines[0]), int(lines[1])
         processes = []
         for line in lines[2:]:
-            parsed = _parse_stat_line(line)
+            parsed = parse_stat_line(line)
             if parsed is not None:
                 pid, comm, fields = parsed
                 with contextlib.suppress(IndexError, ValueError):
@@ -409,7 +409,7 @@ class GpuServer:
         Returns:
             True when the signal was sent, False when the process is gone or is another one.
         """
-        sig = _validate_signal(sig)
+        sig = validate_signal(sig)
         current = self.process_info(expected.pid)
         if current is None or not current.alive or not current.same_process(expected):
             return False
@@ -425,7 +425,7 @@ class GpuServer:
         Returns:
             True when the signal was sent.
         """
-        sig = _validate_signal(sig)
+        sig = validate_signal(sig)
         if leader.pgid != leader.pid:
             raise RemoteError(f"process {leader.pid} does not lead its process group", code="not_group_leader")
         current = self.process_info(leader.pid)

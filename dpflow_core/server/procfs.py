@@ -48,8 +48,9 @@ class ProcessInfo:
         return (self.pid, self.start_ticks, self.cmdline) == (other.pid, other.start_ticks, other.cmdline)
 
 
-def _parse_stat_line(line: str) -> tuple[int, str, list[str]] | None:
-    """Split one ``/proc/<pid>/stat`` line into (pid, comm, fields after comm)."""
+def parse_stat_line(line: str) -> tuple[int, str, list[str]] | None:
+    """Split one ``/proc/<pid>/stat`` line into (pid, comm, the fields after comm), or None when it is
+    not one. ``comm`` may hold spaces and parentheses, so it ends at the last ``)`` (proc(5))."""
     head, sep, tail = line.rpartition(")")
     if not sep or " (" not in head:
         return None
@@ -63,7 +64,12 @@ def _parse_stat_line(line: str) -> tuple[int, str, list[str]] | None:
 _SIGNALS = {"TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "CONT", "STOP"}
 
 
-def _validate_signal(sig: str) -> str:
+def validate_signal(sig: str) -> str:
+    """The signal's bare name for ``kill -s`` (``"sigterm"`` -> ``"TERM"``).
+
+    Raises:
+        RemoteError: ``bad_signal`` for a signal outside TERM, KILL, INT, HUP, QUIT, USR1, USR2, CONT, STOP.
+    """
     sig = str(sig).upper().removeprefix("SIG")
     if sig not in _SIGNALS:
         raise RemoteError(f"unsupported signal {sig!r}", code="bad_signal")

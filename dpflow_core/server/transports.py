@@ -47,8 +47,14 @@ class FileChunk:
 # --------------------------------------------------------------------- transports
 
 
-class _LocalTransport:
-    """Runs on this machine through Invoke."""
+class LocalTransport:
+    """Runs on this machine through Invoke.
+
+    Both transports offer the same methods, on absolute POSIX paths: ``run(script, timeout_s, env)``
+    (a shell script; gives exit status, stdout, stderr, timed out), ``open``, ``stat_size`` (bytes, None when absent), ``put``/``get``
+    (copy to/from the server), ``rename``, ``exists``, ``makedirs``, ``chmod``, ``remove``, ``home`` and
+    ``close``. :class:`~dpflow_core.server.GpuServer` picks one by ``config.host`` and is their only user.
+    """
 
     kind = "local"
 
@@ -121,7 +127,7 @@ class _TrustOnFirstUse:
         LOG.warning("trusting new %s host key of %s (recorded in %s)", key.get_name(), hostname, self.known_hosts)
 
 
-class _SshTransport:
+class SshTransport:
     """Runs on ``config.host`` through a Fabric connection (and its SFTP session)."""
 
     kind = "ssh"
