@@ -12,7 +12,8 @@ from dpflow_core.cli import app
 from dpflow_core.errors import ConversionError
 
 
-def _parse_size(text: str) -> tuple[int, int]:
+def parse_image_size_option(text: str) -> tuple[int, int]:
+    """``--image-size`` ``"W,H"`` or ``"WxH"`` -> (W, H) in pixels; raises ConversionError ``bad_option``."""
     try:
         w, h = (int(v) for v in text.lower().replace("x", ",").split(","))
     except ValueError as exc:
@@ -56,7 +57,7 @@ def convert_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from dpflow_core.conversion import convert
 
-    size = _parse_size(image_size)
+    size = parse_image_size_option(image_size)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=Console(stderr=True), transient=True,
@@ -184,7 +185,7 @@ def export_umi_cmd(
 
         with tempfile.TemporaryDirectory(prefix=".dpflow-umi-", dir=output.parent if output.parent.exists() else None) as tmp:
             npz = Path(tmp) / "dataset.npz"
-            convert([str(source)], npz, image_size=_parse_size(image_size))
+            convert([str(source)], npz, image_size=parse_image_size_option(image_size))
             result = export_umi(npz, output, jpegxl_level=level, jpegxl_effort=effort, overwrite=overwrite)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))

@@ -253,7 +253,7 @@ def _write_part(ep, out_dir: Path) -> dict:
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(main_pid: int) -> None:
+def die_with_parent(main_pid: int) -> None:
     """Worker initializer: never outlive the conversion that started this worker.
 
     Two guards, because a worker's parent is the forkserver, not the ``dpflow convert``
@@ -306,7 +306,7 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None,
 
     An exception inside a job (or a worker process that dies) becomes a rejection
     of that episode with the exception's type and message; none is lost. Workers
-    exit when this process dies (:func:`_die_with_parent`).
+    exit when this process dies (:func:`die_with_parent`).
     """
     results: list[dict | None] = [None] * len(jobs)
     done = 0
@@ -338,7 +338,7 @@ def _run_jobs(jobs: list[dict], workers: int, progress: Callable | None,
     # and never in this process, which only writes the dataset.
     ctx.set_forkserver_preload(["dpflow_core.conversion.jobs", *ALIGN_IMPORTS])
     with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
-                                initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         # Longest first (input size stands for length): the last episode to finish is then a short one,
         # so the workers run out of work together and the serial write phase starts sooner.
         order = sorted(range(len(jobs)), key=lambda i: -(jobs[i].get("size_bytes") or 0))

@@ -25,14 +25,14 @@ from dpflow_core.conversion import (
     CONVERTER_VERSION, INVALID_POSE_POLICIES, align_job_episode, alignment_job, load_inputs,
 )
 from dpflow_core.conversion.align import ALIGN_IMPORTS
-from dpflow_core.conversion.jobs import _die_with_parent
+from dpflow_core.conversion.jobs import die_with_parent
 from dpflow_core.errors import STORAGE_ERRNOS, ConversionError, DatasetError, DpflowError, storage_error
 from dpflow_core.files import os_errors_named
 from dpflow_core.export.features import (
     ACTION_RULES, CAMERA_KEY, FORMATS, PROVENANCE_PATH, ROTATIONS, V30_VERSION, episode_state,
 )
 from dpflow_core.export.rates import RATE_POLICIES
-from dpflow_core.export.validation import _read_json, validate_lerobot_dataset
+from dpflow_core.export.validation import read_metadata_json, validate_lerobot_dataset
 from dpflow_core.export.video import VideoSpec
 from dpflow_core.export.writer import LeRobotExport, LeRobotWriter
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -76,7 +76,7 @@ def _aligned_in_order(jobs: list[dict], workers: int) -> Iterator[dict]:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["dpflow_core.export.export", *ALIGN_IMPORTS])  # imported once, not per worker
     with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
-                                initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         pending: deque = deque()
         it = iter(jobs)
         for job in it:
@@ -176,7 +176,7 @@ def load_export(dataset_dir: str | Path) -> LeRobotExport:
     path = layout.root / PROVENANCE_PATH
     if not path.is_file():
         raise DatasetError(f"{PROVENANCE_PATH} not found: not written by dpflow", path, code="missing_metadata")
-    record = _read_json(path, PROVENANCE_PATH)
+    record = read_metadata_json(path, PROVENANCE_PATH)
     info = layout.info
     try:
         videos = [k for k, ft in info["features"].items() if ft.get("dtype") == "video"]

@@ -61,7 +61,12 @@ class LeRobotLayout:
         return self.root / self.info["data_path"].format(episode_chunk=chunk, episode_index=episode_index)
 
 
-def _read_json(path: Path, what: str):
+def read_metadata_json(path: Path, what: str):
+    """The JSON document in ``path``; ``what`` names it in the error (``"meta/info.json"``).
+
+    Raises:
+        DatasetError: ``bad_metadata`` when it is not valid JSON (OSError passes on).
+    """
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -99,7 +104,7 @@ def validate_lerobot_dataset(dataset_dir: str | Path, expected_version: str | No
             info_path,
             code="missing_metadata",
         )
-    info = _read_json(info_path, INFO_PATH)
+    info = read_metadata_json(info_path, INFO_PATH)
     if not isinstance(info, dict):
         raise DatasetError("must hold a JSON object", info_path, code="bad_metadata")
     version = info.get("codebase_version")
@@ -200,7 +205,7 @@ def _check_v30_stats(root: Path, keys: dict[str, str], dims: dict[str, int]) -> 
     path = root / STATS_PATH
     if not path.is_file():
         raise DatasetError(f"{STATS_PATH} not found", path, code="missing_metadata")
-    stats = _read_json(path, STATS_PATH)
+    stats = read_metadata_json(path, STATS_PATH)
     for norm_key, feature in keys.items():
         entry = stats.get(feature) if isinstance(stats, dict) else None
         if not isinstance(entry, dict):
