@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dpflow_core.conversion.decode import _SWS_FLAGS, decode_camera
+from dpflow_core.conversion.decode import _SWS_FLAGS, damage_findings, decode_camera
 from dpflow_core.conversion.gaps import _gaps, cut_implausible, plan_segments
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -39,7 +39,9 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: B-frames decoded in decode order, placed by presentation time: version 5 gave a message with two
 #: units one frame and shifted every later frame, so its cache entries are not reused; and the
 #: pose's quaternion convention checked against the IMU (``quaternion_convention``).
-CONVERTER_VERSION = "6"
+#: 7: frames decoded from a damaged reference dropped (``damaged_frames``); a clock that went back in
+#: file order and NaN/inf samples rejected by the reader.
+CONVERTER_VERSION = "7"
 INVALID_POSE_POLICIES = ("trim", "reject")
 GAP_POLICIES = ("split", "reject")
 #: Camera intervals longer than this (seconds) are never bridged by interpolation.
@@ -301,9 +303,10 @@ def align_episode(
         if fmt not in ("h264", "h.264"):
             raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
         image_motion = ImageMotion(len(streams.camera_packets))
+        damaged: list[dict] = []
         frames, pkt_idx, errors, frame_range, prefix_crc32, motion, cam_ns = decode_camera(
             streams.camera_packets, image_size, "h264", rgb_path, path, streams.camera_ts_ns, image_motion.add,
-            streams.camera_decode_order)
+            streams.camera_decode_order, damaged=damaged)
         n_packets = len(streams.camera_packets)
     finally:
         if hasattr(streams.camera_packets, "close"):
@@ -441,6 +444,7 @@ def align_episode(
         "decoded_frames": int(len(pkt_idx)),
         "leading_undecodable_packets": first_decoded,
         "undecodable_packets": int(sum(1 for e in errors if e > first_decoded)),
+        "damaged_frames": damage_findings(damaged, origin),
         "streams": stream_info,
         "overlap_s": [round(float(rel(ov_start)), 4), round(float(rel(ov_end)), 4)],
         "trimmed_s": {

@@ -21,6 +21,7 @@ from av.video.reformatter import Interpolation, VideoReformatter
 
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings.plausibility import frame_motion
+from dpflow_core.recordings.reader import starts_clean
 
 #: swscale flags of the one-pass YUV->RGB conversion and resize: area averaging, with
 #: full-resolution chroma interpolation and accurate rounding. Measured on sample
@@ -109,6 +110,7 @@ def decode_camera(
     on_frame: Callable[[np.ndarray], None] | None = None,
     decode_order: np.ndarray | None = None,
     max_width: int | None = None,
+    damaged: list[dict] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
     """Decode H.264 camera messages to RGB frames, as the standard allows them to be packed.
 
@@ -126,6 +128,15 @@ def decode_camera(
     frame's capture time); when they do not (the messages were stamped in decode order), the
     k-th presented frame takes the k-th earliest of those times. A stream the decoder did not
     reorder whose capture times still go backwards is an error (``decode_error``).
+
+    A unit the decoder rejects (``InvalidDataError``), or a frame it flags corrupt, damages the
+    reference of every later unit in decode order until one that references nothing earlier
+    (:func:`~dpflow_core.recordings.reader.starts_clean`: an IDR or all-intra unit): those frames
+    decode without an error but show the damage (the concealed reference's blocks drift with the
+    motion vectors), so they are dropped, never kept. Each damage appends to ``damaged`` (when a list
+    is given) ``{"message", "until_message", "frames", "first_ns", "last_ns"}``: the message whose unit
+    was rejected, the first clean one after it (None: none came), and the dropped frames' count and
+    capture times (ns); a damage that drops no frame (units before the first IDR) is not listed.
 
     Every unit is decoded even when ``ts_ns`` repeats a capture time (a later frame may reference
     it); a frame whose capture time equals the previous kept frame's is then dropped, so the kept
@@ -159,6 +170,7 @@ def decode_camera(
     steps = np.diff(np.unique(ts_ns))
     period_ns = float(np.median(steps)) if len(steps) else 1e9 / 30
     sink = _FrameSink(len(packets), image_size, max_width, rgb_path, on_frame)
+    sink.damaged = damaged if damaged is not None else []
     try:
         errors = _feed(packets, order, ts_ns, period_ns, codec, sink, path)
     except BaseException:
@@ -171,11 +183,28 @@ def decode_camera(
             path,
             code="undecodable",
         )
+    sink.damaged[:] = [d for d in sink.damaged if d["frames"]]
     frames, prefix_crc32 = sink.finish()
     times = _presentation_times(np.asarray(sink.frame_ns, dtype=np.int64), sink.serial, path)
     return (frames, np.asarray(sink.index, dtype=np.int64), sorted(errors),
             np.asarray(sink.ranges, dtype=np.uint8).reshape(-1, 2), prefix_crc32,
             np.asarray(sink.motion, dtype=np.float32), times)
+
+
+def damage_findings(damaged: list[dict], origin_ns: int) -> list[dict]:
+    """:func:`decode_camera`'s ``damaged`` entries as findings: ``{"code": "damaged_reference", "reason",
+    "from_s", "to_s", "frames", "message", "until_message", "action": "dropped"}``, times in s from
+    ``origin_ns`` (the episode's start)."""
+    out = []
+    for d in damaged:
+        a, b = (d["first_ns"] - origin_ns) / 1e9, (d["last_ns"] - origin_ns) / 1e9
+        until = (f"until the next clean frame (message {d['until_message']})" if d["until_message"] is not None
+                 else "to the end (no clean frame came)")
+        out.append({"code": "damaged_reference", "from_s": round(a, 4), "to_s": round(b, 4), "frames": d["frames"],
+                    "message": d["message"], "until_message": d["until_message"], "action": "dropped",
+                    "reason": (f"camera message {d['message']} failed to decode: the {d['frames']} frames decoded from "
+                               f"its damaged reference, {a:.3f}-{b:.3f} s, {until}, were dropped")})
+    return out
 
 
 class _FrameSink:
@@ -200,6 +229,22 @@ class _FrameSink:
         self.ranges: list[tuple[int, int]] = []
         self.motion: list[float] = []
         self.thumb: np.ndarray | None = None
+        #: per unit: the damage (an entry of ``damaged``) its reference carries, or None
+        self.unit_damage: list[dict | None] = []
+        self.damage: dict | None = None
+        self.damaged: list[dict] = []
+
+    def start_damage(self, message: int) -> None:
+        """A unit of ``message`` was rejected: later units carry the damage until a clean one."""
+        if self.damage is None:
+            self.damage = {"message": message, "until_message": None, "frames": 0, "first_ns": None, "last_ns": None}
+            self.damaged.append(self.damage)
+
+    def end_damage(self, message: int) -> None:
+        """A clean unit of ``message``: frames after it reference nothing damaged."""
+        if self.damage is not None:
+            self.damage["until_message"] = message
+            self.damage = None
 
     def _rgb(self, frame: av.VideoFrame) -> np.ndarray:
         if self.image_size is None and self.max_width is not None and frame.width > self.max_width:
@@ -217,6 +262,15 @@ class _FrameSink:
                 raise ConversionError(f"decoder returned a frame with pts {frame.pts!r}", path, code="decode_error")
             t = self.unit_ns[frame.pts]
             if self.frame_ns and t == self.frame_ns[-1]:
+                continue
+            if frame.is_corrupt and self.unit_damage[frame.pts] is None:
+                self.start_damage(self.unit_msg[frame.pts])
+                self.unit_damage[frame.pts] = self.damage
+            hit = self.unit_damage[frame.pts]
+            if hit is not None:
+                hit["frames"] += 1
+                hit["first_ns"] = t if hit["first_ns"] is None else min(hit["first_ns"], t)
+                hit["last_ns"] = t if hit["last_ns"] is None else max(hit["last_ns"], t)
                 continue
             rgb = self._rgb(frame)
             if self.rgb_path is not None:
@@ -270,11 +324,16 @@ def _feed(packets: Sequence[bytes], order: np.ndarray, ts_ns: np.ndarray, period
             sink.unit_ns.append(t)
         for k, data in enumerate(units):
             packet = av.Packet(data)
-            packet.pts = packet.dts = len(sink.unit_msg) - len(units) + k
+            serial = packet.pts = packet.dts = len(sink.unit_msg) - len(units) + k
+            if starts_clean(data):
+                sink.end_damage(i)
+            sink.unit_damage.append(sink.damage)
             try:
                 sink.take(ctx.decode(packet), path)
             except av.error.InvalidDataError:
                 errors.add(i)
+                sink.start_damage(i)
+                sink.unit_damage[serial] = sink.damage
     try:
         sink.take(ctx.decode(None), path)
     except av.error.InvalidDataError:

@@ -50,6 +50,7 @@ def dataset_metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, 
             "short_episode": rep.get("short_episode") or [],
             "leading_undecodable_packets": rep["leading_undecodable_packets"],
             "undecodable_packets": rep["undecodable_packets"],
+            "damaged_frames": rep.get("damaged_frames") or [],
             "cached": r["cached"],
             "convert_seconds": round(r["seconds"], 3),
             "worker_peak_rss_mb": round(r["peak_rss_mb"], 1),
@@ -84,7 +85,9 @@ def dataset_metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, 
         "offsets": offsets,
         "stale_files_removed": stale,
         "warnings": offset_warnings(offsets) + [{"stem": stem, **w} for stem in dict.fromkeys(r["stem"] for r in ok)
-                                                 for w in by_stem[stem].pairing_warnings],
+                                                 for w in by_stem[stem].pairing_warnings]
+                    + [{"stem": stem, "code": "damaged_reference", "reason": reason} for stem, reason in dict.fromkeys(
+                        (r["stem"], d["reason"]) for r in ok for d in r["report"].get("damaged_frames") or [])],
         "workers": None,
         "timings_s": None,
         "wall_time_s": None,

@@ -106,19 +106,36 @@ def has_b_slice(data: bytes) -> bool:
     B = 1 or 6)."""
     for start in _nal_starts(data):
         if start < len(data) and data[start] & 0x1F in (1, 5):
-            head = data[start + 1 : start + 17].replace(b"\x00\x00\x03", b"\x00\x00")
-            bits = "".join(f"{b:08b}" for b in head)
-            at = 0
-            values = []
-            for _ in range(2):
-                zeros = len(bits) - len(bits[at:].lstrip("0")) - at
-                if at + 2 * zeros + 1 > len(bits):
-                    break
-                values.append(int(bits[at + zeros : at + 2 * zeros + 1], 2) - 1)
-                at += 2 * zeros + 1
-            if len(values) == 2 and values[1] % 5 == 1:
+            slice_type = _slice_type(data[start + 1 : start + 17])
+            if slice_type is not None and slice_type % 5 == 1:
                 return True
     return False
+
+
+def starts_clean(data: bytes) -> bool:
+    """Whether an H.264 Annex-B access unit references no earlier frame: it holds an IDR slice (NAL type
+    5), or every slice of it is an I or SI slice (``slice_type`` 2, 4, 7 or 9; ITU-T H.264 7.4.3), so the
+    frames decoded after it no longer depend on what came before (a damaged reference stops there)."""
+    types = []
+    for start in _nal_starts(data):
+        if start < len(data) and data[start] & 0x1F in (1, 5):
+            if data[start] & 0x1F == 5:
+                return True
+            types.append(_slice_type(data[start + 1 : start + 17]))
+    return bool(types) and all(t is not None and t % 5 in (2, 4) for t in types)
+
+
+def _slice_type(head: bytes) -> int | None:
+    """``slice_type`` of a slice header (the bytes after its NAL header): its second ue(v) field."""
+    bits = "".join(f"{b:08b}" for b in head.replace(b"\x00\x00\x03", b"\x00\x00"))
+    at, values = 0, []
+    for _ in range(2):
+        zeros = len(bits) - len(bits[at:].lstrip("0")) - at
+        if at + 2 * zeros + 1 > len(bits):
+            return None
+        values.append(int(bits[at + zeros : at + 2 * zeros + 1], 2) - 1)
+        at += 2 * zeros + 1
+    return values[1]
 
 
 def _nal_starts(data: bytes):

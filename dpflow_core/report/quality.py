@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dpflow_core.conversion.align import DEFAULT_MAX_GAP_S
+from dpflow_core.conversion.decode import damage_findings
 from dpflow_core.errors import DpflowError, InvalidNameError, PairingError, RecordingError
 from dpflow_core.names import validate_name
 from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, measure_offsets, task_offsets
@@ -226,7 +227,7 @@ def _pose_gaps(ts_ns: np.ndarray, valid: np.ndarray, t0_ns: int) -> tuple[PoseGa
 
 
 def decode_camera_strip(streams: EpisodeStreams, path: Path, n: int, image_motion: ImageMotion | None = None,
-                        ) -> tuple[list[tuple[int, np.ndarray]], int | None, np.ndarray, np.ndarray]:
+                        damaged: list[dict] | None = None) -> tuple[list[tuple[int, np.ndarray]], int | None, np.ndarray, np.ndarray]:
     """Decode the camera as conversion does and keep about ``n`` evenly spaced RGB frames.
 
     One decode through :func:`~dpflow_core.conversion.decode.decode_camera` (each message split into
@@ -238,7 +239,9 @@ def decode_camera_strip(streams: EpisodeStreams, path: Path, n: int, image_motio
     motion)``; the count is ``None`` for a codec PyAV is not asked to decode; ``motion`` is each
     frame's image change (:func:`~dpflow_core.recordings.plausibility.frame_motion`) at its capture
     time ``motion_ts_ns``. A message counts as undecodable when it gave no frame and does not repeat
-    an earlier message's capture time (whose frame conversion drops too).
+    an earlier message's capture time (whose frame conversion drops too). Frames decoded from a damaged
+    reference are dropped as conversion drops them; ``damaged`` (a list) receives
+    :func:`~dpflow_core.conversion.decode.decode_camera`'s entries for them.
 
     Raises:
         ConversionError: no frame decodes (``undecodable``), or the frames' order contradicts their
@@ -256,7 +259,7 @@ def decode_camera_strip(streams: EpisodeStreams, path: Path, n: int, image_motio
         frames, msg, _errors, _ranges, _crc, motion, times = decode_camera(
             packets, None, codec, Path(scratch) / "frames.npy", Path(path), streams.camera_ts_ns,
             image_motion.add if image_motion is not None else None, streams.camera_decode_order,
-            max_width=PREVIEW_WIDTH)
+            max_width=PREVIEW_WIDTH, damaged=damaged)
         rows = sorted(set(np.linspace(0, len(times) - 1, num=min(n, len(times))).round().astype(int).tolist())) if n else []
         kept = [(int(times[r]), np.array(frames[r])) for r in rows]
         del frames
@@ -416,8 +419,9 @@ def episode_quality(
                 raise RecordingError("no pose messages", path, code="empty_stream")
             q, t0 = _measure(stem, path, sha, streams, max_gap_s)
             image_motion = ImageMotion(len(streams.camera_packets))
+            damaged: list[dict] = []
             frames, undecodable, motion_ts, motion = decode_camera_strip(
-                streams, path, strip_frames if preview_dir is not None else 0, image_motion)
+                streams, path, strip_frames if preview_dir is not None else 0, image_motion, damaged)
         except (DpflowError, OSError) as exc:
             if unreadable is None:
                 raise
@@ -435,7 +439,8 @@ def episode_quality(
         findings += check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, streams.pose_ts_ns, streams.position_m, t0)
         findings += check_orientation(streams.pose_ts_ns, streams.quat_xyzw, streams.imu_ts_ns, streams.gyro_rps,
                                       streams.accel_mps2, t0, PlausibilityOptions().validate())
-        episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(f.to_dict() for f in findings),
+        found = [f.to_dict() for f in findings] + damage_findings(damaged, t0)
+        episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(found),
                                 camera_offset=offsets["camera_offset"], imu_offset=offsets["imu_offset"]))
         if preview_dir is not None:
             previews.append(PreviewData(
