@@ -111,7 +111,8 @@ def startup(path: str) -> dict:
     import torch  # noqa: F401  (counted in the baseline, as in the trainer)
 
     from dpflow_core.replay_buffer import ReplayBuffer
-    from dpflow_core.train.data import SequenceDataset, normalizer_stats, split_episodes
+    from dpflow_core.train.batches import SequenceDataset
+    from dpflow_core.train.data import normalizer_stats, split_episodes
     from dpflow_core.train.sampler import EpochBatchSampler
 
     base = _rss_mb()
@@ -190,7 +191,7 @@ def throughput(path: str, loader_kind: str, workers: int, batch_size: int, batch
     from torch.utils.data import DataLoader, Dataset
 
     from dpflow_core.replay_buffer import ReplayBuffer
-    from dpflow_core.train.data import SequenceDataset, pass_batch
+    from dpflow_core.train.batches import SequenceDataset, pass_batch
     from dpflow_core.train.sampler import EpochBatchSampler
 
     torch.set_num_threads(1)

@@ -48,7 +48,6 @@ from dpflow_core.train.data import (
     ROT_WRT_START_KEY,
     START_POSE_KEY,
     ObsActionSpec,
-    SequenceDataset,
     encode_obs,
     recorded_actions,
     sequence_index,
@@ -231,6 +230,8 @@ class Policy:
         (the same ``seed`` gives the same predictions on the same device).
         """
         import torch
+
+        from dpflow_core.train.batches import SequenceDataset
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

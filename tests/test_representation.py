@@ -14,6 +14,7 @@ from dpflow_core import pose as P
 from dpflow_core.inference import Policy
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train import data as D
+from dpflow_core.train.batches import SequenceDataset
 from dpflow_core.train.policy import build_policy
 from tests.synthetic_dataset import write_npz
 
@@ -59,7 +60,7 @@ def test_each_sample_key_reads_the_time_of_the_table(clock):
         n_obs_steps=3, horizon=4, obs_down_sample_steps=2, action_down_sample_steps=3,
         obs_latency_steps=lat, obs_pose_repr="abs", action_pose_repr="abs",
     )
-    ds = D.SequenceDataset(clock, spec, np.ones(1, bool))
+    ds = SequenceDataset(clock, spec, np.ones(1, bool))
     anchor = 20
     s = ds.samples([int(np.flatnonzero(ds.index[:, 0] == anchor)[0])])
     cam_steps = anchor - np.array([4, 2, 0])
@@ -81,11 +82,11 @@ def test_each_sample_key_reads_the_time_of_the_table(clock):
         n_obs_steps=3, horizon=4, obs_down_sample_steps=2, obs_pose_repr="abs", action_pose_repr="abs",
         obs_latency_steps=D.latency_steps(D.DEFAULT_LOWDIM_KEYS, 0.1, 0.02, 0.05, 0.0),
     )
-    s0 = D.SequenceDataset(clock, flat, np.ones(1, bool)).samples([anchor])
+    s0 = SequenceDataset(clock, flat, np.ones(1, bool)).samples([anchor])
     np.testing.assert_allclose(s0["obs"]["robot0_eef_pos"][0, :, 0], cam_steps / FREQ, atol=1e-6)
     # relative: the latest observed pose is the origin, earlier ones lie behind it
     rel = D.ObsActionSpec(n_obs_steps=3, horizon=4, obs_down_sample_steps=2, obs_latency_steps=lat)
-    sr = D.SequenceDataset(clock, rel, np.ones(1, bool)).samples([anchor])
+    sr = SequenceDataset(clock, rel, np.ones(1, bool)).samples([anchor])
     np.testing.assert_allclose(sr["obs"]["robot0_eef_pos"][0, -1], 0.0, atol=1e-6)
     np.testing.assert_allclose(sr["obs"]["robot0_eef_rot_axis_angle"][0, -1], [1, 0, 0, 0, 1, 0], atol=1e-6)
     back = Rotation.from_rotvec([0, 0, -0.3 * t_pose[-1]]).apply([-0.4, -0.8, 0.0])  # 4 steps back, in the current frame
@@ -127,7 +128,7 @@ def test_tiny_relative_policy_predicts_the_right_absolute_poses_in_new_world_fra
         rgb_keys=(), n_obs_steps=2, horizon=4, rot6d_norm="range", tx_cam_tcp=P.as_tuple(tx)
     )
     train_mask = np.array([True, True, True, True, True, False])
-    ds = D.SequenceDataset(buffer, spec, train_mask)
+    ds = SequenceDataset(buffer, spec, train_mask)
     cfg = {
         "obs_encoder": {
             "_target_": "dpflow_core.train.policy.ObsEncoder",
@@ -227,7 +228,7 @@ def test_every_shipped_config_holds_out_at_least_two_episodes_or_ten_percent():
 
 def test_rotation_wrt_start_is_relative_to_the_episode_first_pose(clock):
     spec = D.ObsActionSpec(n_obs_steps=2, horizon=4, lowdim_keys=D.DEFAULT_LOWDIM_KEYS + (D.ROT_WRT_START_KEY,))
-    s = D.SequenceDataset(clock, spec, np.ones(1, bool)).samples([20])
+    s = SequenceDataset(clock, spec, np.ones(1, bool)).samples([20])
     # the clock episode starts with zero rotation, so w.r.t. the start is the rotation itself: 0.3 rad/s about z
     rot = P.rot6d_to_rotvec(s["obs"][D.ROT_WRT_START_KEY][0])
     np.testing.assert_allclose(rot, [[0, 0, 0.3 * 1.9], [0, 0, 0.3 * 2.0]], atol=1e-6)

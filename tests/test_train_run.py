@@ -23,7 +23,7 @@ from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train import checkpoint as ckpt
 from dpflow_core.train.app import CONFIG_DIR
 from dpflow_core.inference import load_policy
-from dpflow_core.train.data import SequenceDataset
+from dpflow_core.train.batches import SequenceDataset
 from dpflow_core.train.logs import read_json_log
 from dpflow_core.train.workspace import train
 from tests.synthetic_dataset import write_synthetic_dataset

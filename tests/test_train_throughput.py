@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from dpflow_core.errors import RunError
 from dpflow_core.replay_buffer import ReplayBuffer
-from dpflow_core.train.data import ObsActionSpec, SequenceDataset, normalizer_stats, shape_meta
+from dpflow_core.train.batches import SequenceDataset
+from dpflow_core.train.data import ObsActionSpec, normalizer_stats, shape_meta
 from dpflow_core.train.logs import read_json_log
 from dpflow_core.train.policy import build_policy
 from dpflow_core.train.workspace import throughput_settings, train

@@ -9,9 +9,9 @@ import torch
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train import checkpoint as ckpt
+from dpflow_core.train.batches import SequenceDataset
 from dpflow_core.train.data import (
     ObsActionSpec,
-    SequenceDataset,
     latency_steps,
     normalizer_modes,
     normalizer_stats,
@@ -352,7 +352,8 @@ def test_loader_batches_equal_per_sample_collation(buffer):
     ``default_collate`` gives, frames read straight from the replay buffer."""
     from torch.utils.data import DataLoader, default_collate
 
-    from dpflow_core.train.data import gather_frames, obs_positions, pass_batch
+    from dpflow_core.train.batches import gather_frames, pass_batch
+    from dpflow_core.train.data import obs_positions
 
     spec = ObsActionSpec(horizon=4, n_obs_steps=2, obs_down_sample_steps=2, obs_latency_steps={"robot0_gripper_width": 0.5})
     ds = SequenceDataset(buffer, spec, np.ones(3, bool))

@@ -313,7 +313,7 @@ def test_timm_umi_config_trains_through_the_trainer_entry_point(tmp_path):
     from dpflow_core.train import checkpoint as ckpt
     from dpflow_core.train.checkpoint import load_network
     from dpflow_core.replay_buffer import ReplayBuffer
-    from dpflow_core.train.data import SequenceDataset
+    from dpflow_core.train.batches import SequenceDataset
 
     dataset = write_synthetic_dataset(tmp_path / "dataset.npz", n_episodes=4, episode_length=60, image_size=(32, 32))
     weights = tmp_path / "model.safetensors"

@@ -32,7 +32,7 @@ _EXPORTS = {
     "required_checkpoint_entries": "dpflow_core.train.checkpoint",
     "missing_checkpoint_entries": "dpflow_core.train.checkpoint",
     "ObsActionSpec": "dpflow_core.train.data",
-    "SequenceDataset": "dpflow_core.train.data",
+    "SequenceDataset": "dpflow_core.train.batches",
     "DiffusionUnetImagePolicy": "dpflow_core.train.policy",
     "read_json_log": "dpflow_core.train.logs",
     "train": "dpflow_core.train.workspace",

@@ -237,7 +237,7 @@ class DiffusionUnetImagePolicy(nn.Module):
         """The training loss (scalar): MSE of the predicted noise (or sample).
 
         ``batch``: ``{"obs": {...}, "action": (B, H, Da)}`` as produced by
-        :class:`~dpflow_core.train.data.SequenceDataset`.
+        :class:`~dpflow_core.train.batches.SequenceDataset`.
         """
         return self.compute_loss(batch)
 

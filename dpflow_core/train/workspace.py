@@ -47,11 +47,10 @@ from dpflow_core.train.config import (
     spec_from_config,
     throughput_settings,
 )
+from dpflow_core.train.batches import SequenceDataset, pass_batch
 from dpflow_core.train.data import (
-    SequenceDataset,
     decode_action,
     normalizer_stats,
-    pass_batch,
     recorded_actions,
     resolve_frequency,
     shape_meta,
