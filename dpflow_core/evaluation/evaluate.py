@@ -8,15 +8,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.results import StageResult
 from dpflow_core.evaluation.metrics import ACTION_GROUPS, DIMENSION_NAMES
-from dpflow_core.evaluation.scoring import DEFAULT_MARGIN, GATE_BASELINES, PREDICTORS, score_held_out
+from dpflow_core.evaluation.scoring import DEFAULT_MARGIN, GATE_BASELINES, PREDICTORS, HeldOutScores, score_held_out
 from dpflow_core.evaluation.plots import plot_errors_per_step, plot_loss_curve, plot_trajectories, read_loss_curve
+
+if TYPE_CHECKING:
+    from dpflow_core.replay_buffer import ReplayBuffer
 
 log = logging.getLogger("dpflow_core.evaluation")
 
@@ -323,10 +326,8 @@ def evaluate_checkpoint(
     """
     import torch
 
-    from dpflow_core.files import sha256_file, write_text_atomic
-    from dpflow_core.replay_buffer import ReplayBuffer
+    from dpflow_core.files import write_text_atomic
     from dpflow_core.inference import load_policy
-    from dpflow_core.train.checkpoint import load_checkpoint
 
     started = time.monotonic()
     if not 0.0 <= float(margin) < 1.0:
@@ -336,30 +337,7 @@ def evaluate_checkpoint(
     if result_path.exists() and not overwrite:
         raise RunError("evaluation results exist already (pass --overwrite (overwrite=True from Python) to replace them)", path=result_path, code="exists")
 
-    payload = load_checkpoint(checkpoint_path, require_complete=False)
-    trained_on = dict(payload.get("dataset") or {})
-    recorded_sha, sha_source = recorded_dataset_sha256(payload, checkpoint_path)
-    del payload
-    buffer = ReplayBuffer(dataset_path)
-    notes: list[str] = []
-    actual_sha = sha256_file(buffer.path)
-    if recorded_sha is not None and recorded_sha != actual_sha:
-        raise DatasetError(
-            f"SHA-256 is {actual_sha} but the checkpoint was trained on a dataset with SHA-256 {recorded_sha} "
-            f"(recorded in {sha_source}; trained on {trained_on.get('path')}): evaluate on the training dataset",
-            path=buffer.path,
-            code="dataset_mismatch",
-        )
-    if recorded_sha is None:
-        notes.append("no dataset SHA-256 recorded with the checkpoint: only episode and step counts were compared")
-    for key, actual in (("n_episodes", buffer.n_episodes), ("n_steps", buffer.n_steps)):
-        if key in trained_on and int(trained_on[key]) != int(actual):
-            raise DatasetError(
-                f"the checkpoint was trained on a dataset with {key}={trained_on[key]} "
-                f"({trained_on.get('path')}), this one has {actual}: the held-out split would differ",
-                path=buffer.path,
-                code="dataset_mismatch",
-            )
+    buffer, actual_sha, recorded_sha, notes = _open_training_dataset(checkpoint_path, dataset_path)
     policy = load_policy(checkpoint_path, device=device, use_ema=True)
     cfg, spec = policy.cfg, policy.spec
     train_mask, val_mask = held_out_split(cfg, buffer.n_episodes)
@@ -387,20 +365,8 @@ def evaluate_checkpoint(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     index_rows = scores.rows
-    shown = list(held_out[: max(1, plot_episodes)])
-    episode_rows = {}
-    for ep in shown:
-        mask = index_rows[:, 1] == buffer.episode_slice(ep).start
-        episode_rows[ep] = (index_rows[mask, 0], {name: p[mask] for name, p in scores.predictions.items()})
-    shown = [ep for ep in shown if len(episode_rows[ep][0])]
-    trajectory_plot = plot_trajectories(buffer, shown, episode_rows, scores.step_s, out_dir / TRAJECTORY_PLOT, scores.steps)
-    error_plot = plot_errors_per_step(scores.metrics, scores.step_s, out_dir / ERROR_PLOT, scores.steps)
-
-    loss_plot = None
-    if log_path is not None and Path(log_path).is_file():
-        loss_plot = str(plot_loss_curve(read_loss_curve(log_path), out_dir / LOSS_PLOT, title=f"training loss ({Path(checkpoint_path).name})"))
-    elif log_path is not None:
-        notes.append(f"no training log at {log_path}: no loss curve")
+    trajectory_plot, error_plot, loss_plot = _plot_results(
+        buffer, held_out, scores, plot_episodes, out_dir, log_path, checkpoint_path, notes)
 
     result = EvaluationResult(
         checkpoint_path=str(Path(checkpoint_path).resolve()),
@@ -432,3 +398,64 @@ def evaluate_checkpoint(
     write_text_atomic(result_path, json.dumps(result.to_dict(), indent=2) + "\n", overwrite=overwrite)
     log.info("evaluation of %s: %s", checkpoint_path, result.verdict())
     return result
+
+
+def _open_training_dataset(checkpoint_path: str | Path, dataset_path: str | Path) -> tuple[ReplayBuffer, str, str | None, list[str]]:
+    """The dataset, opened, once it is known to be the one the checkpoint was trained on.
+
+    Returns (buffer, its SHA-256, the SHA-256 the checkpoint recorded or None, notes).
+    Raises DatasetError ``dataset_mismatch`` (see :func:`evaluate_checkpoint`).
+    """
+    from dpflow_core.files import sha256_file
+    from dpflow_core.replay_buffer import ReplayBuffer
+    from dpflow_core.train.checkpoint import load_checkpoint
+
+    payload = load_checkpoint(checkpoint_path, require_complete=False)
+    trained_on = dict(payload.get("dataset") or {})
+    recorded_sha, sha_source = recorded_dataset_sha256(payload, checkpoint_path)
+    del payload
+    buffer = ReplayBuffer(dataset_path)
+    notes: list[str] = []
+    actual_sha = sha256_file(buffer.path)
+    if recorded_sha is not None and recorded_sha != actual_sha:
+        raise DatasetError(
+            f"SHA-256 is {actual_sha} but the checkpoint was trained on a dataset with SHA-256 {recorded_sha} "
+            f"(recorded in {sha_source}; trained on {trained_on.get('path')}): evaluate on the training dataset",
+            path=buffer.path,
+            code="dataset_mismatch",
+        )
+    if recorded_sha is None:
+        notes.append("no dataset SHA-256 recorded with the checkpoint: only episode and step counts were compared")
+    for key, actual in (("n_episodes", buffer.n_episodes), ("n_steps", buffer.n_steps)):
+        if key in trained_on and int(trained_on[key]) != int(actual):
+            raise DatasetError(
+                f"the checkpoint was trained on a dataset with {key}={trained_on[key]} "
+                f"({trained_on.get('path')}), this one has {actual}: the held-out split would differ",
+                path=buffer.path,
+                code="dataset_mismatch",
+            )
+    return buffer, actual_sha, recorded_sha, notes
+
+
+def _plot_results(
+    buffer: ReplayBuffer, held_out: Sequence[int], scores: HeldOutScores, plot_episodes: int, out_dir: Path,
+    log_path: str | Path | None, checkpoint_path: str | Path, notes: list[str],
+) -> tuple[Path, Path, str | None]:
+    """The trajectory, error-per-step and (with a log) loss plots in ``out_dir``: their paths
+    (the loss plot's None without a log; a missing log is added to ``notes``)."""
+    index_rows = scores.rows
+    shown = list(held_out[: max(1, plot_episodes)])
+    episode_rows = {}
+    for ep in shown:
+        mask = index_rows[:, 1] == buffer.episode_slice(ep).start
+        episode_rows[ep] = (index_rows[mask, 0], {name: p[mask] for name, p in scores.predictions.items()})
+    shown = [ep for ep in shown if len(episode_rows[ep][0])]
+    trajectory_plot = plot_trajectories(buffer, shown, episode_rows, scores.step_s, out_dir / TRAJECTORY_PLOT, scores.steps)
+    error_plot = plot_errors_per_step(scores.metrics, scores.step_s, out_dir / ERROR_PLOT, scores.steps)
+
+    loss_plot = None
+    if log_path is not None and Path(log_path).is_file():
+        loss_plot = str(plot_loss_curve(read_loss_curve(log_path), out_dir / LOSS_PLOT, title=f"training loss ({Path(checkpoint_path).name})"))
+    elif log_path is not None:
+        notes.append(f"no training log at {log_path}: no loss curve")
+    return trajectory_plot, error_plot, loss_plot
