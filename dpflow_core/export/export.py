@@ -15,6 +15,7 @@ import json
 import multiprocessing
 import os
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -265,23 +266,7 @@ def export_lerobot(
             ``reuse_existing``: holds another export), an option is
             invalid (``bad_option``), or no episode survived (``no_valid_episodes``).
     """
-    if action_rule not in ACTION_RULES:
-        raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
-    if codebase_version not in FORMATS:
-        raise ConversionError(f"unknown LeRobot format {codebase_version!r}; use one of {', '.join(FORMATS)}", code="bad_option")
-    if rotation not in ROTATIONS:
-        raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
-    if rate_policy not in RATE_POLICIES:
-        raise ConversionError(f"rate_policy must be one of {RATE_POLICIES}, got {rate_policy!r}", code="bad_option")
-    if invalid_pose_policy not in INVALID_POSE_POLICIES:
-        raise ConversionError(
-            f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
-        )
-    if image_size is not None:
-        w, h = (int(v) for v in image_size)
-        if w % 2 or h % 2:
-            raise ConversionError(f"image size {w}x{h} must be even (H.264 yuv420p)", code="bad_option")
-        image_size = (w, h)
+    image_size = _checked_options(action_rule, codebase_version, rotation, rate_policy, invalid_pose_policy, image_size)
     inputs = load_inputs(manifest)
     task = task_text if task_text is not None else inputs.task or Path(inputs.root or "dataset").name
     options = {
@@ -299,21 +284,11 @@ def export_lerobot(
     }
     key = _export_key(inputs, options)
     if Path(out_dir).exists():
-        if reuse_existing:
-            existing = load_export(out_dir)
-            if existing.export_key == key:
-                return dataclasses.replace(existing, reused=True)
-            raise ConversionError(
-                f"output folder holds another export (export_key {existing.export_key}, this one {key})",
-                out_dir,
-                code="output_exists",
-            )
-        raise ConversionError("output folder already exists; choose a new one (nothing is overwritten)", out_dir, code="output_exists")
+        return _existing_export(out_dir, key, reuse_existing)
     source = inputs.manifests[0] if inputs.manifests else None
     if not inputs.episodes:
         raise ConversionError(f"no valid episodes: the manifest accepts none ({len(inputs.rejected)} rejected)",
                               source, code="no_valid_episodes")
-    skipped: dict[str, str] = {}
     n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
     with os_errors_named(out_dir, "writing the LeRobot export"), LeRobotWriter(
             out_dir, task, action_rule, video=video, codebase_version=codebase_version, rotation=rotation) as writer:
@@ -325,24 +300,7 @@ def export_lerobot(
             for e in inputs.episodes
         ]
         files = {e.stem: e.files for e in inputs.episodes}
-        for done, result in enumerate(_aligned_in_order(jobs, n_workers), 1):
-            stem = result["stem"]
-            if not result["ok"] and result["code"] == "storage":  # a full or read-only disk stops the export
-                raise storage_error(OSError(result["errno"], result["reason"]), out_dir, f"writing the frames of {stem}")
-            if result["ok"]:
-                a, b = result["rgb_rows"]
-                rgb_path = Path(result["rgb_path"])
-                frames = np.load(rgb_path, mmap_mode="r")[a:b]
-                writer.add_episode(
-                    result["state"], {CAMERA_KEY: frames}, result["timestamps_s"], stem,
-                    record={"files": files[stem], "alignment": result["report"]},
-                )
-                del frames
-                rgb_path.unlink()
-            else:
-                skipped[stem] = f"{result['code']}: {result['reason']}"
-            if progress is not None:
-                progress(stem, done, len(jobs))
+        skipped = _write_episodes(writer, jobs, files, n_workers, out_dir, progress)
         if not len(writer):
             raise ConversionError(f"no valid episodes: {len(jobs)} found, all rejected: {skipped}", source, code="no_valid_episodes")
         provenance = {
@@ -356,3 +314,83 @@ def export_lerobot(
             "skipped": skipped,
         }
         return writer.finish(frequency_tolerance, provenance, rate_policy)
+
+
+def _checked_options(
+    action_rule: str, codebase_version: str, rotation: str, rate_policy: str, invalid_pose_policy: str,
+    image_size: tuple[int, int] | None,
+) -> tuple[int, int] | None:
+    """:func:`export_lerobot`'s options checked before any work; gives ``image_size`` as ints.
+
+    Raises:
+        ConversionError: ``bad_option`` naming the option and its allowed values.
+    """
+    if action_rule not in ACTION_RULES:
+        raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
+    if codebase_version not in FORMATS:
+        raise ConversionError(f"unknown LeRobot format {codebase_version!r}; use one of {', '.join(FORMATS)}", code="bad_option")
+    if rotation not in ROTATIONS:
+        raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
+    if rate_policy not in RATE_POLICIES:
+        raise ConversionError(f"rate_policy must be one of {RATE_POLICIES}, got {rate_policy!r}", code="bad_option")
+    if invalid_pose_policy not in INVALID_POSE_POLICIES:
+        raise ConversionError(
+            f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
+        )
+    if image_size is not None:
+        w, h = (int(v) for v in image_size)
+        if w % 2 or h % 2:
+            raise ConversionError(f"image size {w}x{h} must be even (H.264 yuv420p)", code="bad_option")
+        image_size = (w, h)
+    return image_size
+
+
+def _existing_export(out_dir: str | Path, key: str, reuse_existing: bool) -> LeRobotExport:
+    """The export already in ``out_dir`` when it has the same ``key`` and ``reuse_existing``, marked reused.
+
+    Raises:
+        ConversionError: ``output_exists`` otherwise (nothing is overwritten).
+    """
+    if reuse_existing:
+        existing = load_export(out_dir)
+        if existing.export_key == key:
+            return dataclasses.replace(existing, reused=True)
+        raise ConversionError(
+            f"output folder holds another export (export_key {existing.export_key}, this one {key})",
+            out_dir,
+            code="output_exists",
+        )
+    raise ConversionError("output folder already exists; choose a new one (nothing is overwritten)", out_dir, code="output_exists")
+
+
+def _write_episodes(
+    writer: LeRobotWriter, jobs: list[dict], files: Mapping[str, Any], n_workers: int, out_dir: str | Path,
+    progress: Callable[[str, int, int], None] | None,
+) -> dict[str, str]:
+    """Align the episodes of ``jobs`` in ``n_workers`` processes and add each to ``writer`` in order.
+
+    Returns the skipped episodes, stem -> ``"<code>: <reason>"``.
+
+    Raises:
+        StorageError: a worker could not write an episode's frames (full or read-only disk).
+    """
+    skipped: dict[str, str] = {}
+    for done, result in enumerate(_aligned_in_order(jobs, n_workers), 1):
+        stem = result["stem"]
+        if not result["ok"] and result["code"] == "storage":  # a full or read-only disk stops the export
+            raise storage_error(OSError(result["errno"], result["reason"]), out_dir, f"writing the frames of {stem}")
+        if result["ok"]:
+            a, b = result["rgb_rows"]
+            rgb_path = Path(result["rgb_path"])
+            frames = np.load(rgb_path, mmap_mode="r")[a:b]
+            writer.add_episode(
+                result["state"], {CAMERA_KEY: frames}, result["timestamps_s"], stem,
+                record={"files": files[stem], "alignment": result["report"]},
+            )
+            del frames
+            rgb_path.unlink()
+        else:
+            skipped[stem] = f"{result['code']}: {result['reason']}"
+        if progress is not None:
+            progress(stem, done, len(jobs))
+    return skipped
