@@ -269,11 +269,9 @@ def _estimate(stream: str, target: np.ndarray, regressors, rotation_rms: float, 
             f"the camera barely rotates: {rotation_rms:.3f} rad/s RMS, below {opts.min_rotation_rps:g} rad/s"), **common)
     coarse = np.arange(-opts.search_s, opts.search_s + opts.coarse_step_s / 2, opts.coarse_step_s)
     r2 = _scan(target, regressors, coarse)
-    if not np.all(np.isfinite(r2)):
-        # A NaN/inf sample (a pose NaN where VIO marked it valid) poisons every fit: no peak to judge.
-        return OffsetEstimate(status="not_measurable", reason=(
-            f"the {stream} or pose motion holds NaN/inf samples (a non-finite pose marked valid?): no offset "
-            "can be fitted"), **common)
+    if not np.all(np.isfinite(r2)):  # a NaN pose that VIO marked valid poisons every fit: no peak to judge
+        reason = f"the {stream} or pose motion holds NaN/inf samples: no offset can be fitted"
+        return OffsetEstimate(status="not_measurable", reason=reason, **common)
     k = int(np.argmax(r2))
     fine = np.arange(coarse[k] - opts.coarse_step_s, coarse[k] + opts.coarse_step_s * 1.001, opts.fine_step_s)
     fine = fine[np.abs(fine) <= opts.search_s]
