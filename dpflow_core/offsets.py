@@ -270,8 +270,7 @@ def _estimate(stream: str, target: np.ndarray, regressors, rotation_rms: float, 
     coarse = np.arange(-opts.search_s, opts.search_s + opts.coarse_step_s / 2, opts.coarse_step_s)
     r2 = _scan(target, regressors, coarse)
     if not np.all(np.isfinite(r2)):  # a NaN pose that VIO marked valid poisons every fit: no peak to judge
-        reason = f"the {stream} or pose motion holds NaN/inf samples: no offset can be fitted"
-        return OffsetEstimate(status="not_measurable", reason=reason, **common)
+        return OffsetEstimate(status="not_measurable", reason=f"{stream} or pose motion NaN/inf: no fit", **common)
     k = int(np.argmax(r2))
     fine = np.arange(coarse[k] - opts.coarse_step_s, coarse[k] + opts.coarse_step_s * 1.001, opts.fine_step_s)
     fine = fine[np.abs(fine) <= opts.search_s]
