@@ -1,5 +1,14 @@
-"""Project-wide rules: dpflow_core never imports Dagster; Definitions load; no import cycle; no module
-above 500 lines without a reason in its docstring."""
+"""Project-wide rules: dpflow_core never imports Dagster; Definitions load; no import cycle; the sizes.
+
+Sizes (issue 30), over ``dpflow_core``, ``dpflow_dagster`` and ``dpflow_pipes``: no module over 700 lines,
+whatever its docstring; no function over 150 lines or with more than 10 parameters; no private name
+imported from another dpflow module. A softer rule stays for the core: a module past 500 lines says why
+in its docstring ("over 500 lines because ...").
+
+Where another piece of issue 30 still has offenders, two tests share one rule: one fails on any offender
+not listed as pending (the list may only shrink), and a strict ``xfail`` one asks for no offender at all,
+so that it fails the moment the pending list is done: then its marker and the list go.
+"""
 
 from __future__ import annotations
 
@@ -251,6 +260,216 @@ def test_size_check_flags_a_long_module_without_a_reason(tmp_path):
     (pkg / "reasoned.py").write_text('"""Long: over 500 lines because it must be."""\n' + body)
     (pkg / "short.py").write_text('"""Short."""\n' + "x = 1\n" * (MAX_MODULE_LINES - 1))
     assert _oversized(pkg) == [f"pkg.long ({MAX_MODULE_LINES + 1} lines)"]
+
+
+PACKAGES = ("dpflow_core", "dpflow_dagster", "dpflow_pipes")
+HARD_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 150
+MAX_PARAMETERS = 10
+
+
+def _package_modules(roots: list[Path]) -> dict[str, Path]:
+    return {name: path for root in roots for name, path in _core_modules(root).items()}
+
+
+def _modules_over(roots: list[Path], limit: int) -> list[str]:
+    """``"module (N lines)"`` for every module of ``roots`` longer than ``limit`` lines, docstring or not."""
+    out = []
+    for name, path in _package_modules(roots).items():
+        n_lines = len(path.read_text().splitlines())
+        if n_lines > limit:
+            out.append(f"{name} ({n_lines} lines)")
+    return out
+
+
+def _private_imports(roots: list[Path]) -> list[str]:
+    """``"module: other.module._name"`` for each private name one module takes from another.
+
+    Both ``from other.module import _name`` (relative imports resolved) and ``alias._name`` where
+    ``alias`` is another dpflow module (``import a.b as m``, ``from a import b``). Dunder names are
+    public. A module's own names, and private *aliases* (``import x as _x``), are fine.
+    """
+    modules = _package_modules(roots)
+    known = set(modules)
+    out = []
+    for name, path in modules.items():
+        base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        tree = ast.parse(path.read_text(), filename=str(path))
+        module_alias: dict[str, str] = {}
+
+        def private(n: str) -> bool:
+            return n.startswith("_") and not n.startswith("__")
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    mod = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                if mod.split(".")[0] not in known:
+                    continue
+                for a in node.names:
+                    if f"{mod}.{a.name}" in known:
+                        module_alias[a.asname or a.name] = f"{mod}.{a.name}"
+                    elif private(a.name) and mod != name:
+                        out.append(f"{name}: {mod}.{a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in known:
+                        module_alias[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and private(node.attr)):
+                continue
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if not (isinstance(value, ast.Name) and value.id in module_alias):
+                continue
+            target = ".".join([module_alias[value.id], *reversed(chain)])
+            if target in known and target != name:
+                out.append(f"{name}: {target}.{node.attr}")
+    return sorted(set(out))
+
+
+def _function_offenders(roots: list[Path]) -> dict[str, str]:
+    """``"module:qualname"`` -> why, for each function over MAX_FUNCTION_LINES lines (decorators left
+    out) or with more than MAX_PARAMETERS parameters (``self``/``cls`` left out; ``*args``, ``**kwargs``
+    and keyword-only ones counted)."""
+    out: dict[str, str] = {}
+
+    def visit(node: ast.AST, module: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, module, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+                if prefix and a.args and a.args[0].arg in ("self", "cls"):
+                    params = params[1:]
+                n_lines = child.end_lineno - child.lineno + 1
+                why = [f"{n_lines} lines"] if n_lines > MAX_FUNCTION_LINES else []
+                why += [f"{len(params)} parameters"] if len(params) > MAX_PARAMETERS else []
+                if why:
+                    out[f"{module}:{prefix}{child.name}"] = ", ".join(why)
+                visit(child, module, f"{prefix}{child.name}.")
+
+    for name, path in _package_modules(roots).items():
+        visit(ast.parse(path.read_text(), filename=str(path)), name, "")
+    return out
+
+
+_ROOTS = [REPO / pkg for pkg in PACKAGES]
+
+#: Modules over HARD_MODULE_LINES that another part of issue 30 is splitting.
+PENDING_LONG_MODULES = {
+    "dpflow_core.recordings.inspection",  # helper B (inspect_recording, decode_camera)
+}
+#: Private imports inside conversion/, which another part of issue 30 is reshaping (convert, align).
+PENDING_PRIVATE_IMPORTS = {
+    "dpflow_core.conversion: dpflow_core.conversion.align._SWS_FLAGS",
+    "dpflow_core.conversion.align: dpflow_core.conversion.decode._SWS_FLAGS",
+    "dpflow_core.conversion.align: dpflow_core.conversion.gaps._gaps",
+    "dpflow_core.conversion.convert: dpflow_core.conversion.align._LOWDIM_WIDTH",
+    "dpflow_core.conversion.convert: dpflow_core.conversion.align._check_image_size",
+    "dpflow_core.conversion.convert: dpflow_core.conversion.inputs._conversion_options",
+    "dpflow_core.conversion.convert: dpflow_core.conversion.inputs._key",
+    "dpflow_core.conversion.convert: dpflow_core.conversion.inputs._topic_map",
+    "dpflow_core.conversion.convert: dpflow_core.conversion.install._backup_name",
+    "dpflow_core.conversion.convert: dpflow_core.conversion.install._install",
+    "dpflow_core.conversion.convert: dpflow_core.conversion.install._remove_stale",
+    "dpflow_core.conversion.convert: dpflow_core.conversion.install._write_json_atomic",
+    "dpflow_core.conversion.inputs: dpflow_core.conversion.align._check_image_size",
+}
+#: Functions too long or too wide, each waiting for another part of issue 30.
+PENDING_FUNCTIONS = {
+    # conversion: convert, align_episode, the conversion CLI and their option plumbing (helper D)
+    "dpflow_core.conversion.convert:convert", "dpflow_core.conversion.align:align_episode",
+    "dpflow_core.conversion.inputs:_conversion_options", "dpflow_core.conversion.inputs:dataset_key",
+    "dpflow_core.conversion.jobs:alignment_job", "dpflow_core.conversion.metadata:dataset_metadata",
+    "dpflow_core.cli.dataset:convert_cmd",
+    # one settings object per stage: the keyword arguments and the Typer options that map onto it
+    "dpflow_core.export.export:export_lerobot", "dpflow_core.cli.lerobot:export_lerobot_cmd",
+    "dpflow_core.evaluation.evaluate:evaluate_checkpoint", "dpflow_core.evaluation.scoring:score_held_out",
+    "dpflow_core.runs.spec:smoke_spec", "dpflow_core.cli.runs:smoke_cmd", "dpflow_core.cli.runs:train_cmd",
+    "dpflow_core.cli.scale:smoke_cmd", "dpflow_core.cli.scale:train_cmd",
+    "dpflow_core.cli.remote:server_config_from_options", "dpflow_core.cli.sim:rollout_cmd",
+    "dpflow_core.cli.view:view_cmd", "dpflow_core.recordings.samples:write_recording",
+    "dpflow_core.checkpoints:_result",
+    # the networks' constructors take Diffusion Policy's Hydra config keys one by one
+    "dpflow_core.train.policy:DiffusionUnetImagePolicy.__init__", "dpflow_core.train.vit:ViTEncoder.__init__",
+}
+
+
+def test_no_module_over_700_lines_but_the_pending_ones():
+    over = _modules_over(_ROOTS, HARD_MODULE_LINES)
+    assert [m for m in over if m.split(" ")[0] not in PENDING_LONG_MODULES] == []
+
+
+@pytest.mark.xfail(strict=True, reason=f"pending split (issue 30): {sorted(PENDING_LONG_MODULES)}")
+def test_no_module_over_700_lines():
+    assert _modules_over(_ROOTS, HARD_MODULE_LINES) == []
+
+
+def test_no_private_name_imported_across_modules_but_the_pending_ones():
+    assert sorted(set(_private_imports(_ROOTS)) - PENDING_PRIVATE_IMPORTS) == []
+
+
+@pytest.mark.xfail(strict=True, reason=f"pending in conversion/ (issue 30): {sorted(PENDING_PRIVATE_IMPORTS)}")
+def test_no_private_name_imported_across_modules():
+    assert _private_imports(_ROOTS) == []
+
+
+def test_no_long_or_wide_function_but_the_pending_ones():
+    offenders = _function_offenders(_ROOTS)
+    assert {k: v for k, v in offenders.items() if k not in PENDING_FUNCTIONS} == {}
+
+
+@pytest.mark.xfail(strict=True, reason=f"pending (issue 30): {sorted(PENDING_FUNCTIONS)}")
+def test_no_function_over_150_lines_or_10_parameters():
+    assert _function_offenders(_ROOTS) == {}
+
+
+def test_hard_size_check_flags_a_long_module_whatever_its_docstring(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "reasoned.py").write_text('"""Long: over 500 lines because it must be."""\n' + "x = 1\n" * HARD_MODULE_LINES)
+    (pkg / "short.py").write_text("x = 1\n" * HARD_MODULE_LINES)
+    assert _modules_over([pkg], HARD_MODULE_LINES) == [f"pkg.reasoned ({HARD_MODULE_LINES + 1} lines)"]
+
+
+def test_private_import_check_flags_both_forms_and_nothing_else(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .a import _helper\n")
+    (pkg / "sub" / "a.py").write_text("_LIMIT = 3\ndef _helper():\n    return _LIMIT\n")
+    (pkg / "b.py").write_text(
+        "import pkg.sub.a as m\nfrom pkg.sub import a\nfrom pkg import sub as _sub\nfrom pkg.sub.a import __doc__\n"
+        "def f():\n    from pkg.sub.a import _LIMIT\n    return m._helper(), a._LIMIT, _sub.a, a.__name__\n")
+    (pkg / "c.py").write_text("class K:\n    _x = 1\ndef g(k):\n    return k._x, K._x\n")
+    assert _private_imports([pkg]) == [
+        "pkg.b: pkg.sub.a._LIMIT", "pkg.b: pkg.sub.a._helper", "pkg.sub: pkg.sub.a._helper",
+    ]
+
+
+def test_function_check_flags_a_long_and_a_wide_function(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    long_body = "    x = 1\n" * (MAX_FUNCTION_LINES - 1)
+    (pkg / "m.py").write_text(
+        f"def just_short():\n{long_body}"
+        f"def too_long():\n{long_body}    return x\n"
+        "def ten(a, b, c, d, e, f, g, h, i, j):\n    pass\n"
+        "def eleven(a, b, c, d, e, f, g, h, i, *, j, **k):\n    pass\n"
+        "class C:\n    def method(self, a, b, c, d, e, f, g, h, i, j):\n        pass\n"
+        "    def wide(self, a, b, c, d, e, f, g, h, i, j, k):\n        def inner():\n" + "            y = 1\n" * MAX_FUNCTION_LINES)
+    assert _function_offenders([pkg]) == {
+        "pkg.m:too_long": f"{MAX_FUNCTION_LINES + 1} lines",
+        "pkg.m:eleven": "11 parameters",
+        "pkg.m:C.wide": f"{MAX_FUNCTION_LINES + 2} lines, 11 parameters",
+        "pkg.m:C.wide.inner": f"{MAX_FUNCTION_LINES + 1} lines",
+    }
 
 
 # ------------------------------------------------------------------ README layout section
