@@ -22,7 +22,7 @@ from dpflow_core.runs.records import probe_checkpoint, reproducibility_record
 from dpflow_core.runs.spec import (
     CHECKPOINT_DIR, HANDLE_NAME, LATEST_CKPT, OUTPUT_LOG, RECORD_NAME, RunSpec, run_environment, run_dir_for, utc_now,
 )
-from dpflow_core.runs.state import RunHandle, mkdir_exclusive, launch_state_dir, launch_indices, load_handle
+from dpflow_core.runs.state import RunHandle, launch_indices, launch_state_dir, load_handle, mkdir_exclusive
 
 
 log = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ from dpflow_core.runs.records import launch_record, probe_checkpoint
 from dpflow_core.runs.spec import (
     CHECKPOINT_DIR, LATEST_CKPT, LOG_NAME, OUTPUT_LOG, RECORD_NAME, RunSpec, run_environment, run_dir_for, utc_now,
 )
-from dpflow_core.runs.state import mkdir_exclusive, launch_state_dir, launch_indices
+from dpflow_core.runs.state import launch_indices, launch_state_dir, mkdir_exclusive
 
 
 SLURM_RECORD = "slurm.json"
