@@ -9,6 +9,18 @@ For each checkpoint (paths or globs; the same file under two names, such as ``la
    disjoint from each checkpoint's training recordings, both read from the datasets' sidecars and
    ``sim_task.json``; rollout states, from 1,000,000 up, are disjoint from both).
 
+3. run the offline gate on it exactly as ``dpflow evaluate`` does
+   (``dpflow_core.evaluation.evaluate_checkpoint`` on the dataset it was trained on, the held-out episodes of
+   its own split, ``--samples-per-episode`` 48 and ``--margin`` 0.2 unless ``--gate-samples`` / ``--margin``
+   say otherwise); ``evaluate_checkpoint`` refuses any other dataset (SHA-256), so the gate cannot be run on
+   ``--heldout``. Its verdict and each criterion's figures go into the checkpoint's ``record.json``.
+
+Open-loop replay's success on the same states is the reference of issue 32's gate rule ("reject every
+checkpoint whose success is below the replay baseline's"): it is rolled out once
+(``dpflow_core.sim.rollout.rollout_baseline``, replaying the lowest training seed's demonstration as
+``evaluate_closed_loop`` does) and kept in ``--out/baselines/``. The gate's verdicts are crossed with success
+against it (``dpflow_core.evaluation.ranking.gate_agreement``).
+
 Then each metric's Spearman correlation with success, with a bootstrap interval over checkpoints,
 rollout states and held-out episodes (``dpflow_core.evaluation.ranking``), is written as
 ``offline_vs_success.json`` and ``offline_vs_success.md`` in ``--out``. Every metric is an error:
@@ -141,6 +153,87 @@ def _study_checkpoint(path: Path, digest: str, args, heldout, heldout_seeds, sam
     return record
 
 
+def _gate_checkpoint(path: Path, record: dict, args, folder: Path) -> dict:
+    """The offline gate's verdict on one checkpoint, as ``dpflow evaluate`` decides it (reused from its
+    ``record.json`` when the dataset, margin, samples and seed match); stored there under ``gate``."""
+    from dpflow_core.evaluation import evaluate_checkpoint
+    from dpflow_core.files import write_text_atomic
+
+    trained = record["trained_on"]
+    settings = {"dataset": trained["path"], "dataset_sha256": trained.get("sha256"), "margin": args.margin,
+                "samples_per_episode": args.gate_samples, "seed": 0}
+    if (record.get("gate") or {}).get("settings") == settings:
+        return record["gate"]
+    t0 = time.perf_counter()
+    # the loss-curve plot that dpflow evaluate adds from logs.json.txt plays no part in the verdict
+    result = evaluate_checkpoint(path, trained["path"], folder / "gate", max_samples_per_episode=args.gate_samples,
+                                 margin=args.margin, seed=0, overwrite=True)
+    record["gate"] = {
+        "settings": settings, "beats_baseline": result.beats_baseline, "failed_criteria": list(result.failed_criteria),
+        "criteria": result.gate, "held_out_episodes": list(result.held_out_episodes), "n_samples": result.n_samples,
+        "executed_steps": list(result.executed_steps), "notes": list(result.notes),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    write_text_atomic(folder / "record.json", json.dumps({k: v for k, v in record.items() if k not in ("stats", "reused")},
+                                                         indent=1), overwrite=True)
+    return record["gate"]
+
+
+def _replay_success(records: list[dict], args) -> dict:
+    """Open-loop replay's rollout summary on the study's states (``--out/baselines/replay_seed<k>.json``).
+
+    ``evaluate_closed_loop`` replays the demonstration of the lowest seed it is given as training seeds,
+    which the study makes its training recordings' lowest; checkpoints trained on recordings with different
+    lowest seeds get one replay each, and the best of them is the reference."""
+    from dpflow_core.files import write_text_atomic
+    from dpflow_core.sim.rollout import RolloutSummary, rollout_baseline, write_rollouts
+
+    seeds = records[0]["seeds"]
+    folder = args.out / "baselines"
+    summaries = []
+    for train_seed in sorted({min(_world_seeds(Path(r["trained_on"]["path"]))[1]) for r in records}):
+        path = folder / f"replay_seed{train_seed}.json"
+        settings = {"task": args.task, "seeds": seeds, "train_seed": train_seed}
+        if path.is_file() and json.loads(path.read_text()).get("settings") == settings:
+            summaries.append(json.loads(path.read_text()))
+            continue
+        t0 = time.perf_counter()
+        rolled = rollout_baseline("replay", args.task, seeds, train_seed=train_seed)
+        write_rollouts(folder, f"replay_seed{train_seed}", rolled)
+        summary = {"settings": settings, **RolloutSummary.of("replay", rolled).__dict__,
+                   "seconds": round(time.perf_counter() - t0, 2)}
+        write_text_atomic(path, json.dumps(summary, indent=1), overwrite=True)
+        summaries.append(summary)
+    return max(summaries, key=lambda s: s["success_rate"])
+
+
+def _gate_markdown(records: list[dict], agreement, replay: dict) -> str:
+    lines = [f"Offline gate (`dpflow evaluate`) against closed-loop success; open-loop replay (the demonstration of "
+             f"training seed {replay['settings']['train_seed']}): {replay['successes']}/{replay['n']}.", "",
+             agreement.table(), "",
+             f"Lowest success among passed checkpoints: "
+             + ("none passed" if agreement.lowest_passed is None else f"{100 * agreement.lowest_passed:.0f} %")
+             + "; highest among rejected: "
+             + ("none rejected" if agreement.highest_rejected is None else f"{100 * agreement.highest_rejected:.0f} %")
+             + f"; separable by a success threshold: {'yes' if agreement.separable else 'no'}; concordance "
+             f"(passed above rejected, ties 1/2): {agreement.concordance:.2f}.", "",
+             "| checkpoint | success | position (m): policy / best baseline | rotation (rad): policy / best baseline "
+             "| gripper events: policy / best baseline / recorded | gate |", "|---|---:|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: (r["closed_loop"]["success_rate"], r["name"])):
+        g = r["gate"]["criteria"]
+
+        def cell(name: str) -> str:
+            c = g[name]
+            mark = "" if c["passed"] else " **fail**"
+            return f"{c['policy']:.4g} / {c['baseline']:.4g} ({c['best_baseline']}){mark}"
+
+        ev = g["gripper_events"]
+        lines.append(f"| {r['name']} | {100 * r['closed_loop']['success_rate']:.0f} % | {cell('position_error_m')} | "
+                     f"{cell('rotation_error_rad')} | {cell('gripper_events')} / {ev['events']} | "
+                     f"{'PASS' if r['gate']['beats_baseline'] else 'reject'} |")
+    return "\n".join(lines) + "\n"
+
+
 def _markdown(records: list[dict], correlations: dict, args) -> str:
     from dpflow_core.evaluation.offline_metrics import METRICS
     from dpflow_core.evaluation.ranking import correlation_table
@@ -168,6 +261,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="Block of rollout seeds (dpflow rollout --seed).")
     ap.add_argument("--draws", type=int, default=None, help="Policy samples per anchor of the best-of-N error.")
     ap.add_argument("--noise-seed", type=int, default=0, help="Seed of the first draw's diffusion noise.")
+    ap.add_argument("--margin", type=float, default=None, help="The gate's margin (default: dpflow evaluate's).")
+    ap.add_argument("--gate-samples", type=int, default=48, help="Anchors per held-out episode of the gate (dpflow evaluate --samples-per-episode).")
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--out", type=Path, required=True)
@@ -177,7 +272,8 @@ def main() -> int:
     import torch
 
     from dpflow_core.evaluation.offline_metrics import BEST_OF_N, METRICS
-    from dpflow_core.evaluation.ranking import rank_metrics
+    from dpflow_core.evaluation import DEFAULT_MARGIN
+    from dpflow_core.evaluation.ranking import gate_agreement, rank_metrics
     from dpflow_core.files import sha256_file, write_text_atomic
     from dpflow_core.replay_buffer import ReplayBuffer
 
@@ -185,6 +281,7 @@ def main() -> int:
     if (args.out / "offline_vs_success.json").exists() and not args.overwrite:
         raise SystemExit(f"{args.out / 'offline_vs_success.json'} exists: pass --overwrite to replace it")
     args.draws = args.draws or BEST_OF_N
+    args.margin = DEFAULT_MARGIN if args.margin is None else args.margin
     started = time.perf_counter()
     heldout_task, heldout_seeds, _ = _world_seeds(args.heldout)
     if heldout_task != args.task:
@@ -204,6 +301,11 @@ def main() -> int:
               + ", ".join(f"{k} {v:.4g}" for k, v in r["metrics"].items())
               + (" (reused)" if r["reused"] else f" [{r['seconds']['offline']:.0f} s offline, "
                                                  f"{r['seconds']['rollouts']:.0f} s rollouts]"), flush=True)
+        before = r.get("gate")
+        g = _gate_checkpoint(path, r, args, folder)
+        print(f"  gate {'PASS' if g['beats_baseline'] else 'reject'}"
+              + (f" (fails {', '.join(g['failed_criteria'])})" if g["failed_criteria"] else "")
+              + (" (reused)" if g is before else f" [{g['seconds']:.0f} s]"), flush=True)
     seeds = {tuple(r["seeds"]) for r in records}
     if len(seeds) != 1:
         raise SystemExit("the checkpoints were rolled out on different initial states")
@@ -211,6 +313,9 @@ def main() -> int:
     success = np.array([r["success"] for r in records])
     correlations = rank_metrics([r["stats"] for r in records], success, resamples=args.resamples)
     rank_s = time.perf_counter() - t0
+    replay = _replay_success(records, args)
+    agreement = gate_agreement([r["name"] for r in records], [r["closed_loop"]["success_rate"] for r in records],
+                               [r["gate"]["beats_baseline"] for r in records], replay["success_rate"])
     summary = {
         "task": args.task, "states": args.states, "rollout_seeds": [min(records[0]["seeds"]), max(records[0]["seeds"])],
         "heldout": {"path": str(args.heldout), "sha256": heldout["sha256"], "episodes": len(heldout_seeds),
@@ -218,13 +323,14 @@ def main() -> int:
         "draws": args.draws, "resamples": args.resamples,
         "metrics": [{"name": m, "unit": u, "description": d} for m, u, d in METRICS],
         "correlations": {k: c.to_dict() for k, c in correlations.items()},
+        "replay": replay, "margin": args.margin, "gate_agreement": agreement.to_dict(),
         "checkpoints": [{k: v for k, v in r.items() if k != "stats"} for r in records],
         "seconds": {"total": round(time.perf_counter() - started, 1), "ranking": round(rank_s, 2),
                     "offline_per_checkpoint": [r["seconds"]["offline"] for r in records],
                     "rollouts_per_checkpoint": [r["seconds"]["rollouts"] for r in records]},
     }
     write_text_atomic(args.out / "offline_vs_success.json", json.dumps(summary, indent=2), overwrite=True)
-    table = _markdown(records, correlations, args)
+    table = _markdown(records, correlations, args) + "\n" + _gate_markdown(records, agreement, replay)
     write_text_atomic(args.out / "offline_vs_success.md", table, overwrite=True)
     print(table)
     print(f"results: {args.out / 'offline_vs_success.json'}, {args.out / 'offline_vs_success.md'}")

@@ -11,7 +11,9 @@ import pytest
 from dpflow_core.evaluation.offline_metrics import (
     EpisodeStats, best_of_n, critical_mask, episode_statistics, metric_value, metric_values,
 )
-from dpflow_core.evaluation.ranking import bootstrap_draws, correlation_table, rank_metrics, spearman, spearman_rows
+from dpflow_core.evaluation.ranking import (
+    bootstrap_draws, correlation_table, gate_agreement, rank_metrics, spearman, spearman_rows,
+)
 
 
 def _stats(values_per_episode):
@@ -152,3 +154,31 @@ def test_episode_statistics_hand_worked():
     assert math.isnan(st.value("critical_position_error_m", only1))
     back = EpisodeStats.from_npz(st.to_npz())
     assert back.values() == pytest.approx(v, nan_ok=True)
+
+
+def test_gate_agreement_counts_cells_threshold_and_concordance():
+    names = ["a", "b", "c", "d", "e", "f"]
+    rate = [0.0, 0.0, 0.04, 0.10, 0.50, 0.80]
+    # a passes at 0 % (a false pass), c is rejected at 4 % (a cost), the rest as success says
+    passed = [True, False, False, True, True, True]
+    g = gate_agreement(names, rate, passed, floor=0.0)
+    assert (g.n_not_better, g.n_better) == (2, 4)
+    assert (g.passed_not_better, g.rejected_not_better) == (("a",), ("b",))
+    assert (g.passed_better, g.rejected_better) == (("d", "e", "f"), ("c",))
+    assert (g.lowest_passed, g.highest_rejected) == (0.0, 0.04)
+    assert not g.separable
+    # passed {0, .1, .5, .8} x rejected {0, .04}: pairs above: 0 vs 0 tie (1/2), 0 vs .04 no, the other 6 yes
+    assert g.concordance == pytest.approx(6.5 / 8)
+    table = g.table().splitlines()
+    assert table[2] == "| success <= 0 % (no better than replay) | 2 | 1 | 1 |"
+    assert table[3] == "| success > 0 % | 4 | 3 | 1 |"
+
+    exact = gate_agreement(names, rate, [False, False, False, True, True, True], floor=0.04)
+    assert exact.separable and exact.concordance == 1.0
+    assert (exact.n_not_better, len(exact.rejected_better), len(exact.passed_not_better)) == (3, 0, 0)
+    nobody = gate_agreement(names, rate, [False] * 6, floor=0.0)
+    assert nobody.lowest_passed is None and nobody.separable and math.isnan(nobody.concordance)
+    with pytest.raises(ValueError, match="equal, non-zero"):
+        gate_agreement(names, rate[:-1], passed, floor=0.0)
+    with pytest.raises(ValueError, match="finite"):
+        gate_agreement(names, rate, passed, floor=float("nan"))

@@ -168,3 +168,76 @@ def correlation_table(correlations: Mapping[str, Correlation]) -> str:
         lo, hi = c.ci95
         rows.append(f"| `{c.metric}` | {what} ({unit}) | {c.spearman:+.2f} | {lo:+.2f} to {hi:+.2f} | {c.n_checkpoints} |")
     return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class GateAgreement:
+    """How the offline gate's verdicts agree with closed-loop success (:func:`gate_agreement`).
+
+    Attributes:
+        floor: the success rate a checkpoint must exceed to count as better than the reference
+            (open-loop replay's, a fraction).
+        n_not_better, n_better: checkpoints at or below the floor, above it.
+        passed_not_better, rejected_not_better, passed_better, rejected_better: the names in each cell.
+        lowest_passed, highest_rejected: the lowest success rate among passed checkpoints and the highest
+            among rejected ones (None when there is none).
+        separable: True when some threshold ``t`` splits them exactly (pass iff success > t), that is
+            every passed checkpoint's success exceeds every rejected one's.
+        concordance: over every (passed, rejected) pair, the share in which the passed one has the higher
+            success, ties counting one half (the Mann-Whitney ``U / (n_passed n_rejected)``, an area under
+            the ROC curve); NaN when either side is empty.
+    """
+
+    floor: float
+    n_not_better: int
+    n_better: int
+    passed_not_better: tuple[str, ...]
+    rejected_not_better: tuple[str, ...]
+    passed_better: tuple[str, ...]
+    rejected_better: tuple[str, ...]
+    lowest_passed: float | None
+    highest_rejected: float | None
+    separable: bool
+    concordance: float
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+    def table(self) -> str:
+        """A markdown table: one row per group (not better than the floor, better), gate passes and rejects."""
+        pct = f"{100 * self.floor:.0f} %"
+        rows = ["| checkpoints | n | gate passes | gate rejects |", "|---|---:|---:|---:|",
+                f"| success <= {pct} (no better than replay) | {self.n_not_better} | {len(self.passed_not_better)} | "
+                f"{len(self.rejected_not_better)} |",
+                f"| success > {pct} | {self.n_better} | {len(self.passed_better)} | {len(self.rejected_better)} |"]
+        return "\n".join(rows)
+
+
+def gate_agreement(names: Sequence[str], success_rate: Sequence[float], passed: Sequence[bool], floor: float) -> GateAgreement:
+    """Cross the gate's verdicts with closed-loop success against a reference success rate.
+
+    Args:
+        names: ``(C,)`` checkpoint names; success_rate: ``(C,)`` their success rates (fractions, on the
+            same states); passed: ``(C,)`` the gate's verdicts.
+        floor: the reference's success rate (fraction): a checkpoint at or below it does no better.
+
+    Raises:
+        ValueError: lengths that differ, no checkpoint, a non-finite success rate or floor.
+    """
+    rate = np.asarray(success_rate, dtype=np.float64)
+    ok = np.asarray(passed, dtype=bool)
+    if not (len(names) == len(rate) == len(ok)) or not len(rate):
+        raise ValueError(f"{len(names)} names, {len(rate)} success rates and {len(ok)} verdicts: need equal, non-zero counts")
+    if not (np.isfinite(rate).all() and math.isfinite(float(floor))):
+        raise ValueError(f"success rates and the floor must be finite, got {rate.tolist()} and {floor!r}")
+    better = rate > float(floor)
+    pick = lambda mask: tuple(n for n, m in zip(names, mask) if m)  # noqa: E731
+    lowest = float(rate[ok].min()) if ok.any() else None
+    highest = float(rate[~ok].max()) if (~ok).any() else None
+    diff = rate[ok][:, None] - rate[~ok][None, :]
+    concordance = float(((diff > 0) + 0.5 * (diff == 0)).mean()) if diff.size else float("nan")
+    return GateAgreement(
+        float(floor), int((~better).sum()), int(better.sum()), pick(ok & ~better), pick(~ok & ~better),
+        pick(ok & better), pick(~ok & better), lowest, highest,
+        bool(lowest is None or highest is None or lowest > highest), concordance,
+    )
