@@ -15,7 +15,7 @@ from scipy.spatial.transform import Rotation
 from dpflow_core.recordings import samples
 from dpflow_core.conversion import align_episode
 from dpflow_core.recordings.schemas import das_messages
-from dpflow_core.errors import ConversionError
+from dpflow_core.errors import ConversionError, RecordingError
 from dpflow_core.recordings.topics import DAS_DEFAULT
 
 SPEC = samples.SampleSpec(seconds=3.0, width=160, height=120, gop_size=15)
@@ -276,11 +276,13 @@ def test_nan_gripper_width_is_rejected(tmp_path):
     grip[10] = np.nan
     path = _write_vio(tmp_path / "nan_vio.mcap", [np.full((120, 160, 3), 90, np.uint8)] * n, ts, ts,
                       np.zeros((n, 3)), np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)), np.ones(n, bool), ts, grip)
-    with pytest.raises(ConversionError) as err:
+    # the reader refuses it before any alignment, naming the stream, the sample's time and its index
+    with pytest.raises(RecordingError) as err:
         align_episode(path, SIZE)
     assert err.value.code == "not_finite"
-    # linear interpolation spreads the NaN sample to the frames on both sides of it
-    assert "gripper width is NaN/inf at" in err.value.reason and str(path) in str(err.value)
+    assert "/robot0/sensor/magnetic_encoder: 1 gripper width sample NaN/inf" in err.value.reason
+    assert f"the first at {10 * 33_333_333 / 1e9:.3f} s (message 10 of {n})" in err.value.reason
+    assert str(path) in str(err.value)
 
 
 def test_resize_is_at_least_as_accurate_as_cv2_area(tmp_path):
