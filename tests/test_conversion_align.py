@@ -125,7 +125,7 @@ def test_rgb_matches_cv2_area_reference(episodes):
 def test_one_scaler_per_stream_gives_the_pixels_of_a_new_scaler_per_frame(episodes, size):
     """decode_camera reuses one swscale context for the stream; every frame must equal PyAV's
     per-frame ``VideoFrame.reformat`` (a new context each time) with the same flags, bit for bit."""
-    from dpflow_core.conversion.decode import _SWS_FLAGS
+    from dpflow_core.conversion.decode import SWS_FLAGS
     from dpflow_core.recordings import read_streams
 
     ep = episodes["late_idr"]  # leading undecodable packets: the scaler starts at the first IDR
@@ -142,9 +142,9 @@ def test_one_scaler_per_stream_gives_the_pixels_of_a_new_scaler_per_frame(episod
         except av.error.InvalidDataError:
             continue
         for f in frames:
-            ref[int(s.camera_ts_ns[f.pts])] = f.reformat(format="rgb24", interpolation=_SWS_FLAGS, **kw).to_ndarray()
+            ref[int(s.camera_ts_ns[f.pts])] = f.reformat(format="rgb24", interpolation=SWS_FLAGS, **kw).to_ndarray()
     for f in ctx.decode(None):
-        ref[int(s.camera_ts_ns[f.pts])] = f.reformat(format="rgb24", interpolation=_SWS_FLAGS, **kw).to_ndarray()
+        ref[int(s.camera_ts_ns[f.pts])] = f.reformat(format="rgb24", interpolation=SWS_FLAGS, **kw).to_ndarray()
     expected = np.stack([ref[int(t)] for t in a.camera_ts_ns])
     assert len(a) > 60 and expected.shape == a.rgb.shape
     np.testing.assert_array_equal(a.rgb, expected)

@@ -365,27 +365,13 @@ _ROOTS = [REPO / pkg for pkg in PACKAGES]
 PENDING_LONG_MODULES = {
     "dpflow_core.recordings.inspection",  # helper B (inspect_recording, decode_camera)
 }
-#: Private imports inside conversion/, which another part of issue 30 is reshaping (convert, align).
-PENDING_PRIVATE_IMPORTS = {
-    "dpflow_core.conversion: dpflow_core.conversion.align._SWS_FLAGS",
-    "dpflow_core.conversion.align: dpflow_core.conversion.decode._SWS_FLAGS",
-    "dpflow_core.conversion.align: dpflow_core.conversion.gaps._gaps",
-    "dpflow_core.conversion.convert: dpflow_core.conversion.align._LOWDIM_WIDTH",
-    "dpflow_core.conversion.convert: dpflow_core.conversion.align._check_image_size",
-    "dpflow_core.conversion.convert: dpflow_core.conversion.inputs._conversion_options",
-    "dpflow_core.conversion.convert: dpflow_core.conversion.inputs._key",
-    "dpflow_core.conversion.convert: dpflow_core.conversion.inputs._topic_map",
-    "dpflow_core.conversion.convert: dpflow_core.conversion.install._backup_name",
-    "dpflow_core.conversion.convert: dpflow_core.conversion.install._install",
-    "dpflow_core.conversion.convert: dpflow_core.conversion.install._remove_stale",
-    "dpflow_core.conversion.convert: dpflow_core.conversion.install._write_json_atomic",
-    "dpflow_core.conversion.inputs: dpflow_core.conversion.align._check_image_size",
-}
+#: Private imports waiting for another part of issue 30: none left.
+PENDING_PRIVATE_IMPORTS: set[str] = set()
 #: Functions too long or too wide, each waiting for another part of issue 30.
 PENDING_FUNCTIONS = {
     # conversion: convert, align_episode, the conversion CLI and their option plumbing (helper D)
     "dpflow_core.conversion.convert:convert", "dpflow_core.conversion.align:align_episode",
-    "dpflow_core.conversion.inputs:_conversion_options", "dpflow_core.conversion.inputs:dataset_key",
+    "dpflow_core.conversion.inputs:conversion_options", "dpflow_core.conversion.inputs:dataset_key",
     "dpflow_core.conversion.jobs:alignment_job", "dpflow_core.conversion.metadata:dataset_metadata",
     "dpflow_core.cli.dataset:convert_cmd",
     # one settings object per stage: the keyword arguments and the Typer options that map onto it
@@ -415,7 +401,6 @@ def test_no_private_name_imported_across_modules_but_the_pending_ones():
     assert sorted(set(_private_imports(_ROOTS)) - PENDING_PRIVATE_IMPORTS) == []
 
 
-@pytest.mark.xfail(strict=True, reason=f"pending in conversion/ (issue 30): {sorted(PENDING_PRIVATE_IMPORTS)}")
 def test_no_private_name_imported_across_modules():
     assert _private_imports(_ROOTS) == []
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dpflow_core.conversion.align import (
     CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, GAP_POLICIES, INVALID_POSE_POLICIES, LOWDIM_KEYS,
-    _SWS_FLAGS, AlignedEpisode, align_episode, split_segments,
+    SWS_FLAGS, AlignedEpisode, align_episode, split_segments,
 )
 from dpflow_core.conversion.inputs import (
     ConversionInputs, EpisodeInput, dataset_key, dataset_path_in, load_inputs, norm_stats_path_for, sidecar_path_for,
@@ -53,7 +53,7 @@ from dpflow_core.conversion.convert import ConversionResult, convert
 from dpflow_core.conversion.metadata import METADATA_VERSION
 
 __all__ = [
-    "CONVERTER_VERSION", "DEFAULT_MAX_GAP_S", "DEFAULT_MIN_SEGMENT_FRAMES", "GAP_POLICIES", "INVALID_POSE_POLICIES", "LOWDIM_KEYS", "METADATA_VERSION", "_SWS_FLAGS", "AlignedEpisode",
+    "CONVERTER_VERSION", "DEFAULT_MAX_GAP_S", "DEFAULT_MIN_SEGMENT_FRAMES", "GAP_POLICIES", "INVALID_POSE_POLICIES", "LOWDIM_KEYS", "METADATA_VERSION", "SWS_FLAGS", "AlignedEpisode",
     "ConversionInputs", "ConversionResult", "EpisodeInput", "align_episode", "align_job_episode", "alignment_job",
     "convert", "split_segments", "dataset_key", "dataset_path_in", "load_inputs", "norm_stats_path_for", "sidecar_path_for",
 ]

@@ -14,8 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from dpflow_core.conversion.decode import _SWS_FLAGS, damage_findings, decode_camera
-from dpflow_core.conversion.gaps import _gaps, cut_implausible, plan_segments
+from dpflow_core.conversion.decode import SWS_FLAGS, damage_findings, decode_camera
+from dpflow_core.conversion.gaps import find_gaps, cut_implausible, plan_segments
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
@@ -58,7 +58,7 @@ LOWDIM_KEYS = (
     "robot0_demo_start_pose",
     "robot0_demo_end_pose",
 )
-_LOWDIM_WIDTH = {
+LOWDIM_WIDTH = {
     "robot0_eef_pos": 3,
     "robot0_eef_rot_axis_angle": 3,
     "robot0_gripper_width": 1,
@@ -291,7 +291,7 @@ def align_episode(
     if not max_gap_s > 0:
         raise ConversionError(f"max_gap_s must be > 0 seconds, got {max_gap_s!r}", code="bad_option")
     if image_size is not None:
-        image_size = _check_image_size(image_size)
+        image_size = check_image_size(image_size)
     if stem is None:
         stem = path.name.removesuffix(".mcap").removesuffix("_vio")
     # With a scratch folder the access units wait in a spool file and the frames stream to a
@@ -455,7 +455,7 @@ def align_episode(
         "pose_invalid": invalid_info,
         "gaps": gaps,
         "long_gaps": long_info,
-        "pose_gaps": _gaps(pose_used_s, pose_period),
+        "pose_gaps": find_gaps(pose_used_s, pose_period),
         "frames": int(hi - lo),
         "duration_s": round(float(t_s[-1]), 4),
         "frequency_hz": 1.0 / period,
@@ -489,7 +489,8 @@ def _fmt_streams(info: dict) -> str:
     return ", ".join(f"{k} {v['start_s']:.2f}-{v['end_s']:.2f} s" for k, v in info.items())
 
 
-def _check_image_size(image_size: Sequence[int]) -> tuple[int, int]:
+def check_image_size(image_size: Sequence[int]) -> tuple[int, int]:
+    """``image_size`` as ``(W, H)`` pixels; :class:`ConversionError` ``bad_option`` unless two ints 8-8192."""
     try:
         w, h = (int(v) for v in image_size)
     except (TypeError, ValueError) as exc:

@@ -20,12 +20,12 @@ import numpy as np
 
 from dpflow_core.conversion.align import (
     DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, GAP_POLICIES, INVALID_POSE_POLICIES, LOWDIM_KEYS,
-    _LOWDIM_WIDTH, _check_image_size,
+    LOWDIM_WIDTH, check_image_size,
 )
 from dpflow_core.conversion.inputs import (
-    _conversion_options, _key, _topic_map, load_inputs, norm_stats_path_for, sidecar_path_for,
+    conversion_options, options_key, inputs_topic_map, load_inputs, norm_stats_path_for, sidecar_path_for,
 )
-from dpflow_core.conversion.install import _backup_name, _install, _remove_stale, _write_json_atomic
+from dpflow_core.conversion.install import backup_name, install_output, remove_stale, write_json_atomic
 from dpflow_core.conversion.jobs import FrameStreamer, align_all, alignment_job
 from dpflow_core.conversion.metadata import dataset_metadata
 from dpflow_core.conversion.rates import RATE_POLICIES, apply_rate_policy, group_path, subset_manifest
@@ -226,7 +226,7 @@ def convert(
             file system), naming the output; nothing of this call is left there.
     """
     started = time.perf_counter()
-    image_size = _check_image_size(image_size)
+    image_size = check_image_size(image_size)
     episode_cache = resolve_cache(cache)
     if invalid_pose_policy not in INVALID_POSE_POLICIES:
         raise ConversionError(
@@ -250,14 +250,14 @@ def convert(
     folder = out.parent
     sidecar, norm_path = sidecar_path_for(out), norm_stats_path_for(out)
     inputs = load_inputs(manifest_or_paths)
-    topics = same_options["topics"] = topics or _topic_map(inputs)
-    options = _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
+    topics = same_options["topics"] = topics or inputs_topic_map(inputs)
+    options = conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
                                   max_gap_s, gap_policy, min_segment_frames, plausibility, short_episode_policy,
                                   rate_policy)
     if min_pose_score:
         options["min_pose_score"] = min_pose_score
     checks = options["content_checks"]
-    key = _key(inputs, options)
+    key = options_key(inputs, options)
 
     existing = [p for p in (out, sidecar, norm_path) if p.exists()]
     if existing and reuse_existing and out.exists() and sidecar.exists() and norm_path.exists():
@@ -288,7 +288,7 @@ def convert(
 
     with os_errors_named(folder, "creating the output folder"):
         folder.mkdir(parents=True, exist_ok=True)
-    stale = _remove_stale(folder)
+    stale = remove_stale(folder)
     partial = folder / temp_name(out.name, "partial", unique=False)
     work = folder / temp_name(out.name, "work", unique=False)
     made: list[Path] = []
@@ -347,11 +347,11 @@ def convert(
         members = [NpzMember("meta__episode_ends", episode_ends.shape, np.dtype(np.int64), data=episode_ends.tobytes())]
         for k in ("timestamp", *LOWDIM_KEYS):
             dtype = np.dtype(np.float64 if k == "timestamp" else np.float32)
-            shape = (total,) if k == "timestamp" else (total, _LOWDIM_WIDTH[k])
+            shape = (total,) if k == "timestamp" else (total, LOWDIM_WIDTH[k])
             pieces = []
             for r in ok:
                 f_ = r["files"][k]
-                pieces.append((f_, npy_data_offset(f_), r["n"] * dtype.itemsize * (1 if k == "timestamp" else _LOWDIM_WIDTH[k]), False))
+                pieces.append((f_, npy_data_offset(f_), r["n"] * dtype.itemsize * (1 if k == "timestamp" else LOWDIM_WIDTH[k]), False))
             members.append(NpzMember("data__" + k, shape, dtype, pieces))
         # Its frames are in the file already; this entry describes the member for the metadata.
         frames_member = NpzMember(FRAMES_MEMBER, (total, h, w, 3), np.dtype(np.uint8))
@@ -408,15 +408,15 @@ def convert(
         meta["timings_s"] = {**timings, "total": round(time.perf_counter() - started, 3)}
         meta["sha256"], meta["size_bytes"] = sha256, size
         meta["wall_time_s"] = round(time.perf_counter() - started, 3)
-        norm_tmp = _write_json_atomic(norm_path, stats)
+        norm_tmp = write_json_atomic(norm_path, stats)
         made.append(norm_tmp)
-        side_tmp = _write_json_atomic(sidecar, meta)
+        side_tmp = write_json_atomic(sidecar, meta)
         made.append(side_tmp)
 
         suffix = stamp.strftime("%Y%m%dT%H%M%SZ")
         # The npz goes last: when it exists, its sidecar and norm stats exist too.
         for tmp, final in ((norm_tmp, norm_path), (side_tmp, sidecar), (partial, out)):
-            _install(tmp, final, _backup_name(final, suffix) if backup else None)
+            install_output(tmp, final, backup_name(final, suffix) if backup else None)
             made.remove(tmp)
             if not backup and final is not out:
                 made.append(final)

@@ -28,7 +28,7 @@ from dpflow_core.recordings.reader import starts_clean
 #: frames against the source resized with OpenCV INTER_AREA: mean error 2.5 levels,
 #: versus 2.9 for decode-to-BGR + cv2.resize(INTER_AREA) (3.8 for plain SWS_AREA),
 #: and about 1.3x faster than the OpenCV path (docs/benchmarks.md).
-_SWS_FLAGS = Interpolation.AREA | Interpolation.FULL_CHR_H_INT | Interpolation.ACCURATE_RND
+SWS_FLAGS = Interpolation.AREA | Interpolation.FULL_CHR_H_INT | Interpolation.ACCURATE_RND
 
 
 class FrameFile:
@@ -141,7 +141,7 @@ def decode_camera(
     Every unit is decoded even when ``ts_ns`` repeats a capture time (a later frame may reference
     it); a frame whose capture time equals the previous kept frame's is then dropped, so the kept
     frames are bit-identical to a full decode. Frames are converted to RGB and resized by one
-    ``VideoReformatter`` (one swscale context, :data:`_SWS_FLAGS`) for the whole stream:
+    ``VideoReformatter`` (one swscale context, :data:`SWS_FLAGS`) for the whole stream:
     bit-identical to ``VideoFrame.reformat`` per frame.
 
     With ``rgb_path`` the frames stream to that ``.npy`` file as they are decoded
@@ -250,11 +250,11 @@ class _FrameSink:
         if self.image_size is None and self.max_width is not None and frame.width > self.max_width:
             height = max(1, round(frame.height * self.max_width / frame.width))
             return self.scaler.reformat(frame, width=self.max_width, height=height, format="rgb24",
-                                        interpolation=_SWS_FLAGS).to_ndarray()
+                                        interpolation=SWS_FLAGS).to_ndarray()
         if self.image_size is None:
-            return self.scaler.reformat(frame, format="rgb24", interpolation=_SWS_FLAGS).to_ndarray()
+            return self.scaler.reformat(frame, format="rgb24", interpolation=SWS_FLAGS).to_ndarray()
         return self.scaler.reformat(frame, width=self.image_size[0], height=self.image_size[1], format="rgb24",
-                                    interpolation=_SWS_FLAGS).to_ndarray()
+                                    interpolation=SWS_FLAGS).to_ndarray()
 
     def take(self, frames: Iterable[av.VideoFrame], path: Path) -> None:
         for frame in frames:

@@ -17,7 +17,7 @@ import numpy as np
 from dpflow_core.errors import ConversionError
 
 
-def _gaps(t_s: np.ndarray, period_s: float, factor: float = 1.5) -> list[dict]:
+def find_gaps(t_s: np.ndarray, period_s: float, factor: float = 1.5) -> list[dict]:
     """Intervals of ``t_s`` longer than ``factor`` periods: ``at_s`` (time of the frame before
     the gap), ``duration_s``, ``missing_frames`` and ``row`` (index of that frame)."""
     dt = np.diff(t_s)
@@ -60,7 +60,7 @@ def plan_segments(
         ConversionError: ``camera_gap`` (a long hole under ``"reject"``: the reason gives each
             hole's length, time and missing frames) or ``too_short`` (no piece long enough).
     """
-    gaps = _gaps(t_s, period_s)
+    gaps = find_gaps(t_s, period_s)
     long = [g for g in gaps if g["duration_s"] > max_gap_s]
     segments = None
     info: dict = {"max_gap_s": max_gap_s, "policy": gap_policy, "gaps": [], "segments": []}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpflow_core.conversion.align import CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, _check_image_size
+from dpflow_core.conversion.align import CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, check_image_size
 from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.files import display_name
 from dpflow_core.names import validate_name
@@ -173,7 +173,7 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
     return ConversionInputs(episodes, rejected, sources, tasks.pop() if len(tasks) == 1 else None, root0, topics)
 
 
-def _topic_map(inputs: ConversionInputs) -> TopicMap:
+def inputs_topic_map(inputs: ConversionInputs) -> TopicMap:
     """The manifest's topic map when it records one (as pairing writes it), else the DAS defaults."""
     if not inputs.topics:
         return DAS_DEFAULT
@@ -187,9 +187,11 @@ def _topic_map(inputs: ConversionInputs) -> TopicMap:
         raise ConversionError(f"manifest topics are invalid: {exc.reason}", code="bad_manifest") from exc
 
 
-def _conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
+def conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
                         max_gap_s=DEFAULT_MAX_GAP_S, gap_policy="split", min_segment_frames=DEFAULT_MIN_SEGMENT_FRAMES,
                         plausibility=None, short_episode_policy="reject", rate_policy="resample") -> dict:
+    """The conversion options that decide a dataset's content, checked and as one JSON-able dict (what
+    :func:`options_key` hashes and ``dataset.json`` records); :class:`ConversionError` ``bad_option`` on a bad one."""
     from dpflow_core.conversion.jobs import content_checks
 
     return {
@@ -227,14 +229,16 @@ def dataset_key(
     the same conversion of the same bytes.
     """
     inputs = manifest_or_paths if isinstance(manifest_or_paths, ConversionInputs) else load_inputs(manifest_or_paths)
-    topics = topics or _topic_map(inputs)
-    return _key(inputs, _conversion_options(_check_image_size(image_size), invalid_pose_policy,
+    topics = topics or inputs_topic_map(inputs)
+    return options_key(inputs, conversion_options(check_image_size(image_size), invalid_pose_policy,
                                             min_overlap_fraction, frequency_tolerance, topics,
                                             max_gap_s, gap_policy, min_segment_frames, plausibility,
                                             short_episode_policy, rate_policy))
 
 
-def _key(inputs: ConversionInputs, options: dict) -> str:
+def options_key(inputs: ConversionInputs, options: dict) -> str:
+    """SHA-256 (hex) of the converter version, ``options`` (:func:`conversion_options`) and every input's
+    identity: equal keys mean an equal dataset, so an existing one with this key is reused."""
     doc = {
         "converter_version": CONVERTER_VERSION,
         "options": options,
