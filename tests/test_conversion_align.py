@@ -22,23 +22,26 @@ SPEC = samples.SampleSpec(seconds=3.0, width=160, height=120, gop_size=15)
 SIZE = (96, 72)
 
 
-def _write_vio(path: Path, frames_bgr, frame_ns, pose_ns, pos, quat, valid, grip_ns, grip, fps=30.0):
-    """Write a minimal ``_vio.mcap`` (camera, pose, gripper) from explicit streams."""
+def _write_vio(path: Path, frames_bgr, frame_ns, pose_ns, pos, quat, valid, grip_ns, grip, fps=30.0, arrival_ns=None):
+    """Write a minimal ``_vio.mcap`` (camera, pose, gripper) from explicit streams; each message arrives
+    (log time) a fixed delay after its capture time, or after ``arrival_ns[topic][i]`` where given."""
+    arrival_ns = arrival_ns or {}
     msgs = das_messages()
     t = DAS_DEFAULT
     units = samples.encode_h264(list(frames_bgr), fps, 15)
     records = []
     for seq, (ts, (data, _)) in enumerate(zip(frame_ns, units)):
-        records.append((int(ts) + 5_000_000, t.camera, msgs.CompressedImage(
+        at = arrival_ns.get(t.camera, frame_ns)[seq]
+        records.append((int(at) + 5_000_000, t.camera, msgs.CompressedImage(
             header=samples.device_header(msgs, t.camera, seq, ts, fps), frame_id="camera0", data=data, format="h264")))
     for seq, ts in enumerate(pose_ns):
         p = msgs.PoseInFrame(header=samples.device_header(msgs, t.pose, seq, ts, fps), frame_id="world",
                              pose_valid=bool(valid[seq]), score=0.9)
         p.pose.position.x, p.pose.position.y, p.pose.position.z = pos[seq]
         p.pose.orientation.x, p.pose.orientation.y, p.pose.orientation.z, p.pose.orientation.w = quat[seq]
-        records.append((int(ts) + 30_000_000, t.pose, p))
+        records.append((int(arrival_ns.get(t.pose, pose_ns)[seq]) + 30_000_000, t.pose, p))
     for seq, (ts, w) in enumerate(zip(grip_ns, grip)):
-        records.append((int(ts) + 1_000_000, t.gripper, msgs.MagneticEncoderMeasurement(
+        records.append((int(arrival_ns.get(t.gripper, grip_ns)[seq]) + 1_000_000, t.gripper, msgs.MagneticEncoderMeasurement(
             header=samples.device_header(msgs, t.gripper, seq, ts, 50.0), value=float(w))))
     records.sort(key=lambda r: r[0])
     samples.write_mcap(path, records)
@@ -320,3 +323,48 @@ def test_resize_is_at_least_as_accurate_as_cv2_area(tmp_path):
     ours = np.mean([np.abs(x.astype(int) - t.astype(int)).mean() for x, t in zip(a.rgb, truth)])
     ref = np.mean([np.abs(x.astype(int) - t.astype(int)).mean() for x, t in zip(cv2_path, truth)])
     assert len(a) == n and ours <= ref * 1.02, (ours, ref)
+
+
+@pytest.mark.parametrize("stream, at, step_s", [("camera", 45, 0.3), ("pose", 30, 0.15), ("gripper", 60, -0.25)])
+def test_clock_step_is_refused_at_conversion_without_pairing(tmp_path, stream, at, step_s):
+    """A stream's capture clock jumps (forward or back) against its arrival times at message ``at``: the
+    reader refuses it naming the stream, the size and the time of the last sample on the old clock, so a
+    manifest written by hand (no ``dpflow pair``) cannot convert it into rows paired with wrong samples."""
+    n = 90
+    t0 = 1_767_000_000_000_000_000
+    ts = t0 + np.arange(n, dtype=np.int64) * 33_333_333
+    topic = {"camera": DAS_DEFAULT.camera, "pose": DAS_DEFAULT.pose, "gripper": DAS_DEFAULT.gripper}[stream]
+    stepped = ts.copy()
+    stepped[at:] += int(step_s * 1e9)
+    streams = {k: (stepped if k == stream else ts) for k in ("camera", "pose", "gripper")}
+    frames = [np.full((120, 160, 3), 60 + k, np.uint8) for k in range(n)]
+    path = _write_vio(tmp_path / "step_vio.mcap", frames, streams["camera"], streams["pose"], np.zeros((n, 3)),
+                      np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)), np.ones(n, bool), streams["gripper"], np.full(n, 0.05),
+                      arrival_ns={topic: ts})
+    with pytest.raises(RecordingError) as err:
+        align_episode(path, SIZE)
+    code = "clock_step" if step_s > 0 else "clock_reversal"
+    assert err.value.code == code
+    what = "stepped forward" if step_s > 0 else "ran backwards"
+    # the last sample on the old clock is message at - 1; times count from the first sample of any stream
+    assert f"{topic} capture clock {what} by {abs(step_s):.3f} s at {(at - 1) * 33_333_333 / 1e9:.3f} s" in err.value.reason
+    assert str(path) in str(err.value)
+
+
+def test_no_clock_step_on_a_healthy_recording_with_jittered_arrivals(tmp_path):
+    """Arrival delays that wander (up to 40 ms, one message 90 ms late) are no clock step: the reader
+    reads every frame at its capture time."""
+    n = 90
+    t0 = 1_767_000_000_000_000_000
+    ts = t0 + np.arange(n, dtype=np.int64) * 33_333_333
+    rng = np.random.default_rng(7)
+    late = ts + rng.integers(0, 40_000_000, n)
+    late[50] += 90_000_000
+    frames = [np.full((120, 160, 3), 60 + k, np.uint8) for k in range(n)]
+    path = _write_vio(tmp_path / "ok_vio.mcap", frames, ts, ts, np.zeros((n, 3)), np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)),
+                      np.ones(n, bool), ts, np.full(n, 0.05), arrival_ns={DAS_DEFAULT.camera: late})
+    from dpflow_core.recordings.reader import read_streams
+
+    streams = read_streams(path, DAS_DEFAULT)
+    assert len(streams.camera_packets) == n
+    np.testing.assert_array_equal(streams.camera_ts_ns, ts)

@@ -214,9 +214,14 @@ def _order_camera(ts: list[int], log_times: list[int], data: Sequence[bytes]) ->
 
 def _check_samples(path: Path, topics: TopicMap, camera, pose, gripper, pose_vals, grip_vals) -> None:
     """What sorting by capture time would hide: a clock that went back in file order (rows from before
-    and after would interleave) and NaN/inf samples (a valid pose's or a gripper width), each a
-    :class:`RecordingError` naming the stream, the time (s from the first sample) and the figure."""
+    and after would interleave), a capture clock that stepped against its arrival times
+    (:func:`~dpflow_core.recordings.plausibility.check_clock` with its default ``clock_step_s``, as
+    pairing judges it: every later sample would pair with the wrong ones of the other streams) and
+    NaN/inf samples (a valid pose's or a gripper width), each a :class:`RecordingError` naming the
+    stream, the time (s from the first sample) and the figure. Checked here too, not only at pairing,
+    so that a hand-made manifest that never went through ``dpflow pair`` cannot skip it."""
     from dpflow_core.recordings.inspection import file_order_reversal
+    from dpflow_core.recordings.plausibility import check_clock
 
     t0 = min((min(ts) for ts, _lt in (camera, pose, gripper) if ts), default=0)
     for topic, (ts, lt) in ((topics.camera, camera), (topics.pose, pose), (topics.gripper, gripper)):
@@ -226,6 +231,13 @@ def _check_samples(path: Path, topics: TopicMap, camera, pose, gripper, pose_val
             raise RecordingError(
                 f"{topic} capture clock ran backwards by {size_s:.3f} s at {(ts[k - 1] - t0) / 1e9:.3f} s (message {k}, "
                 "file order): its samples after that would interleave with earlier ones", path, code="clock_reversal")
+        for f in check_clock(np.asarray(ts, dtype=np.int64), np.asarray(lt, dtype=np.int64), t0, topic):
+            if f.policy == "reject":
+                what = "stepped forward" if f.code == "clock_step" else "ran backwards"
+                raise RecordingError(
+                    f"{topic} capture clock {what} by {abs(f.value):.3f} s at {f.at_s:.3f} s (message "
+                    f"{f.detail.get('message_index')}) against its arrival times: every later sample would pair "
+                    "with the wrong samples of the other streams", path, code=f.code)
     vals = np.asarray(pose_vals, dtype=np.float64).reshape(-1, 9)
     bad_pose = ~np.isfinite(vals[:, :7]).all(axis=1) & (vals[:, 7] != 0)
     widths = np.asarray(grip_vals, dtype=np.float64)
