@@ -277,3 +277,24 @@ def test_one_minimum_episode_length_rejects_or_warns_with_the_figure(tmp_path, s
     assert kept.n_episodes == 3 and short.stem not in {r["stem"] for r in kept.rejected}
     warned = [w for w in kept.metadata["warnings"] if w.get("stem") == short.stem]
     assert [w["code"] for w in warned] == ["short_episode"] and "below the minimum episode length" in warned[0]["reason"]
+
+
+def test_formats_md_lists_every_plausibility_class_with_its_default_policy_and_every_threshold():
+    """docs/formats.md's plausibility table follows the code: a row per class of ``POLICIES`` whose policy
+    cell starts with the class's default, and every ``PlausibilityOptions`` threshold named."""
+    import re
+    from dataclasses import fields
+    from pathlib import Path
+
+    from dpflow_core.recordings.plausibility import POLICIES, PlausibilityOptions
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    section = docs[docs.index("### Plausibility"):]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z_]+)` \|.*$", section, re.M)}
+    assert sorted(set(POLICIES) - set(rows)) == []
+    for code, accepted in POLICIES.items():
+        policy_cell = rows[code].rstrip(" |").rsplit("|", 1)[-1].strip()
+        assert policy_cell.startswith(accepted[0]), (code, policy_cell)
+    thresholds = [f.name for f in fields(PlausibilityOptions) if f.name != "policies"]
+    assert sorted(t for t in thresholds if f"`{t}`" not in section) == []
