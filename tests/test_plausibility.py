@@ -298,3 +298,89 @@ def test_formats_md_lists_every_plausibility_class_with_its_default_policy_and_e
         assert policy_cell.startswith(accepted[0]), (code, policy_cell)
     thresholds = [f.name for f in fields(PlausibilityOptions) if f.name != "policies"]
     assert sorted(t for t in thresholds if f"`{t}`" not in section) == []
+
+
+# --------------------------------------------------------------------------- the IMU: liveness and range
+
+
+def _imu_of(ts, pos, quat, hz=200.0, seed=0):
+    """What an IMU rigidly on the camera reads along a track (ground truth: the track), with noise."""
+    from scipy.spatial.transform import Slerp
+
+    t = (ts - ts[0]) / 1e9
+    t_imu = np.arange(t[1], t[-2], 1 / hz)
+    slerp = Slerp(t, Rotation.from_quat(quat))
+    h = 0.01
+    r0, r1, r2 = slerp(t_imu - h), slerp(t_imu), slerp(t_imu + h)
+    gyro = (r0.inv() * r2).as_rotvec() / (2 * h)
+    p = [np.stack([np.interp(t_imu + d, t, pos[:, k]) for k in range(3)], axis=1) for d in (-h, 0.0, h)]
+    force = r1.inv().apply((p[2] - 2 * p[1] + p[0]) / h**2 + [0.0, 0.0, 9.81])
+    rng = np.random.default_rng(seed)
+    return ts[0] + np.round(t_imu * 1e9).astype(np.int64), gyro + rng.normal(0, 0.003, gyro.shape), force + rng.normal(0, 0.03, force.shape)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_imu_faults_named_with_sensor_time_and_figure(seed):
+    from dpflow_core.recordings.plausibility import check_imu
+
+    ts, pos, quat, _ = _track(seed)
+    its, gyro, acc = _imu_of(ts, pos, quat, seed=seed)
+    t0 = int(ts[0])
+    assert check_imu(its, gyro, acc, ts, pos, quat, t0) == []  # the true IMU: nothing
+    # a dead gyro, then a dead accelerometer (constant on every axis while the hand moves): imu_dead, warned
+    (f,) = check_imu(its, np.zeros_like(gyro), acc, ts, pos, quat, t0)
+    assert (f.code, f.detail["sensor"], f.policy, f.action) == ("imu_dead", "gyro", "warn", "warned")
+    assert f.detail["pose_path_m"] > 0.05
+    (f,) = check_imu(its, gyro, np.tile(acc[0], (len(acc), 1)), ts, pos, quat, t0)
+    assert (f.code, f.detail["sensor"]) == ("imu_dead", "accelerometer")  # no second, gravity finding
+    # specific force written in g: the median magnitude is 1, named with the hint
+    (f,) = check_imu(its, gyro, acc / 9.81, ts, pos, quat, t0)
+    assert f.code == "imu_out_of_range" and abs(f.value - 1.0) < 0.05 and "g written instead of m/s^2" in f.detail["why"]
+    # one gyro sample beyond full scale, at a known time
+    k = 100 + 37 * seed
+    bad = gyro.copy()
+    bad[k, seed % 3] = 50.0
+    (f,) = check_imu(its, bad, acc, ts, pos, quat, t0)
+    assert (f.code, f.detail["sensor"], f.detail["samples"], f.value, f.unit) == ("imu_out_of_range", "gyro", 1, 50.0, "rad/s")
+    assert f.at_s == pytest.approx((its[k] - t0) / 1e9)
+    # the reject policy
+    (f,) = check_imu(its, np.zeros_like(gyro), acc, ts, pos, quat, t0, PlausibilityOptions(policies={"imu_dead": "reject"}))
+    assert f.action == "rejected"
+
+
+def test_a_still_device_with_a_constant_imu_is_no_finding():
+    """A hand at rest: constant pose and an IMU that reads the same all along (no motion to feel)."""
+    from dpflow_core.recordings.plausibility import check_imu
+
+    ts = np.arange(90, dtype=np.int64) * 33_333_333
+    pos, quat = np.zeros((90, 3)), np.tile([0.0, 0.0, 0.0, 1.0], (90, 1))
+    its = np.arange(600, dtype=np.int64) * 5_000_000
+    assert check_imu(its, np.zeros((600, 3)), np.tile([0.0, 0.0, 9.81], (600, 1)), ts, pos, quat, 0) == []
+    assert check_imu(None, None, None, ts, pos, quat, 0) == []
+
+
+def test_dead_imu_reaches_the_dataset_as_a_warning_and_is_rejected_when_asked(tmp_path):
+    """Through conversion: a recording whose IMU reads zeros (gyro) is converted with an ``imu_dead``
+    finding in its episode's plausibility record; with ``imu_dead: reject`` it is rejected, named."""
+    from fault_fixtures import IMU, edit_messages
+
+    task = tmp_path / "imu_task"
+    write_small_episode(task, "healthy", seed=30)
+    ep = write_small_episode(task, "dead_imu", seed=31)
+
+    def dead(_topic, _k, msg):
+        msg.angular_velocity.x = msg.angular_velocity.y = msg.angular_velocity.z = 0.0
+
+    edit_messages(ep.vio_mcap, (IMU,), dead)
+    refresh_vio_result(task)
+    manifest = pair_recordings(task)
+    out = convert(manifest, tmp_path / "warn.npz", image_size=SIZE)
+    episodes = {e["stem"]: e for e in json.loads((tmp_path / "warn.json").read_text())["episodes"]}
+    codes = [(f["code"], f["detail"].get("sensor"), f["action"]) for f in episodes["dead_imu"]["plausibility"]["findings"]]
+    assert ("imu_dead", "gyro", "warned") in codes, codes
+    assert not [f for f in episodes["healthy"]["plausibility"]["findings"] if f["code"].startswith("imu")]
+    assert out.n_episodes == 2
+    res = convert(manifest, tmp_path / "reject.npz", image_size=SIZE,
+                  plausibility={"policies": {"imu_dead": "reject"}})
+    assert res.n_episodes == 1 and [(r["stem"], r["code"]) for r in res.rejected] == [("dead_imu", "imu_dead")]
+    assert "imu_dead: imu from" in res.rejected[0]["reason"] and "gyro constant at [0.0, 0.0, 0.0] rad/s" in res.rejected[0]["reason"]

@@ -276,7 +276,7 @@ def align_episode(
     from dpflow_core.offsets import ImageMotion, measure_offsets
     from dpflow_core.recordings.inspection import clock_domain_note
     from dpflow_core.recordings.orientation import check_orientation
-    from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_pose, decide
+    from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_imu, check_pose, decide
     from dpflow_core.recordings.reader import read_streams
 
     checks = (plausibility or PlausibilityOptions()).validate()
@@ -337,10 +337,10 @@ def align_episode(
     lo, hi = _longest_true_run(in_overlap)
 
     verdict = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, origin, checks, cam_ns, motion)
-    findings = verdict.findings + check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, streams.pose_ts_ns,
-                                                streams.position_m, origin, checks)
-    findings += check_orientation(streams.pose_ts_ns, streams.quat_xyzw, streams.imu_ts_ns, streams.gyro_rps,
-                                  streams.accel_mps2, origin, checks)
+    pose = (streams.pose_ts_ns, streams.position_m, streams.quat_xyzw)
+    imu = (streams.imu_ts_ns, streams.gyro_rps, streams.accel_mps2)
+    findings = verdict.findings + check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, *pose[:2], origin, checks)
+    findings += check_orientation(pose[0], pose[2], *imu, origin, checks) + check_imu(*imu, *pose, origin, checks)
     rejected = decide(findings)
     if rejected is not None:
         others = [f.describe() for f in findings if f is not rejected]

@@ -24,6 +24,10 @@ class (``code``)          rule                                            defaul
 ``quaternion_convention`` the pose's rotations disagree with the IMU's    reject             reject, warn
                           gyro or gravity, another reading agrees
                           (:mod:`dpflow_core.recordings.orientation`)
+``imu_dead``              gyro or accelerometer constant over the         warn               warn, reject
+                          episode while the pose moves or turns
+``imu_out_of_range``      a sample beyond the sensor's range, or a        warn               warn, reject
+                          gravity that is not 1 g (units)
 ========================  ==============================================  =================  ==============
 
 ``repair`` replaces a spike by the interpolation of its neighbours and records the original value
@@ -54,6 +58,8 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "clock_step": ("reject", "warn"),
     "clock_reversal": ("reject", "warn"),
     "quaternion_convention": ("reject", "warn"),
+    "imu_dead": ("warn", "reject"),
+    "imu_out_of_range": ("warn", "reject"),
 }
 
 
@@ -82,6 +88,10 @@ class PlausibilityOptions:
         convention_min_residual, convention_ratio: the declared quaternion reading disagrees with the
             IMU when it leaves more than ``convention_min_residual`` of the IMU signal unexplained and
             ``convention_ratio`` times more than another reading does.
+        imu_gyro_range_rps: the IMU gyro's full scale, rad/s (2000 deg/s, the usual MEMS setting).
+        imu_accel_range_mps2: the accelerometer's full scale, m/s^2 (16 g).
+        imu_gravity_mps2: (low, high) median specific-force magnitude of a handheld device, m/s^2:
+            1 g give or take the hand's own acceleration; a median near 1 is a sensor writing g, not m/s^2.
         policies: class -> policy (see :data:`POLICIES`); missing classes take their default.
     """
 
@@ -100,6 +110,9 @@ class PlausibilityOptions:
     convention_window_s: float = 0.25
     convention_min_residual: float = 0.02
     convention_ratio: float = 10.0
+    imu_gyro_range_rps: float = 34.9
+    imu_accel_range_mps2: float = 156.9
+    imu_gravity_mps2: tuple[float, float] = (7.0, 13.0)
     policies: dict[str, str] = field(default_factory=dict)
 
     def policy(self, code: str) -> str:
@@ -362,6 +375,52 @@ def check_gripper(ts_ns: np.ndarray, width_m: np.ndarray, pose_ts_ns: np.ndarray
             if path >= opts.moving_m:
                 findings.append(new_finding(opts, "gripper_stuck", "gripper", rel(ts[a]), rel(ts[b]), dur,
                                          opts.gripper_stuck_s, "s", constant_m=float(width[a]), pose_path_m=round(path, 4)))
+    return findings
+
+
+def check_imu(ts_ns: np.ndarray | None, gyro_rps: np.ndarray | None, accel_mps2: np.ndarray | None,
+              pose_ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray, t0_ns: int,
+              opts: PlausibilityOptions = PlausibilityOptions()) -> list[Finding]:
+    """Liveness and range of the optional IMU (it is not trained on, but the offsets and the quaternion
+    check read it, and a lab keeps it for other policies): ``imu_dead``, a gyro or accelerometer whose
+    every axis is constant (``frozen_eps``) over the episode while the pose moves ``moving_m`` or turns
+    0.3 rad; ``imu_out_of_range``, samples beyond the sensor's full scale, or a median specific-force
+    magnitude outside ``imu_gravity_mps2`` (a still or handheld device feels 1 g: a median of 1.0 is a
+    driver writing g instead of m/s^2, 0 a dead axis set).
+
+    Args:
+        ts_ns: (I,) int64 capture times, or None without an IMU (no finding). gyro_rps, accel_mps2: (I, 3).
+        pose_ts_ns, position_m (M, 3) m, quat_xyzw (M, 4): the pose track, capture order. t0_ns: the start.
+    """
+    if ts_ns is None or gyro_rps is None or accel_mps2 is None or len(ts_ns) < 2:
+        return []
+    ts = np.asarray(ts_ns, dtype=np.int64)
+    rel = lambda ns: (int(ns) - t0_ns) / 1e9  # noqa: E731
+    gyro, acc = np.asarray(gyro_rps, np.float64), np.asarray(accel_mps2, np.float64)
+    findings: list[Finding] = []
+    q = np.asarray(quat_xyzw, np.float64)
+    turn = float(np.max(_angles(q, np.broadcast_to(q[0], q.shape)))) if len(q) else 0.0
+    path = _path_length(np.asarray(position_m, np.float64))
+    for name, vals, unit in (("gyro", gyro, "rad/s"), ("accelerometer", acc, "m/s^2")):
+        if np.all(np.ptp(vals, axis=0) <= opts.frozen_eps) and (path >= opts.moving_m or turn >= 0.3):
+            findings.append(new_finding(opts, "imu_dead", "imu", rel(ts[0]), rel(ts[-1]), float(np.max(np.ptp(vals, axis=0))),
+                                        opts.frozen_eps, unit, sensor=name, constant=[float(v) for v in vals[0]],
+                                        pose_path_m=round(path, 4), pose_turn_rad=round(turn, 4),
+                                        why=f"{name} constant at {[round(float(v), 4) for v in vals[0]]} {unit} while the "
+                                            f"pose moves {path:.2f} m and turns {np.degrees(turn):.0f} deg"))
+    for name, vals, full, unit in (("gyro", gyro, opts.imu_gyro_range_rps, "rad/s"),
+                                   ("accelerometer", acc, opts.imu_accel_range_mps2, "m/s^2")):
+        out = np.flatnonzero(np.max(np.abs(vals), axis=1) > full)
+        if len(out):
+            findings.append(new_finding(opts, "imu_out_of_range", "imu", rel(ts[out[0]]), rel(ts[out[-1]]),
+                                        float(np.max(np.abs(vals[out]))), full, unit, sensor=name, samples=int(len(out))))
+    g = float(np.median(np.linalg.norm(acc, axis=1)))
+    lo, hi = opts.imu_gravity_mps2
+    if not lo <= g <= hi and not any(f.code == "imu_dead" and f.detail["sensor"] == "accelerometer" for f in findings):
+        findings.append(new_finding(opts, "imu_out_of_range", "imu", rel(ts[0]), rel(ts[-1]), g, lo if g < lo else hi,
+                                    "m/s^2", sensor="accelerometer", median_specific_force_mps2=round(g, 4),
+                                    why=f"median specific force {g:.3g} m/s^2 where a handheld device feels 9.81"
+                                        + (" (g written instead of m/s^2?)" if 0.7 <= g <= 1.3 else "")))
     return findings
 
 

@@ -23,7 +23,7 @@ from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, 
 from dpflow_core.pairing.manifest import read_manifest_json
 from dpflow_core.recordings import EpisodeStreams, read_streams
 from dpflow_core.recordings.orientation import check_orientation
-from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_pose
+from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_imu, check_pose
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 from dpflow_core.report.preview import PreviewData, draw_preview
 
@@ -439,6 +439,8 @@ def episode_quality(
         findings += check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, streams.pose_ts_ns, streams.position_m, t0)
         findings += check_orientation(streams.pose_ts_ns, streams.quat_xyzw, streams.imu_ts_ns, streams.gyro_rps,
                                       streams.accel_mps2, t0, PlausibilityOptions().validate())
+        findings += check_imu(streams.imu_ts_ns, streams.gyro_rps, streams.accel_mps2, streams.pose_ts_ns,
+                              streams.position_m, streams.quat_xyzw, t0)
         found = [f.to_dict() for f in findings] + damage_findings(damaged, t0)
         episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(found),
                                 camera_offset=offsets["camera_offset"], imu_offset=offsets["imu_offset"]))
