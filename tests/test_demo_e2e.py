@@ -157,6 +157,8 @@ def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str
     for c in criteria[:2]:
         assert figures[f"{c}/required"] == pytest.approx(0.8 * figures[f"{c}/baseline"])
     assert gate.passed == all(evaluation[f"{c}/passed"] for c in criteria) == evaluation["beats_baseline"]
+    # the headline figure (issue 32): the criterion that ranked checkpoints best, plotted per materialization
+    assert evaluation["position_error_m"] == figures["position_error_m/policy"] and "Spearman" in evaluation["headline"]
     return beats
 
 
