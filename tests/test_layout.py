@@ -361,10 +361,8 @@ def _function_offenders(roots: list[Path]) -> dict[str, str]:
 
 _ROOTS = [REPO / pkg for pkg in PACKAGES]
 
-#: Modules over HARD_MODULE_LINES that another part of issue 30 is splitting.
-PENDING_LONG_MODULES = {
-    "dpflow_core.recordings.inspection",  # helper B (inspect_recording, decode_camera)
-}
+#: Modules over HARD_MODULE_LINES that another part of issue 30 is splitting: none left.
+PENDING_LONG_MODULES: set[str] = set()
 #: Private imports waiting for another part of issue 30: none left.
 PENDING_PRIVATE_IMPORTS: set[str] = set()
 #: Functions too long or too wide, each waiting for another part of issue 30.
@@ -392,7 +390,6 @@ def test_no_module_over_700_lines_but_the_pending_ones():
     assert [m for m in over if m.split(" ")[0] not in PENDING_LONG_MODULES] == []
 
 
-@pytest.mark.xfail(strict=True, reason=f"pending split (issue 30): {sorted(PENDING_LONG_MODULES)}")
 def test_no_module_over_700_lines():
     assert _modules_over(_ROOTS, HARD_MODULE_LINES) == []
 

@@ -29,9 +29,9 @@ from dpflow_core._lazy import lazy_exports
 __getattr__, __dir__ = lazy_exports(__name__, {
     'H264_PROBE_PACKETS': 'inspection',
     'LATE_START_WARN_S': 'inspection',
-    'Problem': 'inspection',
+    'Problem': 'recording_report',
     'RATE_TOLERANCE': 'inspection',
-    'RecordingReport': 'inspection',
+    'RecordingReport': 'recording_report',
     'inspect_recording': 'inspection',
     'EpisodeStreams': 'reader',
     'read_streams': 'reader',
