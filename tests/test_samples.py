@@ -95,8 +95,12 @@ def test_cli_sample_recordings(tmp_path):
     args[1] = str(tmp_path / "rec2")
     assert CliRunner().invoke(app, args).exit_code == 0
     assert _digests(tmp_path / "rec2" / "stack_cups") == first
-    odd = CliRunner().invoke(app, ["sample-recordings", str(tmp_path / "r3"), "--width", "127"])
+    odd = CliRunner().invoke(app, ["sample-recordings", str(tmp_path / "r3"), "--width", "127", "--motion", "random"])
     assert isinstance(odd.exception, RecordingError) and "must be even" in odd.exception.reason
+    # a world task's demonstrations have the world's camera and last as long as the task: the options are refused
+    world = CliRunner().invoke(app, ["sample-recordings", str(tmp_path / "r4"), "--task", "stack", "--seconds", "6"])
+    assert world.exit_code == 2 and "--seconds: only for random motion" in world.output
+    assert not (tmp_path / "r4").exists()
 
 
 def test_cli_errors_exit_2_with_one_line(tmp_path):

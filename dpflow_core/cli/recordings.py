@@ -31,11 +31,11 @@ def _progress() -> Progress:
 def sample_recordings(
     out: Path = typer.Argument(..., help="Output folder; the task folder OUT/<task> is created in it."),
     episodes: int = typer.Option(6, "--episodes", "-n", min=1, help="Number of episodes."),
-    seconds: float = typer.Option(8.0, "--seconds", "-s", min=0.5, help="Mean episode length in seconds (+-15 %)."),
+    seconds: Optional[float] = typer.Option(None, "--seconds", "-s", min=0.5, help="Random motion: mean episode length in seconds (+-15 %; default 8)."),
     seed: int = typer.Option(0, "--seed", help="Random seed; equal seeds write identical files."),
     task: str = typer.Option("pick_place", "--task", help="Task name (folder name and file stem prefix)."),
-    width: int = typer.Option(320, "--width", min=16, help="Camera width in pixels (even)."),
-    height: int = typer.Option(240, "--height", min=16, help="Camera height in pixels (even)."),
+    width: Optional[int] = typer.Option(None, "--width", min=16, help="Random motion: camera width in pixels (even; default 320)."),
+    height: Optional[int] = typer.Option(None, "--height", min=16, help="Random motion: camera height in pixels (even; default 240)."),
     motion: str = typer.Option(
         "auto", "--motion",
         help="world: scripted demonstrations of a simulated task (pick_place, stack); random: smooth random "
@@ -53,11 +53,17 @@ def sample_recordings(
     from dpflow_core.sim.tasks import TASKS
 
     validate_name(task, "task")
-    if width % 2 or height % 2:
-        raise RecordingError(f"--width and --height must be even for H.264 (got {width}x{height})")
     if motion not in ("auto", "world", "random"):
         raise typer.BadParameter(f"--motion must be auto, world or random, got {motion!r}")
-    if motion == "world" or (motion == "auto" and task in TASKS):
+    world = motion == "world" or (motion == "auto" and task in TASKS)
+    given = [f"--{n}" for n, v in (("seconds", seconds), ("width", width), ("height", height)) if v is not None]
+    if world and given:
+        raise typer.BadParameter(f"{', '.join(given)}: only for random motion (--motion random); a world "
+                                 "demonstration lasts as long as its task takes, through the world's own camera")
+    seconds, width, height = seconds or 8.0, width or 320, height or 240
+    if width % 2 or height % 2:
+        raise RecordingError(f"--width and --height must be even for H.264 (got {width}x{height})")
+    if world:
         if task not in TASKS:
             raise typer.BadParameter(f"--motion world: the world's tasks are {list(TASKS)}, got {task!r}")
         _world_recordings(out, task, episodes, seed, camera_latency)
