@@ -333,6 +333,18 @@ def recorded_sha256(dataset_path: str | Path) -> str | None:
     return read_recorded_sha256(sidecar)
 
 
+def dataset_task(dataset_path: str | Path | None) -> str | None:
+    """The task a dataset was converted from (its sidecar ``dataset.json``'s ``task``), or None when the
+    path is empty, the sidecar is not on this machine or does not say; never raises (a label, not a check)."""
+    if not dataset_path:
+        return None
+    try:
+        task = json.loads(Path(dataset_path).with_suffix(".json").read_text()).get("task")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(task) if task else None
+
+
 def origin_start_keys(npz_path: str | Path) -> tuple[str, ...]:
     """``("robot0_demo_start_pose",)`` when every constant dimension of the buffer's start pose is 0: the VIO
     origin (formats.md section 1), where every episode's track starts, so constant by construction; ``()``

@@ -2,12 +2,13 @@
 
 It replays a recorded episode of a dpflow dataset.npz as if its samples were the
 robot's sensors right now: every control cycle it sends each stream's recent samples
-with their capture timestamps, receives an action chunk with the actions' target
+(as late as the policy's trained latencies say each sensor delivers them) with their
+capture timestamps, receives an action chunk with the actions' target
 times, keeps only the actions still ahead (UMI-style: after now plus the execution
 latency), and prints what it would command and where the time went.
 
     scripts/setup-openpi-client.sh                       # once: .venv-openpi-client
-    dpflow serve outputs/checkpoints/latest.ckpt --port 8000 &
+    dpflow serve outputs/checkpoints/RUN/SHA/latest.ckpt --port 8000 &
     .venv-openpi-client/bin/python examples/robot_client.py --port 8000 \
         --dataset dataset.npz --episode 0 --cycles 5
 
@@ -23,7 +24,6 @@ import os
 import time
 
 import numpy as np
-from openpi_client import websocket_client_policy
 
 
 def load_episode(path: str, episode: int, keys: list[str]) -> dict[str, np.ndarray]:
@@ -44,12 +44,26 @@ def sensor_latency_s(meta: dict, key: str) -> float:
 
 def request_at(episode: dict[str, np.ndarray], step: int, history: int, freq: float, now: float,
                latency_s: dict[str, float]) -> dict:
-    """Streams of the ``history`` samples up to ``step``, stamped as if the newest of each had just arrived:
-    captured its sensor's latency before now (a camera 0.1 s late stamps its frames 0.1 s before the pose)."""
-    lo = max(0, step - history + 1)
-    ago = (step - np.arange(lo, step + 1)) / freq
-    return {key: {"timestamp": now - latency_s[key] - ago, "value": values[lo:step + 1]}
-            for key, values in episode.items()}
+    """What the robot's sensors have delivered at the control cycle of row ``step``, whose time is ``now``.
+
+    A recorded row holds samples captured at one moment. Live, a sensor that is ``latency_s`` late has
+    delivered only the rows captured at least that long ago: up to row ``step - latency_s * freq``
+    (a camera 0.1 s late at 30 Hz: the frame of row ``step - 3``, beside the pose of row ``step``). Each
+    row goes out stamped with its capture time, ``now - (step - row) / freq``; the server then pairs
+    frames and poses exactly as training paired the rows. The ``history`` newest rows of each stream.
+    """
+    out = {}
+    for key, values in episode.items():
+        newest = int(np.floor(step - latency_s[key] * freq + 1e-9))
+        lo = max(0, newest - history + 1)
+        rows = np.arange(lo, newest + 1)
+        out[key] = {"timestamp": now - (step - rows) / freq, "value": values[lo:newest + 1]}
+    return out
+
+
+def first_step(freq: float, latency_s: dict[str, float]) -> int:
+    """The first row at which every stream has delivered a sample (the latest sensor's latency in rows)."""
+    return max([int(np.ceil(v * freq - 1e-9)) for v in latency_s.values()] + [0])
 
 
 def main() -> None:
@@ -62,6 +76,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=5, help="control cycles to run")
     parser.add_argument("--exec-latency-s", type=float, default=0.01, help="command -> controller delay")
     args = parser.parse_args()
+    from openpi_client import websocket_client_policy  # here, so the request logic imports without it
 
     policy = websocket_client_policy.WebsocketClientPolicy(host=args.host, port=args.port)
     meta = policy.get_server_metadata()
@@ -78,7 +93,7 @@ def main() -> None:
     freq = float(meta["frequency_hz"])
     # enough samples for the oldest observation step, plus one on each side to interpolate between
     history = (meta["n_obs_steps"] - 1) * meta["obs_down_sample_steps"] + 3
-    step = 0
+    step = first_step(freq, latency_s)
     n_steps = len(next(iter(episode.values())))
     for _ in range(args.cycles):
         if step >= n_steps:

@@ -88,7 +88,17 @@ result["errors"] = {
     "stale": error(client, streams(0, now + 30.0)),
     "unordered": error(client, streams(0, now) | {"robot0_gripper_width": {"timestamp": inputs["obs0_timestamp"][::-1], "value": inputs["obs0_robot0_gripper_width"]}}),
     "mixed kinds": error(client, obs(0) | {"robot0_eef_pos": streams(0, now)["robot0_eef_pos"]}),
+    "misspelt now_s": error(client, {k: v for k, v in streams(0, now).items() if k != "now_s"} | {"now": now}),
 }
+# arrays written as docs/serving.md spells them, with text keys (not msgpack_numpy's byte keys)
+import msgpack
+text_keys = {k: {"__ndarray__": True, "data": np.ascontiguousarray(v).tobytes(), "dtype": v.dtype.str, "shape": list(v.shape)}
+             for k, v in obs(0).items()}
+raw_text = websockets.sync.client.connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None)
+raw_text.recv()
+raw_text.send(msgpack.packb(text_keys | {"noise_seed": seeds[0]}, use_bin_type=True))
+arrays["text_keys_action"] = msgpack_numpy.unpackb(raw_text.recv())["action"]
+raw_text.close()
 raw = websockets.sync.client.connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None)
 raw.recv()
 raw.send(b"\xc1 not msgpack")
@@ -233,7 +243,9 @@ def test_bad_requests_get_an_error_and_the_server_keeps_serving(openpi_session, 
     assert "either streams" in errors["mixed kinds"]
     assert errors["garbage"].startswith("error (bad_observation): frame is not valid msgpack")
     assert "text frame" in errors["text frame"]
+    assert "error (bad_observation): unknown request key ['now']: a request holds" in errors["misspelt now_s"]
     want = in_process(policy, obs[0], SEEDS[0])["action"]
+    np.testing.assert_allclose(arrays["text_keys_action"], want, atol=1e-6, rtol=0)
     np.testing.assert_allclose(arrays["after_garbage_action"], want, atol=1e-6, rtol=0)
     np.testing.assert_allclose(arrays["after_errors_action"], want, atol=1e-6, rtol=0)
     assert served[0].poll() is None, "the server died"
@@ -545,3 +557,76 @@ def test_a_rollout_through_the_server_is_the_rollout_in_process(served, policy):
         here, there = np.array(tracks["local"][i]), np.array(tracks["through"][i])
         assert len(here) > 100 and np.ptp(here[:, :3], axis=0).max() > 0.01, "the gripper never moved"
         np.testing.assert_allclose(there, here, atol=1e-6, rtol=0)
+
+
+def test_the_metadata_names_the_task_and_rollout_through_a_server_refuses_another(policy, tmp_path, monkeypatch):
+    """The server says which task its policy was trained on (the dataset's sidecar, when it is on the server);
+    `dpflow rollout --server` refuses a --task that differs, as it does in process."""
+    import copy
+
+    from typer.testing import CliRunner
+
+    from dpflow_core.cli import app
+    from dpflow_core.serving import client as serving_client
+    from dpflow_core.serving.server import policy_metadata
+
+    (tmp_path / "dataset.json").write_text(json.dumps({"task": "pick_place"}))
+    here = copy.copy(policy)
+    here.dataset = {**policy.dataset, "path": str(tmp_path / "dataset.npz")}
+    meta = policy_metadata(here, "0" * 64, {}, 1.0)
+    assert meta["task"] == "pick_place"
+    assert policy_metadata(policy, "0" * 64, {}, 1.0)["task"] is None  # the synthetic dataset has no sidecar
+
+    class Served:  # what RemotePolicy knows of a server before any rollout: its metadata
+        def __init__(self, url):
+            self.metadata = meta
+
+    monkeypatch.setattr(serving_client, "RemotePolicy", Served)
+    out = CliRunner().invoke(app, ["rollout", "--server", "ws://127.0.0.1:9", "--task", "stack", "-n", "1",
+                                   "-o", str(tmp_path / "r")])
+    assert out.exit_code == 2 and "was trained on task 'pick_place'" in out.output and "as the server says" in out.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_port_in_use_is_reported_before_the_checkpoint_loads(tiny_checkpoint):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        run = subprocess.run([str(VENV_BIN / "dpflow"), "serve", str(tiny_checkpoint.checkpoint), "--port", str(port)],
+                             capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert f"error: cannot listen on 127.0.0.1:{port}: Address already in use (errno 98)" in run.stderr
+    assert "loading" not in run.stderr  # nothing was loaded
+
+
+@pytest.mark.parametrize("step", [2, 13, 27])
+def test_the_robot_client_example_replays_rows_as_training_paired_them(step):
+    """examples/robot_client.py's requests: each stream delivers rows as late as its trained latency (camera
+    0.125 s, gripper 0.075 s, pose on time), stamped at capture time; aligned by the server they are the
+    sample training cuts at the newest delivered frame, row ``step - 2`` (frames, shifted poses, widths)."""
+    import importlib.util
+
+    spec_ = importlib.util.spec_from_file_location("robot_client", REPO / "examples" / "robot_client.py")
+    example = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(example)  # importable without openpi-client: it is imported in main()
+    ep, spec, f = _episode(), LATENCY_SPEC, 10.0
+    latency = {"camera0_rgb": 0.125, POS_KEY: 0.0, ROT_KEY: 0.0, GRIPPER_KEY: 0.075}
+    assert example.first_step(f, latency) == 2
+    now = 1000.0 + step / f
+    request = example.request_at(ep, step, 8, f, now, latency)
+    assert request["camera0_rgb"]["value"][-1, 0, 0, 0] == step - 2 and len(request[POS_KEY]["value"]) == min(step + 1, 8)
+    got = align_observation(request, _fake_policy(spec), now_s=now)
+    anchor = step - 2
+    rows = np.array([[anchor, 0, 30]])
+    want = read_raw(lowdim_arrays(ep, spec), spec, rows)
+    for key in (POS_KEY, ROT_KEY, GRIPPER_KEY):
+        np.testing.assert_allclose(got[key], want[key][0], atol=1e-9, rtol=0)
+    np.testing.assert_array_equal(got["camera0_rgb"][:, 0, 0, 0], obs_positions(spec, "camera0_rgb", rows)[0].astype(int))
+    # the old replay (every stream up to row `step`, the frame stamped a latency early) pairs other rows
+    old = {k: {"timestamp": now - latency[k] - (step - np.arange(max(0, step - 7), step + 1)) / f,
+               "value": v[max(0, step - 7):step + 1]} for k, v in ep.items()}
+    wrong = align_observation(old, _fake_policy(spec), now_s=now)
+    assert np.abs(wrong[POS_KEY] - want[POS_KEY][0]).max() > 1e-4

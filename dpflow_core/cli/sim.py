@@ -13,13 +13,12 @@ from dpflow_core.cli import app
 
 def _trained_task(checkpoint: Path) -> str | None:
     """The task of the dataset a checkpoint was trained on (its sidecar's ``task``), when that is known here."""
+    from dpflow_core.dataset import dataset_task
     from dpflow_core.errors import DpflowError
     from dpflow_core.train.checkpoint import load_checkpoint
 
     try:
-        dataset = (load_checkpoint(checkpoint, require_complete=False).get("dataset") or {}).get("path")
-        sidecar = Path(dataset).with_suffix(".json") if dataset else None
-        return json.loads(sidecar.read_text()).get("task") if sidecar and sidecar.is_file() else None
+        return dataset_task((load_checkpoint(checkpoint, require_complete=False).get("dataset") or {}).get("path"))
     except (DpflowError, OSError, ValueError):
         return None  # an unreadable checkpoint is reported by the rollout itself
 
@@ -70,9 +69,10 @@ def rollout_cmd(
         if meta["task"] != task:
             raise typer.BadParameter(f"{recordings} holds {meta['task']!r} demonstrations, not --task {task!r}")
         train_seeds = [int(e["seed"]) for e in meta["episodes"]]
-    trained_on = _trained_task(checkpoint) if checkpoint is not None else None
+    trained_on = _trained_task(checkpoint) if checkpoint is not None else policy.metadata.get("task")
     if trained_on is not None and trained_on != task:
-        raise typer.BadParameter(f"{checkpoint} was trained on task {trained_on!r} (its dataset's metadata), not --task {task!r}")
+        raise typer.BadParameter(f"{checkpoint or server} was trained on task {trained_on!r} (its dataset's metadata"
+                                 f"{', as the server says' if checkpoint is None else ''}), not --task {task!r}")
     others = {}
     for item in baseline_checkpoint:
         name, sep, path = item.partition("=")

@@ -10,7 +10,8 @@ Learned from openpi's ``openpi_client`` package (``msgpack_numpy``,
   message (``WebsocketClientPolicy.infer`` raises ``RuntimeError`` with it);
 - frames are msgpack. A numpy array travels as a map ``{b"__ndarray__": True,
   b"data": raw bytes (C order), b"dtype": dtype.str, b"shape": [...]}``, a numpy
-  scalar as ``{b"__npgeneric__": True, b"data": item, b"dtype": dtype.str}``;
+  scalar as ``{b"__npgeneric__": True, b"data": item, b"dtype": dtype.str}``
+  (byte keys, as ``msgpack_numpy`` writes them; the server also reads text keys);
   object, void and complex dtypes are refused (they would need pickle).
 
 Unlike openpi's server, an error does not close the connection: the client may
@@ -40,18 +41,33 @@ def _encode(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} cannot travel over the policy protocol")
 
 
+def _field(obj: dict, name: str) -> Any:
+    """``obj[name]`` under a byte key (``msgpack_numpy``'s) or a text key (a client written from the docs)."""
+    key = name.encode()
+    if key in obj:
+        return obj[key]
+    if name in obj:
+        return obj[name]
+    raise ObservationError(f"an encoded array lacks its {name!r} field (has {sorted(map(str, obj))})")
+
+
 def _decode(obj: dict) -> Any:
-    if b"__ndarray__" in obj:
-        dtype = np.dtype(obj[b"dtype"])
+    if b"__ndarray__" in obj or "__ndarray__" in obj:
+        try:
+            dtype = np.dtype(_field(obj, "dtype"))
+            shape = tuple(int(n) for n in _field(obj, "shape"))
+        except (TypeError, ValueError) as exc:
+            raise ObservationError(f"an encoded array has a bad dtype or shape: {exc}") from exc
         if dtype.kind in _REFUSED_KINDS:
             raise ObservationError(f"array dtype {dtype} is not accepted")
-        shape = tuple(int(n) for n in obj[b"shape"])
-        data = obj[b"data"]
+        data = _field(obj, "data")
+        if not isinstance(data, (bytes, bytearray)):
+            raise ObservationError(f"an encoded array's data must be raw bytes (C order), got {type(data).__name__}")
         if len(data) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
             raise ObservationError(f"array of shape {shape} {dtype} carries {len(data)} bytes")
         return np.frombuffer(data, dtype=dtype).reshape(shape).copy()  # writable: torch.from_numpy warns on read-only
-    if b"__npgeneric__" in obj:
-        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
+    if b"__npgeneric__" in obj or "__npgeneric__" in obj:
+        return np.dtype(_field(obj, "dtype")).type(_field(obj, "data"))
     return obj
 
 

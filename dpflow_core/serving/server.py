@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from dpflow_core.dataset import dataset_task
 from dpflow_core.serving.protocol import pack, unpack
 from dpflow_core.serving.settings import ServeSettings
 from dpflow_core.serving.timing import MAX_AGE_S, ObservationError, StaleObservationError, align_observation, stream_keys
@@ -63,11 +64,16 @@ log = logging.getLogger(__name__)
 PROTOCOL = "openpi-websocket"
 
 
+#: What a request may hold besides the policy's observation keys (module doc).
+REQUEST_FIELDS = ("timestamp", "now_s", "noise_seed", "frame")
+
+
 def policy_metadata(policy, checkpoint_sha256: str, image_shapes: Mapping[str, Any], max_age_s: float) -> dict[str, Any]:
     """What the server sends on connect: shapes, steps, rates, latencies and identities (plain values).
 
     Keys: ``server``, ``protocol``, ``checkpoint`` (path), ``checkpoint_sha256``,
-    ``dataset_sha256``, ``dataset_path``, ``observation`` (per key ``{"shape": per
+    ``dataset_sha256``, ``dataset_path``, ``task`` (the dataset's task when its ``dataset.json`` is on this
+    machine, else None), ``observation`` (per key ``{"shape": per
     sample, "dtype", "kind": "stream" | "constant"}``), ``n_obs_steps``,
     ``horizon``, ``n_action_steps``, ``obs_down_sample_steps``,
     ``action_down_sample_steps``, ``frequency_hz``, ``obs_dt_s``, ``action_dt_s``,
@@ -97,6 +103,7 @@ def policy_metadata(policy, checkpoint_sha256: str, image_shapes: Mapping[str, A
         "checkpoint_sha256": checkpoint_sha256,
         "dataset_sha256": str(policy.dataset.get("sha256") or ""),
         "dataset_path": str(policy.dataset.get("path") or ""),
+        "task": dataset_task(policy.dataset.get("path")),
         "observation": obs,
         "n_obs_steps": int(spec.n_obs_steps),
         "horizon": int(spec.horizon),
@@ -187,6 +194,11 @@ class PolicyServer:
         """
         if not isinstance(request, Mapping):
             raise ObservationError(f"a request must be a map of observation keys, got {type(request).__name__}")
+        known = {*self.metadata["observation"], *REQUEST_FIELDS}
+        unknown = sorted(map(str, set(request) - known))
+        if unknown:  # a misspelt "now" would otherwise be ignored and the request judged on the server's clock
+            raise ObservationError(f"unknown request key{'s' if len(unknown) > 1 else ''} {unknown}: a request holds "
+                                   f"the observation keys {sorted(self.metadata['observation'])} and {list(REQUEST_FIELDS)}")
         frame, seed = request.get("frame", "tcp"), request.get("noise_seed")
         if frame not in ("tcp", "dataset"):
             raise ObservationError(f"frame must be 'tcp' or 'dataset', got {frame!r}")
@@ -418,6 +430,25 @@ def load_server(checkpoint: str | Path, settings: ServeSettings = ServeSettings(
                         batch_window_s=settings.batch_window_s, max_batch=settings.max_batch)
 
 
+def check_bindable(host: str, port: int) -> None:
+    """Bind ``host:port`` once and let it go, so that a port in use is reported before the checkpoint loads.
+
+    Raises:
+        OSError: the address cannot be bound, naming ``host:port`` (errno as the system gave it).
+    """
+    import socket
+
+    if not port:
+        return  # the system picks a free one
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own socket
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def serve(checkpoint: str | Path, settings: ServeSettings = ServeSettings(),
           ready: Callable[[str, int], None] | None = None) -> None:
     """Serve ``checkpoint`` with ``settings`` until interrupted (what ``dpflow serve`` runs).
@@ -435,6 +466,7 @@ def serve(checkpoint: str | Path, settings: ServeSettings = ServeSettings(),
 
     torch.set_num_threads(int(settings.threads))
     torch.backends.mkldnn.enabled = bool(settings.mkldnn)
+    check_bindable(settings.host, settings.port)  # an address in use fails now, not after a long load
     # loading and hashing take tens of seconds on a busy CPU: say so before the silence
     log.info("loading %s on %s (the policy, then its SHA-256)", checkpoint, settings.device)
     server = load_server(checkpoint, settings)
