@@ -274,13 +274,14 @@ def download_checkpoint(
     remote = posixpath.join(ckpt_dir, name)
     size = wait_until_stable(server, remote, interval_s=stable_interval_s, stable_checks=stable_checks, timeout_s=stable_timeout_s)
     remote_sha = server.sha256(remote)
+    on_server = _OnServer(handle, choose, remote, remote_sha, size, finished)
 
     root = Path(dest_root) if dest_root is not None else default_checkpoint_root()
     final = root / run_name / remote_sha[:16]
     if (final / name).is_file() and (final / RECORD_FILE).is_file():
         rec = json.loads((final / RECORD_FILE).read_text())
         local_sha = sha256_file(final / name)
-        return _result(handle, choose, remote, remote_sha, size, final, name, local_sha, finished, rec, already=True)
+        return _result(on_server, final, name, local_sha, rec, already=True)
 
     tmp = final.parent / f".partial-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
@@ -326,7 +327,7 @@ def download_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return _result(handle, choose, remote, remote_sha, size, final, name, local_sha, finished, record)
+    return _result(on_server, final, name, local_sha, record)
 
 
 def _launch(server: GpuServer, run_name: str):
@@ -348,16 +349,29 @@ def _launch(server: GpuServer, run_name: str):
     return handle, server.detached_status(handle.detached).finished
 
 
-def _result(handle, choose, remote, remote_sha, size, folder: Path, name, local_sha, finished, record, already=False):
+@dataclass(frozen=True)
+class _OnServer:
+    """What the server holds of the chosen checkpoint: the run's handle, the choice, the file's path,
+    SHA-256 and size (bytes), and whether the run had finished."""
+
+    handle: Any
+    choose: str
+    path: str
+    sha256: str
+    size: int
+    finished: bool
+
+
+def _result(on: _OnServer, folder: Path, name: str, local_sha: str, record, already: bool = False) -> DownloadedCheckpoint:
     hydra = folder / ".hydra"
     normalizers = sorted(p for p in folder.iterdir() if _NORMALIZER_NAMES.match(p.name))
     return DownloadedCheckpoint(
-        run_name=handle.name, choice=choose, remote_path=remote, remote_sha256=remote_sha, size_bytes=size,
+        run_name=on.handle.name, choice=on.choose, remote_path=on.path, remote_sha256=on.sha256, size_bytes=on.size,
         local_path=str(folder / name), local_sha256=local_sha, local_dir=str(folder),
         hydra_dir=str(hydra) if hydra.is_dir() else None,
         log_path=str(folder / LOG_NAME) if (folder / LOG_NAME).is_file() else None,
         normalizer_path=str(normalizers[0]) if normalizers else None,
-        record_path=str(folder / RECORD_FILE), run_finished=finished,
+        record_path=str(folder / RECORD_FILE), run_finished=on.finished,
         exit_code=record.get("exit_code") if isinstance(record, dict) else None, already_present=already,
     )
 

@@ -379,7 +379,6 @@ PENDING_FUNCTIONS = {
     "dpflow_core.cli.scale:smoke_cmd", "dpflow_core.cli.scale:train_cmd",
     "dpflow_core.cli.remote:server_config_from_options", "dpflow_core.cli.sim:rollout_cmd",
     "dpflow_core.cli.view:view_cmd", "dpflow_core.recordings.samples:write_recording",
-    "dpflow_core.checkpoints:_result",
     # the networks' constructors take Diffusion Policy's Hydra config keys one by one
     "dpflow_core.train.policy:DiffusionUnetImagePolicy.__init__", "dpflow_core.train.vit:ViTEncoder.__init__",
 }
