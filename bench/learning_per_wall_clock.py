@@ -12,7 +12,8 @@ Then each checkpoint is rolled out on the same held-out initial states (``evalua
 1,000,000 and up, disjoint from the recordings' seeds).
 
     .venv/bin/python bench/learning_per_wall_clock.py --dataset /tmp/pp/dataset.npz \\
-        --recordings /tmp/pp/recordings/pick_place --k-steps 3000 --rollouts 200 --out /tmp/lpw --json
+        --recordings /tmp/pp/recordings/pick_place --k-steps 3000 --rollouts 200 --out /tmp/lpw --json \
+        [--step-times 0.1645 0.3854]
 
 Prints one table (arm, K, steps, training wall time, successes, rate, Wilson 95 %) and with ``--json``
 the figures, the calibration and the load average.
@@ -56,6 +57,9 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=8, help="noise samples per observation of the new arm")
     ap.add_argument("--k-steps", type=int, default=3000, help="training steps of the K arm (multiple of 50)")
     ap.add_argument("--rollouts", type=int, default=200)
+    ap.add_argument("--step-times", type=float, nargs=2, metavar=("K1_S", "K_S"),
+                    help="seconds per step of K=1 and of K, measured beforehand (skips the calibration; on a shared "
+                         "machine a calibration beside other work can misjudge the ratio)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -64,7 +68,8 @@ def main() -> int:
     from dpflow_core.sim.record import read_sim_task
 
     args.out.mkdir(parents=True, exist_ok=True)
-    calibration = {f"k={k}": calibrate(k, args.out) for k in (1, args.k)}
+    calibration = ({"k=1": args.step_times[0], f"k={args.k}": args.step_times[1]} if args.step_times
+                   else {f"k={k}": calibrate(k, args.out) for k in (1, args.k)})
     k_epochs = max(1, args.k_steps // STEPS_PER_EPOCH)
     budget_s = k_epochs * STEPS_PER_EPOCH * calibration[f"k={args.k}"]
     one_epochs = max(1, round(budget_s / calibration["k=1"] / STEPS_PER_EPOCH))
