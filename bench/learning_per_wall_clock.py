@@ -12,7 +12,7 @@ Then each checkpoint is rolled out on the same held-out initial states (``evalua
 1,000,000 and up, disjoint from the recordings' seeds).
 
     .venv/bin/python bench/learning_per_wall_clock.py --dataset /tmp/pp/dataset.npz \\
-        --recordings /tmp/pp/recordings/pick_place --k-steps 3000 --rollouts 200 --out /tmp/lpw --json \
+        --recordings /tmp/pp/recordings/pick_place --k-steps 3000 --rollouts 200 --out /tmp/lpw --json \\
         [--step-times 0.1645 0.3854]
 
 Prints one table (arm, K, steps, training wall time, successes, rate, Wilson 95 %) and with ``--json``
