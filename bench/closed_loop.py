@@ -53,7 +53,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from dpflow_core.conversion import convert
+    from dpflow_core.conversion import ConversionSettings, convert
     from dpflow_core.pairing import pair_recordings, save_manifest
     from dpflow_core.sim.evaluate import ClosedLoopSettings, evaluate_closed_loop
     from dpflow_core.sim.record import read_sim_task, record_task
@@ -72,7 +72,7 @@ def main() -> int:
         dataset = out / "dataset.npz"
         if not dataset.is_file():
             manifest, _ = save_manifest(pair_recordings(task_dir), out / "manifests")
-            convert(manifest, dataset, image_size=(64, 64))
+            convert(manifest, dataset, ConversionSettings(image_size=(64, 64)))
         times["convert_s"] = time.perf_counter() - t
     train_seeds = [int(e["seed"]) for e in (read_sim_task(task_dir) or {"episodes": []})["episodes"]] or None
 

@@ -98,7 +98,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from dpflow_core.conversion import convert
+    from dpflow_core.conversion import ConversionSettings, convert
     from dpflow_core.curation.apply import Label, curate
     from dpflow_core.pairing import pair_recordings, save_manifest
     from dpflow_core.sim.evaluate import ClosedLoopSettings, evaluate_closed_loop
@@ -130,7 +130,7 @@ def main() -> int:
     for name, m in sources.items():
         datasets[name] = out / f"dataset_{name}.npz"
         if not datasets[name].is_file():
-            convert(m, datasets[name], image_size=(64, 64))
+            convert(m, datasets[name], ConversionSettings(image_size=(64, 64)))
     times["convert_s"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -49,12 +49,12 @@ def prepare(out: Path, episodes: int, seconds: float, w: int, h: int) -> Path:
 def step(kind: str, manifest: str, out: str, workers: int, w: int, h: int) -> None:
     """Child process: one step; prints its figures as JSON (``wall_s`` after the imports, ``import_s`` apart)."""
     t0 = time.perf_counter()
-    from dpflow_core.conversion import convert
+    from dpflow_core.conversion import ConversionSettings, convert
     from dpflow_core.export import compute_openpi_norm_stats, export_lerobot
 
     started = time.perf_counter()
     if kind == "npz":
-        r = convert(manifest, out, image_size=(w, h), workers=workers)
+        r = convert(manifest, out, ConversionSettings(image_size=(w, h)), workers=workers)
         figures = {"episodes": r.n_episodes, "frames": r.total_steps}
     elif kind.startswith("export-"):
         r = export_lerobot(manifest, out, image_size=(w, h), workers=workers, codebase_version=kind[len("export-"):])

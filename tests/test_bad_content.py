@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.pairing import pair_recordings
 from dpflow_core.replay_buffer import ReplayBuffer
 from recording_fixtures import copy_episode, refresh_vio_result, rewrite_mcap, write_small_episode, write_small_task
@@ -88,7 +88,7 @@ def test_status_file_naming_another_stem_is_reported(duplicates):
 
 def test_no_duplicate_reaches_the_dataset(duplicates, tmp_path):
     _, good, m = duplicates
-    result = convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+    result = convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1)
     assert result.n_episodes == 2
     assert [e["stem"] for e in result.metadata["episodes"]] == ["pick_place_0000", "pick_place_0001"]
     rb = ReplayBuffer(result.path)
@@ -122,7 +122,7 @@ def _truth_gap(ep):
 
 def test_gap_splits_into_segments_never_bridged(gap_task, tmp_path):
     ep, m = gap_task
-    result = convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=1, min_segment_frames=20)
+    result = convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE, min_segment_frames=20), workers=1)
     cam, i = _truth_gap(ep)
     assert result.n_episodes == 2
     rb = ReplayBuffer(result.path)
@@ -149,7 +149,8 @@ def test_gap_splits_into_segments_never_bridged(gap_task, tmp_path):
 
 def test_gap_segments_shorter_than_the_minimum_are_dropped_and_listed(gap_task, tmp_path):
     ep, m = gap_task
-    result = convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=1)  # default minimum 46 frames
+    result = convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE),
+                     workers=1)  # default minimum 46 frames
     cam, i = _truth_gap(ep)
     segs = result.metadata["episodes"][0]["long_gaps"]["segments"]
     assert [(s["frames"], s["kept"]) for s in segs] == [(i + 1, True), (len(cam) - i - 1, False)]
@@ -160,7 +161,7 @@ def test_gap_policy_reject_names_the_hole(gap_task, tmp_path):
     ep, m = gap_task
     cam, i = _truth_gap(ep)
     with pytest.raises(Exception) as err:
-        convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=1, gap_policy="reject")
+        convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE, gap_policy="reject"), workers=1)
     assert err.value.code == "no_valid_episodes"
     at = (cam[i] - cam[0]) / 1e9
     dur = (cam[i + 1] - cam[i]) / 1e9
@@ -219,7 +220,7 @@ def test_invalid_poses_are_named_in_the_reason(tmp_path):
     m = pair_recordings(d)
     assert [a.stem for a in m.accepted] == ["pick_place_0000"]
     with pytest.raises(Exception) as err:
-        convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+        convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1)
     cam = ep.camera_ts_ns.astype(np.int64)
     origin = min(int(cam[0]), int(ep.pose_ts_ns[0]), int(ep.gripper_ts_ns[0]))
     t = (cam - cam[0]) / 1e9
@@ -320,7 +321,7 @@ def test_a_single_episode_converts(two_episodes, tmp_path):
     _, d0, good = two_episodes
     m = pair_recordings(d0).to_dict()
     m["accepted"] = m["accepted"][:1]
-    result = convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+    result = convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1)
     assert result.n_episodes == 1
     stats = json.loads(result.norm_stats_path.read_text())["norm_stats"]
     assert stats["robot0_demo_start_pose"]["constant_dims"] == [0, 1, 2, 3, 4, 5]
@@ -343,7 +344,7 @@ def test_norm_stats_failure_names_the_output_not_a_temporary_file(two_episodes, 
     files = dict(first["files"], vio_mcap={k: v for k, v in first["files"]["vio_mcap"].items() if k != "sha256"})
     twice = dict(m, accepted=[first, dict(first, stem="again", files=files, validation={})])
     with pytest.raises(DatasetError) as err:  # start/end poses constant over 2 episodes
-        convert(twice, tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+        convert(twice, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1)
     assert err.value.path == str(tmp_path / "dataset.npz")
     assert ".partial" not in str(err.value) and "(pick_place_0000, again)" in err.value.reason
     assert "dataset.npz was not written" in err.value.reason
@@ -382,7 +383,7 @@ def test_explicit_manifest_stems_and_aggregate_list_are_validated(two_episodes, 
 def test_upload_refuses_a_dataset_changed_after_conversion(two_episodes, tmp_path):
     _, d0, _ = two_episodes
     out = tmp_path / "pick_place" / "dataset.npz"
-    result = convert(pair_recordings(d0), out, image_size=SIZE, workers=1)
+    result = convert(pair_recordings(d0), out, ConversionSettings(image_size=SIZE), workers=1)
     with open(out, "r+b") as f:
         f.seek(100)
         byte = f.read(1)
@@ -401,22 +402,22 @@ def test_upload_refuses_a_dataset_changed_after_conversion(two_episodes, tmp_pat
 
 
 def test_repeated_capture_time_decodes_every_packet(tmp_path):
-    from dpflow_core.conversion import align_episode
+    from dpflow_core.conversion import ConversionSettings, align_episode
     from dpflow_core.recordings.topics import DAS_DEFAULT
 
     d = tmp_path / "t"
     ep = write_small_episode(d, "a", seed=71)
-    full = align_episode(ep.vio_mcap, image_size=None, min_segment_frames=2)
+    full = align_episode(ep.vio_mcap, ConversionSettings(image_size=None, min_segment_frames=2))
     # frame 20 (a P-frame) carries frame 19's capture time: a different payload, same timestamp
     dup = rewrite_mcap(ep.vio_mcap, d / "dup_vio.mcap", repeat_timestamp={DAS_DEFAULT.camera: (20,)})
-    got = align_episode(dup, image_size=None, stem="dup", min_segment_frames=2)
+    got = align_episode(dup, ConversionSettings(image_size=None, min_segment_frames=2), stem="dup")
     assert got.report["undecodable_packets"] == 0
     assert got.report["duplicate_timestamps"][DAS_DEFAULT.camera] == 1
     np.testing.assert_array_equal(got.camera_ts_ns, np.delete(full.camera_ts_ns, 20))
     assert np.array_equal(got.rgb, np.delete(full.rgb, 20, axis=0))  # bit-identical, frames after 20 included
     # the same message written twice: decoded once, frames identical to the original
     twice = rewrite_mcap(ep.vio_mcap, d / "twice_vio.mcap", duplicate_first={DAS_DEFAULT.camera: 3})
-    again = align_episode(twice, image_size=None, stem="twice", min_segment_frames=2)
+    again = align_episode(twice, ConversionSettings(image_size=None, min_segment_frames=2), stem="twice")
     assert np.array_equal(again.rgb, full.rgb) and again.report["duplicate_timestamps"][DAS_DEFAULT.camera] == 3
 
 
@@ -433,7 +434,7 @@ def test_second_arm_is_rejected_never_dropped(two_episodes, tmp_path):
     assert r.code == "unsupported_multi_arm"
     assert r.reason.startswith("pick_place_0001_vio.mcap: topics of more than one arm: /robot0 (converted) and "
                                "/robot1 (5 topics, e.g. /robot1/sensor/camera0/camera_info)")
-    result = convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+    result = convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1)
     assert [e["stem"] for e in result.metadata["episodes"]] == ["pick_place_0000"]
     assert {x["stem"]: x["code"] for x in result.rejected} == {"pick_place_0001": "unsupported_multi_arm"}
 
@@ -497,7 +498,7 @@ def test_formats_md_lists_every_reject_and_warning_code():
     pairing = [f"pairing/{m}.py" for m in ("naming", "status", "checks", "explicit", "pair", "manifest")]
     files = [REPO / "dpflow_core" / f for f in (*pairing, "report/quality.py", "report/render.py", "recordings/inspection.py",
                                                 "recordings/reader.py", "conversion/align.py", "conversion/jobs.py",
-                                                "conversion/convert.py", "conversion/inputs.py", "conversion/gaps.py",
+                                                "conversion/dataset_npz.py", "conversion/inputs.py", "conversion/gaps.py",
                                                 "conversion/rates.py")]
     codes = set()
     for f in files:
@@ -550,7 +551,8 @@ def test_duplicates_across_the_manifests_of_one_dataset_are_rejected(tmp_path):
     refresh_vio_result(d2)
     m1, m2 = pair_recordings(tmp_path / "a" / "pick_place"), pair_recordings(d2)
     assert len(m2.accepted) == 3  # each folder alone holds no duplicate
-    result = convert([m1, m2], tmp_path / "out" / "dataset.npz", image_size=SIZE, workers=1, cache=False)
+    result = convert([m1, m2], tmp_path / "out" / "dataset.npz", ConversionSettings(image_size=SIZE),
+                     workers=1, cache=False)
     rej = {r["stem"]: r for r in result.rejected if r["code"] == "duplicate_episode"}
     assert sorted(rej) == ["pick_cup_0100", "pick_cup_0101"]
     assert f"same content as episode {first[0].stem!r}" in rej["pick_cup_0100"]["reason"]

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from dpflow_core.recordings import samples
-from dpflow_core.conversion import CONVERTER_VERSION, align_episode, convert, dataset_key
-from dpflow_core.conversion.convert import RUN_ONLY_EPISODE_KEYS, RUN_ONLY_KEYS
+from dpflow_core.conversion import CONVERTER_VERSION, ConversionSettings, align_episode, convert, dataset_key
+from dpflow_core.conversion.dataset_npz import RUN_ONLY_EPISODE_KEYS, RUN_ONLY_KEYS
 from dpflow_core.errors import ConversionError
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.recordings.topics import DAS_DEFAULT
@@ -68,14 +68,14 @@ def task(tmp_path_factory):
 def converted(task, tmp_path_factory):
     root, eps = task
     out = tmp_path_factory.mktemp("out") / "dataset.npz"
-    result = convert(manifest_for(eps, root), out, image_size=SIZE, workers=2)
+    result = convert(manifest_for(eps, root), out, ConversionSettings(image_size=SIZE), workers=2)
     return result, eps
 
 
 def test_dataset_holds_the_aligned_episodes(converted):
     result, eps = converted
     z = np.load(result.path)
-    aligned = [align_episode(e.vio_mcap, SIZE) for e in eps]
+    aligned = [align_episode(e.vio_mcap, ConversionSettings(image_size=SIZE)) for e in eps]
     lengths = [len(a) for a in aligned]
     np.testing.assert_array_equal(z["meta__episode_ends"], np.cumsum(lengths))
     assert z["meta__episode_ends"].dtype == np.int64
@@ -154,7 +154,7 @@ def test_hash_size_and_metadata(converted):
 def test_one_worker_gives_the_same_arrays(converted, task, tmp_path):
     result, eps = converted
     root, _ = task
-    one = convert(manifest_for(eps, root), tmp_path / "one.npz", image_size=SIZE, workers=1)
+    one = convert(manifest_for(eps, root), tmp_path / "one.npz", ConversionSettings(image_size=SIZE), workers=1)
     assert one.norm_stats_path == tmp_path / "one.norm_stats.json" and one.sidecar_path == tmp_path / "one.json"
     a, b = np.load(result.path), np.load(one.path)
     for name in a.files:
@@ -166,7 +166,8 @@ def test_converting_twice_gives_a_byte_identical_dataset(converted, task, tmp_pa
     """Same manifest, same options (another worker count and folder): the same bytes, so the same SHA-256."""
     result, eps = converted
     root, _ = task
-    again = convert(manifest_for(eps, root), tmp_path / "again" / "dataset.npz", image_size=SIZE, workers=1)
+    again = convert(manifest_for(eps, root), tmp_path / "again" / "dataset.npz", ConversionSettings(image_size=SIZE),
+                    workers=1)
     assert again.path.read_bytes() == result.path.read_bytes()
     assert again.sha256 == result.sha256 == _sha(again.path)
     with zipfile.ZipFile(again.path) as zf:
@@ -185,8 +186,9 @@ def test_the_parent_of_workers_does_not_load_what_only_alignment_needs(task, tmp
     manifest.write_text(json.dumps(manifest_for(eps, root)))
     code = (
         "import json, sys\n"
-        "from dpflow_core.conversion import convert\n"
-        f"r = convert({str(manifest)!r}, {str(tmp_path / 'dataset.npz')!r}, image_size={SIZE!r}, workers=2, cache=False)\n"
+        "from dpflow_core.conversion import ConversionSettings, convert\n"
+        f"r = convert({str(manifest)!r}, {str(tmp_path / 'dataset.npz')!r}, ConversionSettings(image_size={SIZE!r}),"
+        " workers=2, cache=False)\n"
         "print(json.dumps({'sha256': r.sha256, 'workers': r.metadata['workers'],\n"
         "                  'scipy': sorted(m for m in sys.modules if m.split('.')[0] == 'scipy')}))\n"
     )
@@ -194,7 +196,8 @@ def test_the_parent_of_workers_does_not_load_what_only_alignment_needs(task, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["workers"] == 2 and out["scipy"] == []
-    one = convert(manifest, tmp_path / "one" / "dataset.npz", image_size=SIZE, workers=1, cache=False)
+    one = convert(manifest, tmp_path / "one" / "dataset.npz", ConversionSettings(image_size=SIZE),
+                  workers=1, cache=False)
     assert out["sha256"] == one.sha256 == _sha(tmp_path / "dataset.npz")
 
 
@@ -209,7 +212,7 @@ def test_bad_episodes_are_rejected_with_reasons(task, tmp_path):
     changed = samples.write_episode(bad_root, "changed", SPEC, seed=34)
     m = manifest_for([*eps, vio40, hz20, trunc, changed], root)
     m["accepted"][-1]["files"]["vio_mcap"]["sha256"] = "0" * 64
-    r = convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=2, rate_policy="reject")
+    r = convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE, rate_policy="reject"), workers=2)
     assert r.n_episodes == 3
     assert [e["stem"] for e in r.metadata["episodes"]] == [e.stem for e in eps]
     by_stem = {x["stem"]: x for x in r.rejected}
@@ -234,8 +237,8 @@ def test_an_episode_rejected_after_its_frames_were_written_is_cut_out(converted,
     result, eps = converted
     root, _ = task
     hz20 = samples.write_episode(root, "hz20", replace(SPEC, fps=20.0), seed=32)
-    r = convert(manifest_for([eps[0], hz20, *eps[1:]], root), tmp_path / "dataset.npz", image_size=SIZE,
-                workers=1, cache=False, rate_policy="reject")
+    r = convert(manifest_for([eps[0], hz20, *eps[1:]], root), tmp_path / "dataset.npz",
+                ConversionSettings(image_size=SIZE, rate_policy="reject"), workers=1, cache=False)
     assert [x["code"] for x in r.rejected] == ["frequency_mismatch"] and r.n_episodes == 3
     body, three = r.path.read_bytes(), result.path.read_bytes()
     with zipfile.ZipFile(r.path) as zf, zipfile.ZipFile(result.path) as zf3:
@@ -254,7 +257,7 @@ def test_all_rejected_manifest(tmp_path):
                 for k in range(3)]
     m = {"manifest_version": 1, "root": str(tmp_path), "task": "t", "accepted": [], "rejected": rejected}
     with pytest.raises(ConversionError) as err:
-        convert(m, tmp_path / "dataset.npz", image_size=SIZE)
+        convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE))
     assert err.value.code == "no_valid_episodes"
     assert err.value.reason.startswith("no valid episodes: 3 found, 3 rejected: s0: VIO status is 'failed'; s1:")
     assert not (tmp_path / "dataset.npz").exists()
@@ -264,7 +267,7 @@ def test_all_episodes_failing_conversion(tmp_path):
     ep = samples.write_episode(tmp_path / "in", "vio40", replace(SPEC, vio_coverage=(0.3, 0.7)), seed=41)
     m = manifest_for([ep], tmp_path / "in", rejected=[{"stem": "x", "path": "/x", "code": "orphan", "reason": "no _vio.mcap"}])
     with pytest.raises(ConversionError, match=r"no valid episodes: 2 found, 2 rejected: x: no _vio.mcap; vio40: the aligned"):
-        convert(m, tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+        convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
 
 
@@ -275,12 +278,12 @@ def test_existing_output_is_refused_or_backed_up(converted, task, tmp_path):
     shutil.copy(result.path, out)
     before = out.read_bytes()
     with pytest.raises(ConversionError) as err:
-        convert(manifest_for(eps, root), out, image_size=SIZE, workers=1)
+        convert(manifest_for(eps, root), out, ConversionSettings(image_size=SIZE), workers=1)
     assert err.value.code == "output_exists" and "refusing to overwrite existing dataset.npz" in err.value.reason
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset.npz"]
 
-    new = convert(manifest_for(eps, root), out, image_size=(32, 24), workers=1, backup=True)
+    new = convert(manifest_for(eps, root), out, ConversionSettings(image_size=(32, 24)), workers=1, backup=True)
     backups = sorted(tmp_path.glob("dataset.bak-*.npz"))
     assert len(backups) == 1 and backups[0].read_bytes() == before
     assert new.image_size == (32, 24) and ReplayBuffer(out)["camera0_rgb"].shape[1:3] == (24, 32)
@@ -290,11 +293,11 @@ def test_existing_output_is_refused_or_backed_up(converted, task, tmp_path):
 def test_reuse_existing_identical_dataset(converted, task):
     result, eps = converted
     root, _ = task
-    again = convert(manifest_for(eps, root), result.path, image_size=SIZE, reuse_existing=True)
+    again = convert(manifest_for(eps, root), result.path, ConversionSettings(image_size=SIZE), reuse_existing=True)
     assert again.reused and again.sha256 == result.sha256 and again.total_steps == result.total_steps
-    assert again.metadata["dataset_key"] == dataset_key(manifest_for(eps, root), SIZE)
+    assert again.metadata["dataset_key"] == dataset_key(manifest_for(eps, root), ConversionSettings(image_size=SIZE))
     with pytest.raises(ConversionError, match="different dataset"):
-        convert(manifest_for(eps, root), result.path, image_size=(32, 24), reuse_existing=True)
+        convert(manifest_for(eps, root), result.path, ConversionSettings(image_size=(32, 24)), reuse_existing=True)
 
 
 def test_stale_partial_files_are_removed(converted, task, tmp_path):
@@ -307,7 +310,7 @@ def test_stale_partial_files_are_removed(converted, task, tmp_path):
     (tmp_path / f".dataset.npz.work-{proc.pid}").mkdir()
     mine = tmp_path / f".dataset.npz.partial-{os.getpid()}x"  # not a pid suffix: left alone
     mine.write_bytes(b"")
-    r = convert(manifest_for(eps[:2], root), tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+    r = convert(manifest_for(eps[:2], root), tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1)
     assert sorted(r.metadata["stale_files_removed"]) == sorted([stale.name, f".dataset.npz.work-{proc.pid}"])
     assert not stale.exists() and mine.exists()
 
@@ -345,7 +348,7 @@ def test_task_folder_input_is_paired(tmp_path):
     eps = samples.write_task(tmp_path, episodes=3, seconds=2.0, task="wipe",
                              spec=replace(SPEC, vio_status="success"))
     failed = samples.write_episode(tmp_path / "wipe", "wipe_0009", replace(SPEC, vio_status="failed"), seed=99)
-    r = convert(tmp_path / "wipe", tmp_path / "dataset.npz", image_size=SIZE, workers=1)
+    r = convert(tmp_path / "wipe", tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1)
     assert r.n_episodes == 3 and r.metadata["task"] == "wipe"
     assert [e["stem"] for e in r.metadata["episodes"]] == [e.stem for e in eps]
     assert failed.stem in {x["stem"] for x in r.rejected if x["stage"] == "pairing"}

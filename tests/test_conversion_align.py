@@ -13,7 +13,7 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from dpflow_core.recordings import samples
-from dpflow_core.conversion import align_episode
+from dpflow_core.conversion import ConversionSettings, align_episode
 from dpflow_core.recordings.schemas import das_messages
 from dpflow_core.errors import ConversionError, RecordingError
 from dpflow_core.recordings.topics import DAS_DEFAULT
@@ -72,7 +72,7 @@ def _gt_at(ep, ts_ns):
 
 def test_aligned_poses_match_ground_truth_at_frame_times(episodes):
     ep = episodes["plain"]
-    a = align_episode(ep.vio_mcap, SIZE)
+    a = align_episode(ep.vio_mcap, ConversionSettings(image_size=SIZE))
     assert a.rgb.shape == (len(a), SIZE[1], SIZE[0], 3) and a.rgb.dtype == np.uint8
     assert a.eef_pos.dtype == np.float32 and a.eef_rot_axis_angle.shape == (len(a), 3)
     # every camera frame lies inside the pose and gripper tracks except possibly the edges
@@ -91,7 +91,7 @@ def test_aligned_poses_match_ground_truth_at_frame_times(episodes):
 
 def test_frames_before_first_idr_are_skipped_and_paired_by_timestamp(episodes):
     ep = episodes["late_idr"]
-    a = align_episode(ep.vio_mcap, SIZE)
+    a = align_episode(ep.vio_mcap, ConversionSettings(image_size=SIZE))
     # the sample drops the first IDR: the P-frames up to the next IDR (gop 15) cannot decode
     assert a.report["camera_messages"] == len(ep.camera_ts_ns)
     assert a.report["leading_undecodable_packets"] == SPEC.gop_size - 1
@@ -106,7 +106,7 @@ def test_frames_before_first_idr_are_skipped_and_paired_by_timestamp(episodes):
 def test_rgb_matches_cv2_area_reference(episodes):
     """The decoder's scaler (area) gives the same image as BGR decode + cv2 INTER_AREA + BGR->RGB."""
     ep = episodes["plain"]
-    a = align_episode(ep.vio_mcap, SIZE)
+    a = align_episode(ep.vio_mcap, ConversionSettings(image_size=SIZE))
     from dpflow_core.recordings import read_streams
 
     s = read_streams(ep.vio_mcap)
@@ -132,7 +132,7 @@ def test_one_scaler_per_stream_gives_the_pixels_of_a_new_scaler_per_frame(episod
     from dpflow_core.recordings import read_streams
 
     ep = episodes["late_idr"]  # leading undecodable packets: the scaler starts at the first IDR
-    a = align_episode(ep.vio_mcap, size)
+    a = align_episode(ep.vio_mcap, ConversionSettings(image_size=size))
     s = read_streams(ep.vio_mcap)
     ctx = av.CodecContext.create("h264", "r")
     ref = {}
@@ -166,7 +166,7 @@ def test_known_colour_patches_stay_rgb(tmp_path):
     path = _write_vio(tmp_path / "c_vio.mcap", [bgr] * n, ts, ts, np.zeros((n, 3)), quat, np.ones(n, bool),
                       ts, np.full(n, 0.05))
     for size in (SIZE, None):
-        a = align_episode(path, size)
+        a = align_episode(path, ConversionSettings(image_size=size))
         W, H = size or (w, h)
         assert a.rgb.shape[1:] == (H, W, 3)
         for col, want in zip((W // 6, W // 2, 5 * W // 6), ((210, 30, 30), (30, 210, 30), (30, 30, 210))):
@@ -191,7 +191,7 @@ def test_slerp_and_linear_interpolation_between_sparse_poses(tmp_path):
     frames = [np.full((120, 160, 3), 128, np.uint8)] * n
     path = _write_vio(tmp_path / "s_vio.mcap", frames, frame_ns, pose_ns, pos, quat, np.ones(len(ps), bool),
                       grip_ns, grip)
-    a = align_episode(path, SIZE)
+    a = align_episode(path, ConversionSettings(image_size=SIZE))
     fs = (a.camera_ts_ns - t0) / 1e9
     assert a.camera_ts_ns[0] == frame_ns[0] and len(a) == n
     np.testing.assert_allclose(a.eef_pos, np.array([0.4, 0.0, 0.3]) + np.outer(fs, vel), atol=1e-6)
@@ -202,7 +202,7 @@ def test_slerp_and_linear_interpolation_between_sparse_poses(tmp_path):
 
 
 def test_two_missing_frames_are_reported_as_a_gap(episodes):
-    a = align_episode(episodes["missing2"].vio_mcap, SIZE)
+    a = align_episode(episodes["missing2"].vio_mcap, ConversionSettings(image_size=SIZE))
     assert len(a.report["gaps"]) == 1
     gap = a.report["gaps"][0]
     assert gap["missing_frames"] == 2 and gap["duration_s"] == pytest.approx(3 / 30, abs=0.005)
@@ -211,7 +211,7 @@ def test_two_missing_frames_are_reported_as_a_gap(episodes):
 
 def test_late_camera_is_trimmed_to_the_overlap(episodes):
     ep = episodes["late_early"]
-    a = align_episode(ep.vio_mcap, SIZE)
+    a = align_episode(ep.vio_mcap, ConversionSettings(image_size=SIZE))
     tr = a.report["trimmed_s"]
     assert tr["start"] == pytest.approx(0.4, abs=0.05) and tr["end"] == pytest.approx(0.2, abs=0.05)
     assert a.camera_ts_ns[0] == ep.camera_ts_ns[0] and a.camera_ts_ns[-1] == ep.camera_ts_ns[-1]
@@ -227,7 +227,7 @@ def test_camera_shorter_than_pose_by_one_frame(tmp_path):
     frames = [np.full((120, 160, 3), 90, np.uint8)] * n
     path = _write_vio(tmp_path / "short_vio.mcap", frames, ts[:n], ts, pos, quat, np.ones(n + 1, bool),
                       ts, np.full(n + 1, 0.05))
-    a = align_episode(path, SIZE)
+    a = align_episode(path, ConversionSettings(image_size=SIZE))
     assert len(a) == n
     assert a.report["trimmed_s"]["end"] == pytest.approx(1 / 30, abs=1e-3)
     assert a.report["trimmed_s"]["start"] == 0.0
@@ -236,21 +236,21 @@ def test_camera_shorter_than_pose_by_one_frame(tmp_path):
 
 def test_vio_covering_40_percent_is_rejected(episodes):
     with pytest.raises(ConversionError) as err:
-        align_episode(episodes["vio40"].vio_mcap, SIZE)
+        align_episode(episodes["vio40"].vio_mcap, ConversionSettings(image_size=SIZE))
     assert err.value.code == "low_coverage"
     pct = int(re.search(r"cover only (\d+)% of the recording", err.value.reason).group(1))
     assert 37 <= pct <= 43 and "minimum 50%" in err.value.reason and "pose 0.9" in err.value.reason
     # explicit lower bound accepts it, trimmed to the pose track
-    a = align_episode(episodes["vio40"].vio_mcap, SIZE, min_overlap_fraction=0.3)
+    a = align_episode(episodes["vio40"].vio_mcap, ConversionSettings(image_size=SIZE, min_overlap_fraction=0.3))
     assert a.report["coverage"] == pytest.approx(0.4, abs=0.03)
 
 
 def test_invalid_pose_policy(episodes):
     path = episodes["invalid"].vio_mcap
     with pytest.raises(ConversionError) as err:
-        align_episode(path, SIZE, invalid_pose_policy="reject")
+        align_episode(path, ConversionSettings(image_size=SIZE, invalid_pose_policy="reject"))
     assert err.value.code == "pose_invalid" and "pose_valid false for" in err.value.reason
-    a = align_episode(path, SIZE, invalid_pose_policy="trim")
+    a = align_episode(path, ConversionSettings(image_size=SIZE, invalid_pose_policy="trim"))
     inv = a.report["pose_invalid"]
     assert len(inv["stretches_s"]) == 2 and inv["invalid_frames"] >= 15
     # longest valid stretch: 0.4 s .. 2.4 s (the rest is dropped)
@@ -260,11 +260,11 @@ def test_invalid_pose_policy(episodes):
     t_rel = (a.camera_ts_ns - ep.camera_ts_ns[0].astype(np.int64)) / 1e9
     assert t_rel[0] >= 0.4 - 0.04 and t_rel[-1] < 2.4
     with pytest.raises(ConversionError, match="invalid_pose_policy"):
-        align_episode(path, SIZE, invalid_pose_policy="ignore")
+        align_episode(path, ConversionSettings(image_size=SIZE, invalid_pose_policy="ignore"))
 
 
 def test_native_resolution_and_rgb_dir(episodes, tmp_path):
-    a = align_episode(episodes["plain"].vio_mcap, None, rgb_dir=tmp_path)
+    a = align_episode(episodes["plain"].vio_mcap, ConversionSettings(image_size=None), rgb_dir=tmp_path)
     assert a.rgb.shape[1:] == (SPEC.height, SPEC.width, 3)
     assert a.rgb_path == tmp_path / "plain.rgb.npy" and a.rgb_path.exists()
     stored = np.load(a.rgb_path, mmap_mode="r")
@@ -281,7 +281,7 @@ def test_nan_gripper_width_is_rejected(tmp_path):
                       np.zeros((n, 3)), np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)), np.ones(n, bool), ts, grip)
     # the reader refuses it before any alignment, naming the stream, the sample's time and its index
     with pytest.raises(RecordingError) as err:
-        align_episode(path, SIZE)
+        align_episode(path, ConversionSettings(image_size=SIZE))
     assert err.value.code == "not_finite"
     assert "/robot0/sensor/magnetic_encoder: 1 gripper width sample NaN/inf" in err.value.reason
     assert f"the first at {10 * 33_333_333 / 1e9:.3f} s (message 10 of {n})" in err.value.reason
@@ -312,7 +312,7 @@ def test_resize_is_at_least_as_accurate_as_cv2_area(tmp_path):
     # the camera moves over the scene, so the pose moves too (a still pose under a changing image is VIO frozen)
     path = _write_vio(tmp_path / "q_vio.mcap", sources, ts, ts, np.linspace(0, 0.05, n)[:, None] * [1.0, 0.0, 0.0], np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)),
                       np.ones(n, bool), ts, 0.05 + 0.02 * np.sin(np.arange(n) / 4.0))
-    a = align_episode(path, SIZE)
+    a = align_episode(path, ConversionSettings(image_size=SIZE))
     from dpflow_core.recordings import read_streams
 
     ctx = av.CodecContext.create("h264", "r")
@@ -342,7 +342,7 @@ def test_clock_step_is_refused_at_conversion_without_pairing(tmp_path, stream, a
                       np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)), np.ones(n, bool), streams["gripper"], np.full(n, 0.05),
                       arrival_ns={topic: ts})
     with pytest.raises(RecordingError) as err:
-        align_episode(path, SIZE)
+        align_episode(path, ConversionSettings(image_size=SIZE))
     code = "clock_step" if step_s > 0 else "clock_reversal"
     assert err.value.code == code
     what = "stepped forward" if step_s > 0 else "ran backwards"

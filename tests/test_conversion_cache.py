@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpflow_core.conversion import align_job_episode, alignment_job, convert, load_inputs
+from dpflow_core.conversion import ConversionSettings, align_job_episode, alignment_job, convert, load_inputs
 from dpflow_core.episode_cache import EpisodeCache, parse_size
 from dpflow_core.recordings import samples
 from dpflow_core.recordings.topics import DAS_DEFAULT
@@ -33,7 +33,7 @@ def full(task, tmp_path_factory):
     """The three episodes converted without any cache: the reference bytes."""
     root, eps = task
     out = tmp_path_factory.mktemp("full") / "dataset.npz"
-    return convert(manifest_for(eps, root), out, image_size=SIZE, workers=1, cache=False)
+    return convert(manifest_for(eps, root), out, ConversionSettings(image_size=SIZE), workers=1, cache=False)
 
 
 def _du(folder: Path) -> int:
@@ -43,18 +43,21 @@ def _du(folder: Path) -> int:
 def test_adding_an_episode_aligns_only_it_and_gives_the_full_conversion_bytes(task, full, tmp_path):
     root, eps = task
     cache = EpisodeCache(tmp_path / "cache")
-    first = convert(manifest_for(eps[:2], root), tmp_path / "two.npz", image_size=SIZE, workers=1, cache=cache)
+    first = convert(manifest_for(eps[:2], root), tmp_path / "two.npz", ConversionSettings(image_size=SIZE),
+                    workers=1, cache=cache)
     assert first.metadata["cache"] == {"dir": str(cache.root), "episodes_reused": 0, "episodes_aligned": 2}
     assert len(cache.entries()) == 2
 
-    grown = convert(manifest_for(eps, root), tmp_path / "three.npz", image_size=SIZE, workers=1, cache=cache)
+    grown = convert(manifest_for(eps, root), tmp_path / "three.npz", ConversionSettings(image_size=SIZE),
+                    workers=1, cache=cache)
     assert grown.metadata["cache"]["episodes_reused"] == 2 and grown.metadata["cache"]["episodes_aligned"] == 1
     assert [e["cached"] for e in grown.metadata["episodes"]] == [True, True, False]
     assert grown.sha256 == full.sha256
     assert grown.path.read_bytes() == full.path.read_bytes()
     # The cache's frames survive the write (the next conversion reads them again).
     assert len(cache.entries()) == 3
-    again = convert(manifest_for(eps, root), tmp_path / "again.npz", image_size=SIZE, workers=2, cache=cache)
+    again = convert(manifest_for(eps, root), tmp_path / "again.npz", ConversionSettings(image_size=SIZE),
+                    workers=2, cache=cache)
     assert again.metadata["cache"]["episodes_reused"] == 3 and again.path.read_bytes() == full.path.read_bytes()
     assert again.metadata["episodes"][0]["convert_seconds"] == 0.0
 
@@ -62,11 +65,12 @@ def test_adding_an_episode_aligns_only_it_and_gives_the_full_conversion_bytes(ta
 def test_a_changed_option_or_rewritten_input_is_aligned_anew(task, full, tmp_path):
     root, eps = task
     cache = EpisodeCache(tmp_path / "cache")
-    convert(manifest_for(eps, root), tmp_path / "a.npz", image_size=SIZE, workers=1, cache=cache)
-    other = convert(manifest_for(eps, root), tmp_path / "b.npz", image_size=(32, 24), workers=1, cache=cache)
+    convert(manifest_for(eps, root), tmp_path / "a.npz", ConversionSettings(image_size=SIZE), workers=1, cache=cache)
+    other = convert(manifest_for(eps, root), tmp_path / "b.npz", ConversionSettings(image_size=(32, 24)),
+                    workers=1, cache=cache)
     assert other.metadata["cache"]["episodes_reused"] == 0 and other.image_size == (32, 24)
-    option = convert(manifest_for(eps, root), tmp_path / "c.npz", image_size=SIZE, workers=1, cache=cache,
-                     min_overlap_fraction=0.4)
+    option = convert(manifest_for(eps, root), tmp_path / "c.npz",
+                     ConversionSettings(image_size=SIZE, min_overlap_fraction=0.4), workers=1, cache=cache)
     assert option.metadata["cache"]["episodes_reused"] == 0
 
     # Same bytes written again (new mtime and inode): the input is read and hashed again, not trusted.
@@ -75,7 +79,8 @@ def test_a_changed_option_or_rewritten_input_is_aligned_anew(task, full, tmp_pat
     tmp = vio.with_name(vio.name + ".rewrite")
     tmp.write_bytes(data)
     os.replace(tmp, vio)
-    redo = convert(manifest_for(eps, root), tmp_path / "d.npz", image_size=SIZE, workers=1, cache=cache)
+    redo = convert(manifest_for(eps, root), tmp_path / "d.npz", ConversionSettings(image_size=SIZE),
+                   workers=1, cache=cache)
     assert [e["cached"] for e in redo.metadata["episodes"]] == [True, False, True]
     assert redo.path.read_bytes() == full.path.read_bytes()
 
@@ -84,7 +89,8 @@ def test_size_limit_prunes_least_recently_used_first(task, tmp_path):
     root, eps = task
     cache = EpisodeCache(tmp_path / "cache")
     for k, ep in enumerate(eps):
-        convert(manifest_for([ep], root), tmp_path / f"one{k}.npz", image_size=SIZE, workers=1, cache=cache)
+        convert(manifest_for([ep], root), tmp_path / f"one{k}.npz", ConversionSettings(image_size=SIZE),
+                workers=1, cache=cache)
         for e in cache.entries():
             if e.last_used > 1e9:  # the entry just made: give each a distinct last use, oldest first
                 os.utime(e.path / "result.json", (1000.0 + 10 * k, 1000.0 + 10 * k))
@@ -109,7 +115,8 @@ def test_size_limit_prunes_least_recently_used_first(task, tmp_path):
 def test_cache_command_shows_and_prunes(task, tmp_path):
     root, eps = task
     cache_dir = tmp_path / "cache"
-    convert(manifest_for(eps[:2], root), tmp_path / "x.npz", image_size=SIZE, workers=1, cache=EpisodeCache(cache_dir))
+    convert(manifest_for(eps[:2], root), tmp_path / "x.npz", ConversionSettings(image_size=SIZE),
+            workers=1, cache=EpisodeCache(cache_dir))
     env = {**os.environ, "DPFLOW_CACHE_DIR": str(cache_dir)}
     dpflow = [str(Path(sys.executable).parent / "dpflow")]
     shown = subprocess.run([*dpflow, "cache", "show", "--json"], env=env, capture_output=True, text=True, check=True)
@@ -137,7 +144,7 @@ def test_alignment_reads_its_input_once_and_checks_its_sha256(task):
     """The input SHA-256 is computed from the bytes the MCAP parser reads: one read of the file."""
     root, eps = task
     inputs = load_inputs(manifest_for(eps[:1], root))
-    job = alignment_job(inputs.episodes[0], SIZE, DAS_DEFAULT, "trim", 0.5, True)
+    job = alignment_job(inputs.episodes[0], ConversionSettings(image_size=SIZE, gap_policy="reject"), DAS_DEFAULT, True)
     align_job_episode(job, None)  # warm-up: imports, codec and schema caches
     before = _rchar()
     ep = align_job_episode(job, None)

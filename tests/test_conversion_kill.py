@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dpflow_core.recordings import samples
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.recordings.topics import DAS_DEFAULT
 
 SPEC = samples.SampleSpec(seconds=2.5, width=160, height=120, gop_size=15)
@@ -45,7 +45,7 @@ def test_sigkill_while_writing_leaves_previous_dataset_untouched(tmp_path):
     manifest.write_text(json.dumps(_manifest(eps, root)))
     out_dir = tmp_path / "ds"
     out = out_dir / "dataset.npz"
-    convert(str(manifest), out, image_size=(64, 48), workers=1)
+    convert(str(manifest), out, ConversionSettings(image_size=(64, 48)), workers=1)
     before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
     assert sorted(before) == ["dataset.json", "dataset.npz", "norm_stats.json"]
 
@@ -79,7 +79,7 @@ def test_sigkill_while_writing_leaves_previous_dataset_untouched(tmp_path):
         zipfile.ZipFile(partial)
 
     # the next conversion removes the dead run's leftovers and installs a complete dataset
-    r = convert(str(manifest), out, image_size=(32, 24), workers=1, backup=True)
+    r = convert(str(manifest), out, ConversionSettings(image_size=(32, 24)), workers=1, backup=True)
     assert partial.name in r.metadata["stale_files_removed"]
     assert not any(p.name.startswith(".") for p in out_dir.iterdir())
     assert hashlib.sha256(out.read_bytes()).hexdigest() == r.sha256

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.curation.apply import DROP_CODE, CurationError, Label, curate, read_labels
 from dpflow_core.files import sha256_file
 from dpflow_core.pairing import load_manifest, pair_recordings, save_manifest
@@ -132,7 +132,8 @@ def test_label_overrides_and_reaches_the_dataset_lineage(world_task, tmp_path):
     runs = {}
     for name, labels in (("auto", None), ("labelled", labels_path)):
         r = curate(small, tmp_path / name, labels=labels)
-        runs[name] = (r, convert(r.manifest_path, tmp_path / name / "ds" / "dataset.npz", image_size=(32, 32)))
+        runs[name] = (r, convert(r.manifest_path, tmp_path / name / "ds" / "dataset.npz",
+                                 ConversionSettings(image_size=(32, 32))))
     (auto, auto_ds), (lab, lab_ds) = runs["auto"], runs["labelled"]
     curated = load_manifest(lab.manifest_path)
     kept = next(a for a in curated.accepted if a.stem == bad)

@@ -23,7 +23,7 @@ from mcap_protobuf.decoder import DecoderFactory
 from scipy.spatial.transform import Rotation
 
 import foreign_writer as fw
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.dataset import validate_dataset
 from dpflow_core.errors import PairingError, RecordingError
 from dpflow_core.pairing import load_manifest, pair_recordings
@@ -135,7 +135,7 @@ def test_foreign_layout_pairs_and_converts(foreign, tmp_path):
     for a, ep in zip(manifest.accepted, episodes):
         assert a.vio_mcap == ep.vio_mcap.resolve() and a.vio_status["software"]["name"] == "MatrixStudio"
 
-    result = convert(manifest, tmp_path / "dataset.npz", image_size=SIZE, workers=2)
+    result = convert(manifest, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=2)
     assert result.n_episodes == 2 and result.total_steps == 100 and result.rejected == []
     assert all(c.passed for c in validate_dataset(result.path, image_size=SIZE)), validate_dataset(result.path)
 

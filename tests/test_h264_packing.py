@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from dpflow_core.conversion import align_episode
+from dpflow_core.conversion import ConversionSettings, align_episode
 from dpflow_core.recordings import read_streams, samples
 from dpflow_core.recordings.reader import has_b_slice
 from dpflow_core.recordings.schemas import das_messages
@@ -134,7 +134,7 @@ def test_several_access_units_in_one_message(tmp_path, streams, packing):
         if n == 1:
             single.add(i)
         i += n
-    a = align_episode(write_vio(tmp_path / "packed_vio.mcap", frame_ns, messages), None)
+    a = align_episode(write_vio(tmp_path / "packed_vio.mcap", frame_ns, messages), ConversionSettings(image_size=None))
     assert a.report["camera_messages"] == len(messages)
     assert a.report["decoded_frames"] == N
     marks = check_identity(a, frame_ns, single)
@@ -148,7 +148,7 @@ def test_packed_units_whose_message_is_stamped_at_the_last_one(tmp_path, streams
     messages = [(int(frame_ns[k]), u) for k, (u, _) in enumerate(units) if k not in (20, 21)]
     messages.insert(20, (int(frame_ns[22]), units[20][0] + units[21][0] + units[22][0]))
     messages.pop(21)
-    a = align_episode(write_vio(tmp_path / "late_vio.mcap", frame_ns, messages), None)
+    a = align_episode(write_vio(tmp_path / "late_vio.mcap", frame_ns, messages), ConversionSettings(image_size=None))
     check_identity(a, frame_ns, set(range(N)) - {20, 21, 22})
 
 
@@ -163,7 +163,7 @@ def test_b_frames_placed_by_presentation_time(tmp_path, streams, stamps):
     path = write_vio(tmp_path / f"b_{stamps}_vio.mcap", frame_ns, messages)
     s = read_streams(path)
     assert (s.camera_decode_order is not None) == (stamps == "presentation")
-    a = align_episode(path, None)
+    a = align_episode(path, ConversionSettings(image_size=None))
     assert a.report["decoded_frames"] == N and a.report["undecodable_packets"] == 0
     marks = check_identity(a, frame_ns, set(range(N)))
     assert len(marks) >= N - 4
@@ -175,7 +175,8 @@ def test_b_frames_with_two_units_in_a_message(tmp_path, streams):
     k = 30  # merge decode positions k and k + 1 into one message, stamped with the first's time
     messages[k] = (messages[k][0], messages[k][1] + messages[k + 1][1])
     del messages[k + 1]
-    a = align_episode(write_vio(tmp_path / "b_packed_vio.mcap", frame_ns, messages), None)
+    a = align_episode(write_vio(tmp_path / "b_packed_vio.mcap", frame_ns, messages),
+                      ConversionSettings(image_size=None))
     marks = check_identity(a, frame_ns, {pts for _, pts in bunits} - {bunits[k][1], bunits[k + 1][1]})
     assert a.report["decoded_frames"] == N and len(marks) >= N - 4
 
@@ -195,4 +196,4 @@ def test_sequence_numbers_out_of_capture_order_without_b_frames_keep_capture_ord
     messages[30], messages[31] = messages[31], messages[30]  # sequence numbers now disagree with capture
     path = write_vio(tmp_path / "swapped_vio.mcap", frame_ns, messages)
     assert read_streams(path).camera_decode_order is None
-    check_identity(align_episode(path, None), frame_ns, set(range(N)))
+    check_identity(align_episode(path, ConversionSettings(image_size=None)), frame_ns, set(range(N)))

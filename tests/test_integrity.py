@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dpflow_core.cli import app
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.errors import DatasetError
 from dpflow_core.pairing import pair_recordings
 from dpflow_core.replay_buffer.integrity import check_archive
@@ -30,7 +30,7 @@ def dataset(tmp_path_factory):
     base = tmp_path_factory.mktemp("integrity")
     write_small_task(base, episodes=2, seed=5)
     out = base / "ds" / "pick_place" / "dataset.npz"
-    convert(pair_recordings(base / "pick_place"), out, image_size=(32, 24), workers=1, cache=False)
+    convert(pair_recordings(base / "pick_place"), out, ConversionSettings(image_size=(32, 24)), workers=1, cache=False)
     return out
 
 

@@ -367,11 +367,6 @@ PENDING_LONG_MODULES: set[str] = set()
 PENDING_PRIVATE_IMPORTS: set[str] = set()
 #: Functions too long or too wide, each waiting for another part of issue 30.
 PENDING_FUNCTIONS = {
-    # conversion: convert, align_episode, the conversion CLI and their option plumbing (helper D)
-    "dpflow_core.conversion.convert:convert", "dpflow_core.conversion.align:align_episode",
-    "dpflow_core.conversion.inputs:conversion_options", "dpflow_core.conversion.inputs:dataset_key",
-    "dpflow_core.conversion.jobs:alignment_job", "dpflow_core.conversion.metadata:dataset_metadata",
-    "dpflow_core.cli.dataset:convert_cmd",
     # one settings object per stage: the keyword arguments and the Typer options that map onto it
     "dpflow_core.export.export:export_lerobot", "dpflow_core.cli.lerobot:export_lerobot_cmd",
     "dpflow_core.evaluation.evaluate:evaluate_checkpoint", "dpflow_core.evaluation.scoring:score_held_out",

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dpflow_core import export as lr
-from dpflow_core.conversion import align_episode
+from dpflow_core.conversion import ConversionSettings, align_episode
 from dpflow_core.errors import ConversionError
 from dpflow_core.pairing import load_manifest, pair_recordings, write_manifest
 from dpflow_core.recordings.samples import SampleSpec, write_episode, write_task
@@ -49,7 +49,8 @@ def test_export_reuses_align_episode_frame_for_frame(manifest_path, exported):
     assert result.stems == [f"pick_place_{k:04d}" for k in range(3)]
     assert list(result.skipped) == ["pick_place_0003"] and "low_coverage" in result.skipped["pick_place_0003"]
     assert result.task == "pick_place" and result.image_size == [160, 120]
-    aligned = [align_episode(a.vio_mcap, image_size=None, stem=a.stem) for a in manifest.accepted[:3]]
+    aligned = [align_episode(a.vio_mcap, ConversionSettings(image_size=None),
+                             stem=a.stem) for a in manifest.accepted[:3]]
     fps = 1 / np.median(np.concatenate([np.diff(a.timestamps_s) for a in aligned]))
     info = json.loads((out / "meta/info.json").read_text())
     assert info["fps"] == pytest.approx(fps, rel=1e-12) and 29.5 < info["fps"] < 30.5
@@ -165,10 +166,10 @@ def test_reuse_existing_returns_the_same_export_and_refuses_another(manifest_pat
 
 
 def test_same_frequency_and_episodes_as_the_npz_conversion(manifest_path, exported, tmp_path):
-    from dpflow_core.conversion import convert
+    from dpflow_core.conversion import ConversionSettings, convert
 
     _, result = exported
-    npz = convert(manifest_path, tmp_path / "dataset.npz", image_size=(64, 48), workers=1)
+    npz = convert(manifest_path, tmp_path / "dataset.npz", ConversionSettings(image_size=(64, 48)), workers=1)
     assert npz.frequency_hz == pytest.approx(result.fps, rel=1e-12)
     assert npz.n_episodes == result.n_episodes and npz.total_steps == result.total_frames
     assert {r["stem"] for r in npz.rejected} == set(result.skipped)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.errors import ConversionError
 from dpflow_core.files import display_name
 from dpflow_core.pairing import pair_recordings
@@ -55,6 +55,6 @@ def test_report_and_convert_of_a_manifest_that_accepts_it(task, tmp_path):
     assert "take\\xff\\xfe2" in html and [e.stem for e in result.episodes] == ["take1"]
     assert json.loads((tmp_path / "report" / "quality.json").read_text(encoding="utf-8"))["rejected"][0]["code"] == "invalid_stem"
     with pytest.raises(ConversionError) as err:
-        convert(manifest, tmp_path / "ds" / "dataset.npz", image_size=(32, 24), cache=False)
+        convert(manifest, tmp_path / "ds" / "dataset.npz", ConversionSettings(image_size=(32, 24)), cache=False)
     assert err.value.code == "bad_manifest" and "take\\xff\\xfe2" in err.value.reason and "invalid stem" in err.value.reason
     assert not (tmp_path / "ds").exists()

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 import dpflow_core.sim.record as sim_record
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.offsets import obs_latencies_s, task_offsets
 from dpflow_core.pairing import pair_recordings, save_manifest
 from dpflow_core.replay_buffer import ReplayBuffer
@@ -68,7 +68,7 @@ def _record(root, task: str, episodes: dict) -> tuple[dict, ReplayBuffer]:
     assert len(manifest.accepted) == len(episodes), manifest.rejected
     path, _ = save_manifest(manifest, root / "manifests")
     out = root / f"{task}.npz"
-    convert(path, out, image_size=(64, 64), cache=False, workers=1)
+    convert(path, out, ConversionSettings(image_size=(64, 64)), cache=False, workers=1)
     return {"manifest": path, "meta": json.loads((root / f"{task}.json").read_text())}, ReplayBuffer(out)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpflow_core.conversion import align_episode
+from dpflow_core.conversion import ConversionSettings, align_episode
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings import read_streams, samples
 from dpflow_core.recordings.orientation import DECLARED, orientation_residuals
@@ -36,7 +36,7 @@ def test_a_consistent_imu_agrees_with_the_declared_reading(tmp_path, seed, extri
     ep = _episode(tmp_path, f"ok{seed}", seed, extrinsic)
     res = _residuals(ep.vio_mcap)
     assert res["gyro"][DECLARED] < 0.005 and res["gyro"][CONJ] > 10 * res["gyro"][DECLARED], res
-    a = align_episode(ep.vio_mcap, (48, 36))
+    a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
     assert not [f for f in a.report["plausibility"]["findings"] if f["code"] == "quaternion_convention"]
 
 
@@ -49,7 +49,7 @@ def test_a_consistent_imu_agrees_with_the_declared_reading(tmp_path, seed, extri
 def test_another_reading_is_rejected_naming_the_one_that_fits(tmp_path, seed, extrinsic, reading, fits):
     ep = _episode(tmp_path, f"bad{seed}", seed, extrinsic, reading)
     with pytest.raises(ConversionError) as err:
-        align_episode(ep.vio_mcap, (48, 36))
+        align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
     assert err.value.code == "quaternion_convention"
     assert fits in str(err.value) and "unexplained" in str(err.value)
 
@@ -64,7 +64,7 @@ def test_gravity_alone_names_a_swapped_order(tmp_path):
 def test_warn_policy_keeps_the_episode_and_lists_the_finding(tmp_path):
     ep = _episode(tmp_path, "warn", 6, (0.0, 0.0, 0.0), "conjugate")
     opts = PlausibilityOptions(policies={"quaternion_convention": "warn"})
-    a = align_episode(ep.vio_mcap, (48, 36), plausibility=opts)
+    a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36), plausibility=opts))
     (f,) = [f for f in a.report["plausibility"]["findings"] if f["code"] == "quaternion_convention"]
     assert f["action"] == "warned" and f["detail"]["fits"] == CONJ and f["value"] > 0.02
 
@@ -72,5 +72,5 @@ def test_warn_policy_keeps_the_episode_and_lists_the_finding(tmp_path):
 def test_a_noise_only_imu_says_nothing(tmp_path):
     """The sample writer's IMU (noise, gravity fixed while the pose turns) fits no reading: no finding."""
     ep = samples.write_episode(tmp_path, "noise", SPEC, seed=7)
-    a = align_episode(ep.vio_mcap, (48, 36))
+    a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
     assert not [f for f in a.report["plausibility"]["findings"] if f["code"] == "quaternion_convention"]

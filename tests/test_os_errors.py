@@ -13,7 +13,7 @@ import pytest
 from test_conversion import manifest_for
 
 from dpflow_core import files
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.errors import StorageError
 from dpflow_core.export import export_lerobot
 from dpflow_core.pairing import Manifest, write_manifest
@@ -51,7 +51,8 @@ def test_conversion_disk_full_names_the_output(episode, tmp_path, monkeypatch):
     out = tmp_path / "out" / "dataset.npz"
     _fail_after(monkeypatch, writer, "_copy_range", 0, _oserror(errno.ENOSPC))
     with pytest.raises(StorageError) as info:
-        convert(manifest_for([ep], root), out, image_size=(32, 24), workers=1, cache=False, min_segment_frames=10)
+        convert(manifest_for([ep], root), out, ConversionSettings(image_size=(32, 24), min_segment_frames=10),
+                workers=1, cache=False)
     assert info.value.code == "no_space" and info.value.path == str(out)
     assert str(info.value) == f"{out}: writing the dataset failed: No space left on device (ENOSPC)"
     assert list(out.parent.iterdir()) == []  # no partial, no work folder, no sidecar
@@ -65,7 +66,8 @@ def test_conversion_scratch_disk_full_stops_instead_of_rejecting(episode, tmp_pa
     out = tmp_path / "dataset.npz"
     _fail_after(monkeypatch, jobs, "_write_part", 0, _oserror(errno.ENOSPC))
     with pytest.raises(StorageError, match=r"writing the scratch files of pick_0000 failed: No space left on device"):
-        convert(manifest_for([ep], root), out, image_size=(32, 24), workers=1, cache=False, min_segment_frames=10)
+        convert(manifest_for([ep], root), out, ConversionSettings(image_size=(32, 24), min_segment_frames=10),
+                workers=1, cache=False)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.pairing import pair_recordings
 from dpflow_core.recordings.plausibility import PlausibilityOptions, check_clock, check_gripper, check_pose
 from dpflow_core.recordings.samples import trajectory
@@ -175,7 +175,7 @@ def faulty(tmp_path_factory):
     clock_shift(eps[5].vio_mcap, CAMERA, 30, 400_000_000)
     manifest = pair_recordings(base / "pick_place")
     out = base / "ds" / "dataset.npz"
-    result = convert(manifest, out, image_size=SIZE, workers=1, cache=False)
+    result = convert(manifest, out, ConversionSettings(image_size=SIZE), workers=1, cache=False)
     return eps, spikes, manifest, result
 
 
@@ -267,13 +267,14 @@ def test_one_minimum_episode_length_rejects_or_warns_with_the_figure(tmp_path, s
     short = write_small_episode(d, "pick_place_0002", seed=22, seconds=seconds)
     refresh_vio_result(d)
     manifest = pair_recordings(d)
-    result = convert(manifest, tmp_path / "a" / "dataset.npz", image_size=SIZE, workers=1, cache=False)
+    result = convert(manifest, tmp_path / "a" / "dataset.npz", ConversionSettings(image_size=SIZE),
+                     workers=1, cache=False)
     rej = {r["stem"]: r for r in result.rejected}[short.stem]
     n = int(round(seconds * 30))
     assert rej["code"] == "too_short" and "below the minimum episode length of 46 frames" in rej["reason"]
     assert f"episode has {n - 1} frames" in rej["reason"] or f"episode has {n} frames" in rej["reason"]
-    kept = convert(manifest, tmp_path / "b" / "dataset.npz", image_size=SIZE, workers=1, cache=False,
-                   short_episode_policy="warn")
+    kept = convert(manifest, tmp_path / "b" / "dataset.npz",
+                   ConversionSettings(image_size=SIZE, short_episode_policy="warn"), workers=1, cache=False)
     assert kept.n_episodes == 3 and short.stem not in {r["stem"] for r in kept.rejected}
     warned = [w for w in kept.metadata["warnings"] if w.get("stem") == short.stem]
     assert [w["code"] for w in warned] == ["short_episode"] and "below the minimum episode length" in warned[0]["reason"]
@@ -374,13 +375,13 @@ def test_dead_imu_reaches_the_dataset_as_a_warning_and_is_rejected_when_asked(tm
     edit_messages(ep.vio_mcap, (IMU,), dead)
     refresh_vio_result(task)
     manifest = pair_recordings(task)
-    out = convert(manifest, tmp_path / "warn.npz", image_size=SIZE)
+    out = convert(manifest, tmp_path / "warn.npz", ConversionSettings(image_size=SIZE))
     episodes = {e["stem"]: e for e in json.loads((tmp_path / "warn.json").read_text())["episodes"]}
     codes = [(f["code"], f["detail"].get("sensor"), f["action"]) for f in episodes["dead_imu"]["plausibility"]["findings"]]
     assert ("imu_dead", "gyro", "warned") in codes, codes
     assert not [f for f in episodes["healthy"]["plausibility"]["findings"] if f["code"].startswith("imu")]
     assert out.n_episodes == 2
-    res = convert(manifest, tmp_path / "reject.npz", image_size=SIZE,
-                  plausibility={"policies": {"imu_dead": "reject"}})
+    res = convert(manifest, tmp_path / "reject.npz",
+                  ConversionSettings(image_size=SIZE, plausibility={"policies": {"imu_dead": "reject"}}))
     assert res.n_episodes == 1 and [(r["stem"], r["code"]) for r in res.rejected] == [("dead_imu", "imu_dead")]
     assert "imu_dead: imu from" in res.rejected[0]["reason"] and "gyro constant at [0.0, 0.0, 0.0] rad/s" in res.rejected[0]["reason"]

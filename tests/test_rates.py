@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.conversion.rates import rate_groups, sample_and_hold_grid
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings import samples
@@ -37,10 +37,11 @@ def recorded(tmp_path_factory):
         np.testing.assert_allclose(samples.trajectory(t, seed)[0], ep.position_m, atol=1e-9)
     cache = root / "cache"
     manifest = manifest_for([e for e, _ in eps.values()], root)
-    grouped = convert(manifest, root / "g" / "dataset.npz", image_size=SIZE, workers=1, cache=cache,
-                      rate_policy="group", min_segment_frames=20)
-    resampled = convert(manifest, root / "r" / "dataset.npz", image_size=SIZE, workers=1, cache=cache,
-                        min_segment_frames=20)
+    grouped = convert(manifest, root / "g" / "dataset.npz",
+                      ConversionSettings(image_size=SIZE, rate_policy="group", min_segment_frames=20),
+                      workers=1, cache=cache)
+    resampled = convert(manifest, root / "r" / "dataset.npz",
+                        ConversionSettings(image_size=SIZE, min_segment_frames=20), workers=1, cache=cache)
     return eps, grouped, resampled
 
 
@@ -110,4 +111,4 @@ def test_resample_puts_every_episode_on_the_dataset_grid(recorded):
         assert np.array_equal(arrays["robot0_demo_start_pose"][0], own["robot0_demo_start_pose"][0])
     with pytest.raises(ConversionError, match="rate_policy must be one of"):
         convert(manifest_for([e for e, _ in eps.values()], grouped.path.parent), grouped.path.parent / "x.npz",
-                image_size=SIZE, rate_policy="drop")
+                ConversionSettings(image_size=SIZE, rate_policy="drop"))

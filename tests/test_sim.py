@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from dpflow_core.conversion import convert
+from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.pairing import pair_recordings, save_manifest
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.sim.demonstrator import plan
@@ -161,7 +161,7 @@ def stack_dataset(tmp_path_factory):
     assert len(manifest.accepted) == 2 and not manifest.rejected
     path, _ = save_manifest(manifest, root / "manifests")
     out = root / "dataset.npz"
-    convert(path, out, image_size=(64, 64))
+    convert(path, out, ConversionSettings(image_size=(64, 64)))
     return task_dir, ReplayBuffer(out), spec
 
 

@@ -1,63 +1,97 @@
-"""`dpflow` commands of the dataset stage: conversion to ``dataset.npz`` and norm stats."""
+"""`dpflow` commands of the dataset stage: conversion to ``dataset.npz`` and norm stats.
+
+``dpflow convert``'s content options are made from :class:`~dpflow_core.conversion.settings.ConversionSettings`
+(:func:`settings_options`); only what does not change the dataset (output, workers, backup, cache) is its own.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import inspect
 import json
+import typing
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import typer
 
 from dpflow_core.cli import app
+from dpflow_core.conversion.settings import ConversionSettings
 from dpflow_core.errors import ConversionError
 
 
-def parse_image_size_option(text: str) -> tuple[int, int]:
-    """``--image-size`` ``"W,H"`` or ``"WxH"`` -> (W, H) in pixels; raises ConversionError ``bad_option``."""
-    try:
-        w, h = (int(v) for v in text.lower().replace("x", ",").split(","))
-    except ValueError as exc:
-        raise ConversionError(f"--image-size must be W,H (e.g. 224,224), got {text!r}", code="bad_option") from exc
-    return w, h
+def settings_options(cls: type):
+    """Decorate a Typer command so it takes one option per field of the settings class ``cls`` and receives
+    them as ``settings`` (``cls.from_options``).
+
+    Each option is the field's metadata (:func:`~dpflow_core.conversion.settings.front_ends`): its ``option``
+    flag and ``help``; its default is the field's (a tuple as ``"a,b"`` text, None as no value), so the command
+    line is made from the settings and cannot miss or contradict one. The decorated function declares a
+    parameter ``settings``; a bad value is refused by the settings (one line, as every ``DpflowError``).
+    """
+
+    def decorate(func):
+        signature = inspect.signature(func)
+        hints = typing.get_type_hints(func)
+        if "settings" not in signature.parameters:
+            raise TypeError(f"{func.__name__} must take a 'settings' parameter")
+        own = [p.replace(annotation=hints.get(p.name, p.annotation))
+               for p in signature.parameters.values() if p.name != "settings"]
+        added = []
+        for f in dataclasses.fields(cls):
+            default, annotation = f.default, type(f.default)
+            if isinstance(default, tuple):
+                default, annotation = ",".join(map(str, default)), str
+            elif default is None:
+                annotation = Optional[str]
+            option = typer.Option(default, f.metadata["option"], help=f.metadata["help"])
+            name = f.metadata["option"].lstrip("-").replace("-", "_")
+            added.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            values = {p.name: kwargs.pop(p.name) for p in added if p.name in kwargs}
+            return func(*args, settings=cls.from_options(values), **kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=own + added, return_annotation=None)
+        wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
+        return wrapper
+
+    return decorate
 
 
 @app.command("convert")
+@settings_options(ConversionSettings)
 def convert_cmd(
     inputs: List[Path] = typer.Argument(..., help="Pairing manifest JSON files or Matrix Studio task folders."),
     output: Path = typer.Option(..., "--output", "-o", help="The dataset .npz to create (never overwritten)."),
-    image_size: str = typer.Option("224,224", "--image-size", help="Frame size W,H in pixels."),
     workers: int = typer.Option(0, "--workers", "-j", min=0, help="Worker processes (0 = the free cores)."),
     backup: bool = typer.Option(False, "--backup", help="Keep an existing output as <stem>.bak-<time>.npz and replace it."),
-    invalid_pose_policy: str = typer.Option(
-        "trim", "--invalid-pose-policy", help="pose_valid == false stretches: 'trim' (keep the longest valid stretch) or 'reject'."
-    ),
-    min_overlap: float = typer.Option(0.5, "--min-overlap", help="Reject episodes whose aligned frames cover less of the recording."),
-    frequency_tolerance: float = typer.Option(0.05, "--frequency-tolerance", help="Relative tolerance of an episode's rate."),
-    rate_policy: str = typer.Option(
-        "resample", "--rate-policy",
-        help="An episode at another rate than its task's: 'resample' it to the task's rate (images held, poses "
-             "interpolated), 'group' (a dataset of its own beside the output, <stem>-<rate>hz.npz) or 'reject'.",
-    ),
-    max_gap: float = typer.Option(0.5, "--max-gap", help="Seconds: longer holes in the camera stream are never bridged."),
-    gap_policy: str = typer.Option(
-        "split", "--gap-policy", help="Camera holes longer than --max-gap: 'split' the episode there or 'reject' it."
-    ),
-    min_segment_frames: int = typer.Option(
-        46, "--min-segment-frames", min=2, help="Shortest piece kept when splitting at a gap (frames)."
-    ),
-    min_pose_score: float = typer.Option(0.0, "--min-pose-score", help="Poses with a lower VIO score count as invalid."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Align every episode anew; neither read nor fill the cache."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    settings: ConversionSettings = None,
 ) -> None:
     """Convert paired episodes into a dataset.npz replay buffer (+ dataset.json, norm_stats.json).
 
-    Episodes already aligned with the same options are taken from the per-episode cache
+    Episodes already aligned with the same settings are taken from the per-episode cache
     (`dpflow cache show`); the dataset is byte-identical either way."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from dpflow_core.conversion import convert
 
-    size = parse_image_size_option(image_size)
+    with _conversion_progress() as progress:
+        result = convert([str(p) for p in inputs], output, settings, workers=workers, backup=backup,
+                         progress=progress, cache=not no_cache)
+    _print_conversion(result, as_json)
+
+
+@contextlib.contextmanager
+def _conversion_progress() -> Iterator[Callable[[str, int, int], None]]:
+    """The ``progress(stage, done, total)`` of :func:`~dpflow_core.conversion.convert`, drawn as two rich bars
+    on stderr while the block runs."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=Console(stderr=True), transient=True,
@@ -72,13 +106,13 @@ def convert_cmd(
                 bar.update(writing, completed=done, total=total, visible=True,
                            description=f"writing dataset ({total / 1e6:.0f} MB)")
 
-        result = convert(
-            [str(p) for p in inputs], output, image_size=size, workers=workers, backup=backup,
-            invalid_pose_policy=invalid_pose_policy, min_overlap_fraction=min_overlap,
-            frequency_tolerance=frequency_tolerance, progress=progress, max_gap_s=max_gap, gap_policy=gap_policy,
-            min_segment_frames=min_segment_frames, min_pose_score=min_pose_score, cache=not no_cache,
-            rate_policy=rate_policy,
-        )
+        yield progress
+
+
+def _print_conversion(result, as_json: bool) -> None:
+    """Print a :class:`~dpflow_core.conversion.ConversionResult`: as JSON, or its figures, warnings and rejects."""
+    from rich.console import Console
+
     if as_json:
         # the dataset's fields, the rejects and the time; the metadata document is in the sidecar
         typer.echo(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("metadata", "reused")}, indent=2))
@@ -90,7 +124,7 @@ def convert_cmd(
     out.print(f"sha256 {result.sha256}  ({result.size_bytes:,} bytes)")
     out.print(
         f"{result.n_episodes} episodes, {result.total_steps} steps (lengths min {lengths['min']} / mean "
-        f"{lengths['mean']:.1f} / max {lengths['max']}), {result.frequency_hz:.3f} Hz, image {size[0]}x{size[1]}, "
+        f"{lengths['mean']:.1f} / max {lengths['max']}), {result.frequency_hz:.3f} Hz, image {result.image_size[0]}x{result.image_size[1]}, "
         f"{result.wall_time_s:.1f} s ({result.frames_per_s:.0f} frames/s)"
     )
     out.print(f"sidecar {result.sidecar_path}\nnorm stats {result.norm_stats_path}")
@@ -185,7 +219,7 @@ def export_umi_cmd(
 
         with tempfile.TemporaryDirectory(prefix=".dpflow-umi-", dir=output.parent if output.parent.exists() else None) as tmp:
             npz = Path(tmp) / "dataset.npz"
-            convert([str(source)], npz, image_size=parse_image_size_option(image_size))
+            convert([str(source)], npz, ConversionSettings(image_size=image_size))
             result = export_umi(npz, output, jpegxl_level=level, jpegxl_effort=effort, overwrite=overwrite)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))

@@ -30,14 +30,14 @@ def validate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
 ) -> None:
     """Check a dataset.npz; print each verdict; exit 1 when a blocking (error) check fails."""
-    from dpflow_core.cli.dataset import parse_image_size_option
+    from dpflow_core.conversion.settings import image_size_of
     from dpflow_core.conversion import sidecar_path_for
     from dpflow_core.dataset import MIN_TRAIN_LENGTH, CheckResult, check_recorded_sha256, validate_dataset
     from dpflow_core.replay_buffer.integrity import check_archive
 
     if min_train_length is None:
         min_train_length = MIN_TRAIN_LENGTH
-    size = parse_image_size_option(image_size) if image_size else None
+    size = image_size_of(image_size) if image_size else None
     results = validate_dataset(dataset, image_size=size, min_train_length=min_train_length,
                                max_short_episodes=max_short_episodes)
     archive = check_archive(dataset) if dataset.is_file() else None

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 
 from dpflow_core.conversion.decode import SWS_FLAGS, damage_findings, decode_camera
 from dpflow_core.conversion.gaps import find_gaps, cut_implausible, plan_segments
+from dpflow_core.conversion.settings import ConversionSettings
+from dpflow_core.conversion.trim import Timeline, keep_valid_poses
 from dpflow_core.errors import ConversionError
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
@@ -42,14 +44,6 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: 7: frames decoded from a damaged reference dropped (``damaged_frames``); a clock that went back in
 #: file order and NaN/inf samples rejected by the reader.
 CONVERTER_VERSION = "7"
-INVALID_POSE_POLICIES = ("trim", "reject")
-GAP_POLICIES = ("split", "reject")
-#: Camera intervals longer than this (seconds) are never bridged by interpolation.
-DEFAULT_MAX_GAP_S = 0.5
-#: Shortest segment kept when an episode is split at a gap: (action_horizon - 1) x
-#: down_sample_steps + 1 frames with the UMI defaults (16, 3), the least that yields a
-#: training sample (formats.md section 2).
-DEFAULT_MIN_SEGMENT_FRAMES = 46
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
     "robot0_eef_pos",
@@ -140,24 +134,6 @@ class AlignedEpisode:
         return np.concatenate([self.eef_pos[-1], self.eef_rot_axis_angle[-1]]).astype(np.float32)
 
 
-def _longest_true_run(mask: np.ndarray) -> tuple[int, int]:
-    """(start, stop) of the longest run of True in a 1-D bool array; (0, 0) when none."""
-    padded = np.concatenate([[False], mask, [False]]).astype(np.int8)
-    edges = np.flatnonzero(np.diff(padded))
-    starts, stops = edges[0::2], edges[1::2]
-    if len(starts) == 0:
-        return 0, 0
-    k = int(np.argmax(stops - starts))
-    return int(starts[k]), int(stops[k])
-
-
-def _runs(mask: np.ndarray, t_s: np.ndarray) -> list[list[float]]:
-    """[start_s, end_s] of each run of True in ``mask`` (times from ``t_s``)."""
-    padded = np.concatenate([[False], mask, [False]]).astype(np.int8)
-    edges = np.flatnonzero(np.diff(padded))
-    return [[round(float(t_s[a]), 4), round(float(t_s[b - 1]), 4)] for a, b in zip(edges[0::2], edges[1::2])]
-
-
 def split_segments(ep: AlignedEpisode) -> list[AlignedEpisode]:
     """The pieces of an episode split at its long camera gaps (``ep.segments``), each as its
     own :class:`AlignedEpisode` with timestamps from its own first frame; ``[ep]`` when the
@@ -187,18 +163,12 @@ def split_segments(ep: AlignedEpisode) -> list[AlignedEpisode]:
 
 def align_episode(
     vio_mcap_path: str | Path,
-    image_size: tuple[int, int] | None = (224, 224),
+    settings: ConversionSettings | None = None,
+    *,
     topics: TopicMap = DAS_DEFAULT,
-    invalid_pose_policy: str = "trim",
-    min_overlap_fraction: float = 0.5,
     min_frames: int = 2,
     stem: str | None = None,
     rgb_dir: str | Path | None = None,
-    max_gap_s: float = DEFAULT_MAX_GAP_S,
-    gap_policy: str = "split",
-    min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
-    min_pose_score: float = 0.0,
-    plausibility: "PlausibilityOptions | None" = None,
 ) -> AlignedEpisode:
     """Decode and align one episode on its camera frames.
 
@@ -212,37 +182,29 @@ def align_episode(
     where camera, pose and gripper overlap. At each frame time the position and
     gripper width are interpolated linearly and the orientation by slerp
     (``scipy.spatial.transform.Slerp``); a frame counts as pose-invalid when
-    either bracketing pose has ``pose_valid == false``.
+    either bracketing pose has ``pose_valid == false`` (or a ``score`` below ``min_pose_score``).
 
     Args:
         vio_mcap_path: the ``<STEM>_vio.mcap`` file.
-        image_size: (W, H) in pixels of the output frames; None keeps the
-            camera's native resolution.
+        settings: the conversion settings (default: :class:`ConversionSettings`'s defaults); this function
+            uses ``image_size`` ((W, H) pixels of the output frames; None keeps the camera's native
+            resolution), ``invalid_pose_policy`` (``"trim"`` keeps the longest stretch of valid poses,
+            reported; ``"reject"`` rejects the episode for any invalid pose in the overlap),
+            ``min_overlap_fraction`` (the kept frames must span this fraction of the recording, the union
+            of all streams), ``max_gap_s`` and ``gap_policy`` (camera holes longer than ``max_gap_s``
+            seconds are never bridged: ``"split"`` cuts the episode there into ``segments``, given by
+            :func:`split_segments`, dropping pieces under ``min_segment_frames`` frames unless
+            ``short_episode_policy`` is ``"warn"``; ``"reject"`` rejects it, ``camera_gap``),
+            ``min_pose_score`` and ``plausibility`` (the pose, gripper and IMU rules run on the
+            capture-ordered samples before interpolation: a spike is repaired, its original value
+            recorded; a jump or a frozen VIO's span is dropped and the episode cut there, short pieces
+            dropped as at a gap; a rejecting finding raises with its class as the code;
+            ``report["plausibility"]`` lists every finding with stream, time, figure and action).
         topics: topic names of the recording.
-        invalid_pose_policy: ``"trim"`` keeps the longest stretch of frames with
-            valid poses (reported); ``"reject"`` rejects the episode when any frame
-            inside the overlap has an invalid pose.
-        min_overlap_fraction: reject the episode when the kept frames span less
-            than this fraction of the recording (union of all streams).
         min_frames: reject the episode when fewer frames remain.
         stem: the episode's stem (default: file name without ``_vio.mcap``).
         rgb_dir: when given, frames are decoded into ``<rgb_dir>/<stem>.rgb.npy``
             (a memory map) instead of RAM, bounding memory for long episodes.
-        max_gap_s: camera intervals longer than this (seconds; a hole in the camera stream)
-            are never bridged by interpolation: see ``gap_policy``.
-        gap_policy: ``"split"`` cuts the episode at each long gap into segments
-            (``segments``; :func:`split_segments` gives them), dropping segments shorter
-            than ``min_segment_frames``; ``"reject"`` rejects the episode (``camera_gap``).
-        min_segment_frames: shortest segment kept when splitting (frames).
-        min_pose_score: a pose whose VIO ``score`` is below this also counts as invalid
-            (0 = only ``pose_valid``; the score's scale is not published, formats.md).
-        plausibility: thresholds and policies of the pose and gripper rules
-            (:class:`~dpflow_core.recordings.plausibility.PlausibilityOptions`; None: the defaults).
-            They run on the capture-ordered samples before interpolation: a spike is repaired
-            (its original value recorded), a jump or a frozen VIO's span is dropped and the
-            episode cut there (pieces shorter than ``min_segment_frames`` dropped), a
-            rejecting finding raises with its class as the code. ``report["plausibility"]``
-            lists every finding with stream, time, figure and action.
 
     Returns:
         The aligned episode. ``report`` holds: ``camera_messages``,
@@ -268,189 +230,63 @@ def align_episode(
             few frames remain (``too_short``), a camera gap is longer than ``max_gap_s``
             under ``gap_policy="reject"`` (``camera_gap``) or no segment is long enough
             under ``"split"`` (``too_short``), a position or gripper width is
-            NaN/inf (``not_finite``), a plausibility finding whose policy rejects (its class,
-            e.g. ``gripper_dead``), or an argument is invalid.
+            NaN/inf (``not_finite``), or a plausibility finding whose policy rejects (its class,
+            e.g. ``gripper_dead``). An invalid setting is refused when the settings are built.
     """
-    from scipy.spatial.transform import Rotation, Slerp
+    from dpflow_core.offsets import measure_offsets
 
-    from dpflow_core.offsets import ImageMotion, measure_offsets
-    from dpflow_core.recordings.inspection import clock_domain_note
-    from dpflow_core.recordings.orientation import check_orientation
-    from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_imu, check_pose, decide
-    from dpflow_core.recordings.reader import read_streams
-
-    checks = (plausibility or PlausibilityOptions()).validate()
-
+    settings = settings or ConversionSettings()
     path = Path(vio_mcap_path)
-    if invalid_pose_policy not in INVALID_POSE_POLICIES:
-        raise ConversionError(
-            f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
-        )
-    if gap_policy not in GAP_POLICIES:
-        raise ConversionError(f"gap_policy must be one of {GAP_POLICIES}, got {gap_policy!r}", code="bad_option")
-    if not max_gap_s > 0:
-        raise ConversionError(f"max_gap_s must be > 0 seconds, got {max_gap_s!r}", code="bad_option")
-    if image_size is not None:
-        image_size = check_image_size(image_size)
     if stem is None:
         stem = path.name.removesuffix(".mcap").removesuffix("_vio")
     # With a scratch folder the access units wait in a spool file and the frames stream to a
     # file: memory does not grow with the episode's length.
     rgb_path = Path(rgb_dir) / f"{stem}.rgb.npy" if rgb_dir is not None else None
-    streams = read_streams(path, topics, spool_path=Path(rgb_dir) / f"{stem}.h264" if rgb_dir is not None else None)
-    try:
-        fmt = (streams.camera_format or "").lower()
-        if fmt not in ("h264", "h.264"):
-            raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
-        image_motion = ImageMotion(len(streams.camera_packets))
-        damaged: list[dict] = []
-        frames, pkt_idx, errors, frame_range, prefix_crc32, motion, cam_ns = decode_camera(
-            streams.camera_packets, image_size, "h264", rgb_path, path, streams.camera_ts_ns, image_motion.add,
-            streams.camera_decode_order, damaged=damaged)
-        n_packets = len(streams.camera_packets)
-    finally:
-        if hasattr(streams.camera_packets, "close"):
-            streams.camera_packets.close()
-    first_decoded = int(pkt_idx.min())
+    cam = _decode_camera_stream(path, settings.image_size, topics, rgb_path,
+                                Path(rgb_dir) / f"{stem}.h264" if rgb_dir is not None else None)
+    streams, cam_ns = cam.streams, cam.cam_ns
+    first_decoded = int(cam.pkt_idx.min())
+    clock = Timeline(path, streams, cam_ns)
+    in_overlap = (cam_ns >= clock.overlap[0]) & (cam_ns <= clock.overlap[1])
+    verdict, findings = _check_plausibility(path, streams, clock.origin, settings.plausibility, cam_ns, cam.motion)
+    pose_ok = streams.pose_valid & (streams.score >= settings.min_pose_score)
+    lo, hi, invalid_info, coverage = keep_valid_poses(clock, in_overlap, pose_ok, settings, min_frames)
 
-    origin = int(min(streams.camera_ts_ns[0], streams.pose_ts_ns[0], streams.gripper_ts_ns[0]))
-    end = int(max(streams.camera_ts_ns[-1], streams.pose_ts_ns[-1], streams.gripper_ts_ns[-1]))
-    rel = lambda ns: (np.asarray(ns, dtype=np.int64) - origin) / 1e9  # noqa: E731
-    span_s = max((end - origin) / 1e9, 1e-9)
-
-    ov_start = max(int(cam_ns[0]), int(streams.pose_ts_ns[0]), int(streams.gripper_ts_ns[0]))
-    ov_end = min(int(cam_ns[-1]), int(streams.pose_ts_ns[-1]), int(streams.gripper_ts_ns[-1]))
-    stream_info = {
-        name: {"start_s": round(float(rel(ts[0])), 4), "end_s": round(float(rel(ts[-1])), 4), "count": int(len(ts))}
-        for name, ts in (("camera", cam_ns), ("pose", streams.pose_ts_ns), ("gripper", streams.gripper_ts_ns))
-    }
-    clocks = clock_domain_note({"camera": int(cam_ns[0]), "pose": int(streams.pose_ts_ns[0]),
-                                "gripper": int(streams.gripper_ts_ns[0])})
-    if clocks:
-        raise ConversionError(f"{clocks}: the streams do not share a clock, so they cannot be aligned; re-export the "
-                              "recording with every header.timestamp on one clock", path, code="clock_domains_differ")
-    if ov_end <= ov_start:
-        raise ConversionError(
-            f"camera, pose and gripper streams do not overlap: {_fmt_streams(stream_info)}", path, code="no_overlap"
-        )
-    in_overlap = (cam_ns >= ov_start) & (cam_ns <= ov_end)
-    lo, hi = _longest_true_run(in_overlap)
-
-    verdict = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, origin, checks, cam_ns, motion)
-    pose = (streams.pose_ts_ns, streams.position_m, streams.quat_xyzw)
-    imu = (streams.imu_ts_ns, streams.gyro_rps, streams.accel_mps2)
-    findings = verdict.findings + check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, *pose[:2], origin, checks)
-    findings += check_orientation(pose[0], pose[2], *imu, origin, checks) + check_imu(*imu, *pose, origin, checks)
-    rejected = decide(findings)
-    if rejected is not None:
-        others = [f.describe() for f in findings if f is not rejected]
-        raise ConversionError(f"{rejected.describe()} (policy {rejected.code}={rejected.policy})"
-                              + (f"; also: {'; '.join(others[:5])}" if others else ""), path, code=rejected.code)
-
-    # Pose validity at each frame: both bracketing pose samples must be valid.
-    pose_t = streams.pose_ts_ns
-    right = np.clip(np.searchsorted(pose_t, cam_ns, side="left"), 0, len(pose_t) - 1)
-    left = np.clip(np.searchsorted(pose_t, cam_ns, side="right") - 1, 0, len(pose_t) - 1)
-    pose_ok = streams.pose_valid & (streams.score >= min_pose_score)
-    frame_valid = pose_ok[left] & pose_ok[right]
-    invalid_in_overlap = in_overlap & ~frame_valid
-    what = "pose_valid false" if min_pose_score <= 0 else f"pose_valid false or score < {min_pose_score:g}"
-    n_overlap = max(int(np.count_nonzero(in_overlap)), 1)
-
-    def pose_reason() -> str:
-        stretches = ", ".join(f"{a:.2f}-{b:.2f} s" for a, b in invalid_info["stretches_s"])
-        pct = 100 * invalid_info["invalid_frames"] / n_overlap
-        return f"{what} for {pct:.0f} % of the episode, {stretches} (VIO lost tracking)"
-
-    invalid_info = {
-        "policy": invalid_pose_policy,
-        "min_pose_score": min_pose_score,
-        "invalid_frames": int(np.count_nonzero(invalid_in_overlap)),
-        "stretches_s": _runs(invalid_in_overlap, rel(cam_ns)),
-        "dropped_frames": 0,
-        "dropped_s": 0.0,
-    }
-    if invalid_info["invalid_frames"]:
-        if invalid_pose_policy == "reject":
-            raise ConversionError(f"{pose_reason()} and invalid_pose_policy is 'reject'", path, code="pose_invalid")
-        a, b = _longest_true_run(in_overlap & frame_valid)
-        kept_before = cam_ns[hi - 1] - cam_ns[lo]
-        invalid_info["dropped_frames"] = int((hi - lo) - (b - a))
-        invalid_info["dropped_s"] = round(float((kept_before - (cam_ns[b - 1] - cam_ns[a] if b > a else 0)) / 1e9), 4)
-        lo, hi = a, b
-    if hi - lo < max(min_frames, 2) and invalid_info["invalid_frames"]:
-        raise ConversionError(
-            f"{pose_reason()}: only {hi - lo} frames with valid poses remain (minimum {max(min_frames, 2)})",
-            path,
-            code="pose_invalid",
-        )
-    if hi - lo < max(min_frames, 2):
-        raise ConversionError(
-            f"only {hi - lo} frames remain after trimming (minimum {max(min_frames, 2)}): "
-            f"{_fmt_streams(stream_info)}, pose invalid {invalid_info['stretches_s']} s",
-            path,
-            code="too_short",
-        )
     kept_ns = cam_ns[lo:hi]
-    coverage = (int(kept_ns[-1]) - int(kept_ns[0])) / 1e9 / span_s
-    if coverage < min_overlap_fraction and invalid_info["invalid_frames"]:
-        raise ConversionError(
-            f"{pose_reason()}: the longest valid stretch, {rel(kept_ns[0]):.2f}-{rel(kept_ns[-1]):.2f} s, covers only "
-            f"{coverage:.0%} of the recording (minimum {min_overlap_fraction:.0%})",
-            path,
-            code="pose_invalid",
-        )
-    if coverage < min_overlap_fraction:
-        raise ConversionError(
-            f"the aligned frames cover only {coverage:.0%} of the recording "
-            f"({(int(kept_ns[-1]) - int(kept_ns[0])) / 1e9:.2f} s of {span_s:.2f} s; minimum {min_overlap_fraction:.0%}): "
-            f"{_fmt_streams(stream_info)}",
-            path,
-            code="low_coverage",
-        )
-
     t0 = int(kept_ns[0])
     t_s = (kept_ns - t0) / 1e9
+    pose_t = streams.pose_ts_ns
     pose_s = (pose_t - t0) / 1e9
-    pos = np.stack([np.interp(t_s, pose_s, verdict.position_m[:, k]) for k in range(3)], axis=1)
-    rot = Slerp(pose_s, Rotation.from_quat(verdict.quat_xyzw))(t_s)
-    grip = np.interp(t_s, (streams.gripper_ts_ns - t0) / 1e9, streams.gripper_width_m)
-
-    for name, values in (("pose position", pos), ("gripper width", grip)):
-        bad = ~np.isfinite(values)
-        if bad.any():
-            raise ConversionError(
-                f"{name} is NaN/inf at {int(bad.reshape(len(t_s), -1).any(axis=1).sum())} aligned frames",
-                path,
-                code="not_finite",
-            )
+    pos, rot, grip = _interpolate(path, t_s, pose_s, verdict, (streams.gripper_ts_ns - t0) / 1e9, streams.gripper_width_m)
 
     period = float(np.median(np.diff(t_s)))
     used_pose = (pose_t >= kept_ns[0]) & (pose_t <= kept_ns[-1])
     pose_used_s = pose_s[used_pose]
     pose_period = float(np.median(np.diff(pose_used_s))) if len(pose_used_s) > 2 else period
-    gaps, segments, long_info = plan_segments(t_s, period, max_gap_s, gap_policy, min_segment_frames, path)
-    segments, plaus_info = cut_implausible(kept_ns, segments, verdict.drop_ns, min_segment_frames, path, findings)
-    plaus_info["options"] = checks.to_dict()
+    # Under short_episode_policy "warn" a short piece is kept (the caller warns about it).
+    min_piece = 1 if settings.short_episode_policy == "warn" else settings.min_segment_frames
+    gaps, segments, long_info = plan_segments(t_s, period, settings.max_gap_s, settings.gap_policy, min_piece, path)
+    segments, plaus_info = cut_implausible(kept_ns, segments, verdict.drop_ns, min_piece, path, findings)
+    plaus_info["options"] = settings.plausibility.to_dict()
     usable = pose_ok.copy()
     for a, b in verdict.drop_ns:
         usable &= (pose_t <= a) | (pose_t >= b)
-    offsets = measure_offsets(image_motion, cam_ns, pose_t, verdict.quat_xyzw, verdict.position_m, usable,
+    offsets = measure_offsets(cam.image_motion, cam_ns, pose_t, verdict.quat_xyzw, verdict.position_m, usable,
                               streams.imu_ts_ns, streams.gyro_rps)
     report = {
         "stem": stem,
         "path": str(path),
-        "camera_messages": int(n_packets),
-        "decoded_frames": int(len(pkt_idx)),
+        "camera_messages": int(cam.n_packets),
+        "decoded_frames": int(len(cam.pkt_idx)),
         "leading_undecodable_packets": first_decoded,
-        "undecodable_packets": int(sum(1 for e in errors if e > first_decoded)),
-        "damaged_frames": damage_findings(damaged, origin),
-        "streams": stream_info,
-        "overlap_s": [round(float(rel(ov_start)), 4), round(float(rel(ov_end)), 4)],
+        "undecodable_packets": int(sum(1 for e in cam.errors if e > first_decoded)),
+        "damaged_frames": damage_findings(cam.damaged, clock.origin),
+        "streams": clock.stream_info,
+        "overlap_s": [round(float(clock.rel(clock.overlap[0])), 4), round(float(clock.rel(clock.overlap[1])), 4)],
         "trimmed_s": {
-            "start": round(float(rel(kept_ns[0])), 4),
-            "end": round(float((end - int(kept_ns[-1])) / 1e9), 4),
-            "total": round(float(span_s - (int(kept_ns[-1]) - int(kept_ns[0])) / 1e9), 4),
+            "start": round(float(clock.rel(kept_ns[0])), 4),
+            "end": round(float((clock.end - int(kept_ns[-1])) / 1e9), 4),
+            "total": round(float(clock.span_s - (int(kept_ns[-1]) - int(kept_ns[0])) / 1e9), 4),
         },
         "pose_invalid": invalid_info,
         "gaps": gaps,
@@ -465,36 +301,94 @@ def align_episode(
         "duplicate_timestamps": dict(streams.duplicate_timestamps),
         "offsets": offsets,
     }
-    rgb = frames[lo:hi]
     return AlignedEpisode(
-        stem=stem,
-        timestamps_s=t_s,
-        start_ts_ns=t0,
-        camera_ts_ns=kept_ns.astype(np.int64),
-        rgb=rgb,
-        eef_pos=pos.astype(np.float32),
-        eef_rot_axis_angle=rot.as_rotvec().astype(np.float32),
-        gripper_width=grip.astype(np.float32)[:, None],
-        report=report,
-        rgb_path=rgb_path,
-        rgb_rows=(lo, hi) if rgb_path is not None else None,
-        segments=segments,
-        input_sha256=streams.sha256,
-        rgb_range=frame_range[lo:hi],
-        rgb_prefix_crc32=prefix_crc32,
+        stem=stem, timestamps_s=t_s, start_ts_ns=t0, camera_ts_ns=kept_ns.astype(np.int64), rgb=cam.frames[lo:hi],
+        eef_pos=pos.astype(np.float32), eef_rot_axis_angle=rot.as_rotvec().astype(np.float32),
+        gripper_width=grip.astype(np.float32)[:, None], report=report, rgb_path=rgb_path,
+        rgb_rows=(lo, hi) if rgb_path is not None else None, segments=segments, input_sha256=streams.sha256,
+        rgb_range=cam.frame_range[lo:hi], rgb_prefix_crc32=cam.prefix_crc32,
     )
 
 
-def _fmt_streams(info: dict) -> str:
-    return ", ".join(f"{k} {v['start_s']:.2f}-{v['end_s']:.2f} s" for k, v in info.items())
+@dataclass
+class _Camera:
+    """The recording's streams (camera packets closed) and the camera's frames as
+    :func:`~dpflow_core.conversion.decode.decode_camera` gave them: ``frames`` (N, H, W, 3) uint8,
+    ``pkt_idx`` (N,) packet of each frame, ``errors`` (undecodable packet indices), ``frame_range`` (N, 2)
+    uint8, ``prefix_crc32``, ``motion`` (per-frame image motion), ``cam_ns`` (N,) int64 capture times,
+    ``damaged`` (frames decoded from a damaged reference), ``n_packets`` and the ``image_motion`` tracker."""
+
+    streams: Any
+    frames: np.ndarray
+    pkt_idx: np.ndarray
+    errors: Any
+    frame_range: np.ndarray
+    prefix_crc32: np.ndarray | None
+    motion: Any
+    cam_ns: np.ndarray
+    damaged: list[dict]
+    n_packets: int
+    image_motion: Any
 
 
-def check_image_size(image_size: Sequence[int]) -> tuple[int, int]:
-    """``image_size`` as ``(W, H)`` pixels; :class:`ConversionError` ``bad_option`` unless two ints 8-8192."""
+def _decode_camera_stream(path: Path, image_size: tuple[int, int] | None, topics: TopicMap, rgb_path: Path | None,
+                          spool_path: Path | None) -> _Camera:
+    """Read the recording's streams and decode its camera (:class:`_Camera`); ``not_h264`` unless H.264."""
+    from dpflow_core.offsets import ImageMotion
+    from dpflow_core.recordings.reader import read_streams
+
+    streams = read_streams(path, topics, spool_path=spool_path)
     try:
-        w, h = (int(v) for v in image_size)
-    except (TypeError, ValueError) as exc:
-        raise ConversionError(f"image size must be (W, H), got {image_size!r}", code="bad_option") from exc
-    if not (8 <= w <= 8192 and 8 <= h <= 8192):
-        raise ConversionError(f"image size {w}x{h} out of range (8..8192 pixels per side)", code="bad_option")
-    return w, h
+        fmt = (streams.camera_format or "").lower()
+        if fmt not in ("h264", "h.264"):
+            raise ConversionError(f"camera format {streams.camera_format!r} is not H.264", path, code="not_h264")
+        image_motion = ImageMotion(len(streams.camera_packets))
+        damaged: list[dict] = []
+        frames, pkt_idx, errors, frame_range, prefix_crc32, motion, cam_ns = decode_camera(
+            streams.camera_packets, image_size, "h264", rgb_path, path, streams.camera_ts_ns, image_motion.add,
+            streams.camera_decode_order, damaged=damaged)
+        n_packets = len(streams.camera_packets)
+    finally:
+        if hasattr(streams.camera_packets, "close"):
+            streams.camera_packets.close()
+    return _Camera(streams, frames, pkt_idx, errors, frame_range, prefix_crc32, motion, cam_ns, damaged, n_packets,
+                   image_motion)
+
+
+def _check_plausibility(path: Path, streams: Any, origin: int, checks: Any, cam_ns: np.ndarray, motion: Any):
+    """The pose verdict (repaired track, spans to drop) and every plausibility finding of the pose, gripper,
+    orientation and IMU rules; :class:`ConversionError` with the class as code when one's policy rejects."""
+    from dpflow_core.recordings.orientation import check_orientation
+    from dpflow_core.recordings.plausibility import check_gripper, check_imu, check_pose, decide
+
+    verdict = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, origin, checks, cam_ns, motion)
+    pose = (streams.pose_ts_ns, streams.position_m, streams.quat_xyzw)
+    imu = (streams.imu_ts_ns, streams.gyro_rps, streams.accel_mps2)
+    findings = verdict.findings + check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, *pose[:2], origin, checks)
+    findings += check_orientation(pose[0], pose[2], *imu, origin, checks) + check_imu(*imu, *pose, origin, checks)
+    rejected = decide(findings)
+    if rejected is not None:
+        others = [f.describe() for f in findings if f is not rejected]
+        raise ConversionError(f"{rejected.describe()} (policy {rejected.code}={rejected.policy})"
+                              + (f"; also: {'; '.join(others[:5])}" if others else ""), path, code=rejected.code)
+    return verdict, findings
+
+
+def _interpolate(path: Path, t_s: np.ndarray, pose_s: np.ndarray, verdict: Any, gripper_s: np.ndarray,
+                 gripper_width_m: np.ndarray):
+    """Position (N, 3) m and gripper width (N,) m interpolated linearly at the frame times ``t_s`` (s), the
+    orientation by slerp (a scipy ``Rotation`` of N); ``not_finite`` when a position or width is NaN/inf."""
+    from scipy.spatial.transform import Rotation, Slerp
+
+    pos = np.stack([np.interp(t_s, pose_s, verdict.position_m[:, k]) for k in range(3)], axis=1)
+    rot = Slerp(pose_s, Rotation.from_quat(verdict.quat_xyzw))(t_s)
+    grip = np.interp(t_s, gripper_s, gripper_width_m)
+    for name, values in (("pose position", pos), ("gripper width", grip)):
+        bad = ~np.isfinite(values)
+        if bad.any():
+            raise ConversionError(
+                f"{name} is NaN/inf at {int(bad.reshape(len(t_s), -1).any(axis=1).sum())} aligned frames",
+                path,
+                code="not_finite",
+            )
+    return pos, rot, grip

@@ -2,7 +2,7 @@
 
 Takes a manifest, a dict, a manifest path, a task folder or a list of them; gives
 :class:`ConversionInputs` (accepted episodes with file SHA-256, rejected ones with reasons), the
-topic map, the ``dataset_key`` of inputs plus options, and the sidecar and norm-stats paths beside
+topic map, the ``dataset_key`` of inputs plus settings, and the sidecar and norm-stats paths beside
 an output.
 """
 
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpflow_core.conversion.align import CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, check_image_size
+from dpflow_core.conversion.align import CONVERTER_VERSION
+from dpflow_core.conversion.settings import ConversionSettings, check_image_size
 from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.files import display_name
 from dpflow_core.names import validate_name
@@ -187,57 +188,28 @@ def inputs_topic_map(inputs: ConversionInputs) -> TopicMap:
         raise ConversionError(f"manifest topics are invalid: {exc.reason}", code="bad_manifest") from exc
 
 
-def conversion_options(image_size, invalid_pose_policy, min_overlap_fraction, frequency_tolerance, topics,
-                        max_gap_s=DEFAULT_MAX_GAP_S, gap_policy="split", min_segment_frames=DEFAULT_MIN_SEGMENT_FRAMES,
-                        plausibility=None, short_episode_policy="reject", rate_policy="resample") -> dict:
-    """The conversion options that decide a dataset's content, checked and as one JSON-able dict (what
-    :func:`options_key` hashes and ``dataset.json`` records); :class:`ConversionError` ``bad_option`` on a bad one."""
-    from dpflow_core.conversion.jobs import content_checks
-
-    return {
-        "content_checks": content_checks(plausibility, short_episode_policy),
-        "image_size": list(image_size),
-        "invalid_pose_policy": invalid_pose_policy,
-        "min_overlap_fraction": min_overlap_fraction,
-        "frequency_tolerance": frequency_tolerance,
-        "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
-        "max_gap_s": max_gap_s,
-        "gap_policy": gap_policy,
-        "min_segment_frames": min_segment_frames,
-        "rate_policy": rate_policy,
-    }
-
-
-def dataset_key(
-    manifest_or_paths: Any,
-    image_size: tuple[int, int],
-    invalid_pose_policy: str = "trim",
-    min_overlap_fraction: float = 0.5,
-    frequency_tolerance: float = 0.05,
-    topics: TopicMap | None = None,
-    max_gap_s: float = DEFAULT_MAX_GAP_S,
-    gap_policy: str = "split",
-    min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
-    plausibility: Any = None,
-    short_episode_policy: str = "reject",
-    rate_policy: str = "resample",
-) -> str:
+def dataset_key(manifest_or_paths: Any, settings: ConversionSettings | None = None) -> str:
     """Content address of the dataset a conversion would produce (64 hex digits).
 
-    SHA-256 of the accepted inputs' stems and file hashes, the image size, the
-    options that change the output and :data:`CONVERTER_VERSION`: equal keys mean
-    the same conversion of the same bytes.
+    SHA-256 of the accepted inputs' stems and file hashes, the settings (:meth:`ConversionSettings.options`,
+    with the manifest's topics) and :data:`CONVERTER_VERSION`: equal keys mean the same conversion of the
+    same bytes (:func:`options_key`).
+
+    Args:
+        manifest_or_paths: see :func:`load_inputs`, or the :class:`ConversionInputs` it gave.
+        settings: the conversion settings (default: the defaults); a dataset needs an ``image_size``.
+
+    Raises:
+        ConversionError: ``bad_option`` without an image size; what :func:`load_inputs` raises.
     """
+    settings = settings or ConversionSettings()
+    check_image_size(settings.image_size)
     inputs = manifest_or_paths if isinstance(manifest_or_paths, ConversionInputs) else load_inputs(manifest_or_paths)
-    topics = topics or inputs_topic_map(inputs)
-    return options_key(inputs, conversion_options(check_image_size(image_size), invalid_pose_policy,
-                                            min_overlap_fraction, frequency_tolerance, topics,
-                                            max_gap_s, gap_policy, min_segment_frames, plausibility,
-                                            short_episode_policy, rate_policy))
+    return options_key(inputs, settings.options(inputs_topic_map(inputs)))
 
 
 def options_key(inputs: ConversionInputs, options: dict) -> str:
-    """SHA-256 (hex) of the converter version, ``options`` (:func:`conversion_options`) and every input's
+    """SHA-256 (hex) of the converter version, ``options`` (:meth:`ConversionSettings.options`) and every input's
     identity: equal keys mean an equal dataset, so an existing one with this key is reused."""
     doc = {
         "converter_version": CONVERTER_VERSION,
@@ -250,21 +222,20 @@ def options_key(inputs: ConversionInputs, options: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def dataset_path_in(
-    workdir: str | Path, inputs: ConversionInputs, image_size: tuple[int, int], task: str | None = None, **options: Any
-) -> Path:
+def dataset_path_in(workdir: str | Path, inputs: ConversionInputs, settings: ConversionSettings | None = None,
+                    task: str | None = None) -> Path:
     """The content-addressed place of a dataset in a work folder: ``<workdir>/datasets/<task>/<key12>/dataset.npz``.
 
-    ``key12`` is the first 12 hex digits of :func:`dataset_key` of ``inputs``, ``image_size`` (W, H
-    pixels) and the conversion ``options`` (its keyword arguments), so equal inputs and options
-    find the same dataset and different ones never share a folder. ``task``: default the
+    ``key12`` is the first 12 hex digits of :func:`dataset_key` of ``inputs`` and ``settings``, so equal inputs
+    and settings find the same dataset and different ones never share a folder. ``task``: default the
     inputs' task, else ``"task"``.
 
     Raises:
         InvalidNameError: the task is not a safe name.
+        ConversionError: ``bad_option`` without an image size.
     """
     name = validate_name(task or inputs.task or "task", "task")
-    return Path(workdir) / "datasets" / name / dataset_key(inputs, image_size, **options)[:12] / "dataset.npz"
+    return Path(workdir) / "datasets" / name / dataset_key(inputs, settings)[:12] / "dataset.npz"
 
 
 def sidecar_path_for(out_path: str | Path) -> Path:

@@ -1,6 +1,6 @@
 """The job runner: alignment jobs for worker processes, and their results collected in order.
 
-Takes the accepted episodes and the options; gives one plain-dict job per episode (picklable), runs
+Takes the accepted episodes and the settings; gives one plain-dict job per episode (picklable), runs
 :func:`~dpflow_core.conversion.align.align_episode` on each in a process pool (bounded memory: one
 episode per worker) and gives per-episode results: temporary ``.npy`` files, report, peak RSS (MB).
 :class:`FrameStreamer` appends the results' frames to the dataset in manifest order as they come.
@@ -23,10 +23,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dpflow_core.conversion.align import (
-    ALIGN_IMPORTS, CONVERTER_VERSION, DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, AlignedEpisode, align_episode,
-    split_segments,
-)
+from dpflow_core.conversion.align import ALIGN_IMPORTS, CONVERTER_VERSION, AlignedEpisode, align_episode, split_segments
+from dpflow_core.conversion.settings import DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES, ConversionSettings
 from dpflow_core.episode_cache import EpisodeCache, episode_key
 from dpflow_core.errors import STORAGE_ERRNOS, ConversionError, DpflowError
 from dpflow_core.files import path_kind, pid_alive
@@ -37,66 +35,61 @@ from dpflow_core.recordings.topics import TopicMap
 # --------------------------------------------------------------------------- workers
 
 
-def alignment_job(
-    entry: Any,
-    image_size: tuple[int, int] | None,
-    topics: TopicMap,
-    invalid_pose_policy: str,
-    min_overlap_fraction: float,
-    verify_sha256: bool,
-    max_gap_s: float = DEFAULT_MAX_GAP_S,
-    gap_policy: str = "reject",
-    min_segment_frames: int = DEFAULT_MIN_SEGMENT_FRAMES,
-    min_pose_score: float = 0.0,
-    checks: dict | None = None,
-) -> dict:
-    """The picklable job :func:`align_job_episode` runs in a worker for one accepted episode
-    (``entry``: ``stem``, ``vio_mcap``, ``size_bytes``, ``sha256`` of :func:`load_inputs`).
-    ``gap_policy`` defaults to ``"reject"`` here: a caller that cannot store segments
-    (the LeRobot export) must never bridge a camera gap longer than ``max_gap_s`` seconds. ``checks``:
-    ``{"plausibility": PlausibilityOptions.to_dict(), "short_episode_policy": "reject" | "warn"}``
-    (None: the defaults, :func:`content_checks`)."""
+def alignment_job(entry: Any, settings: ConversionSettings, topics: TopicMap, verify_sha256: bool) -> dict:
+    """The picklable job :func:`align_job_episode` runs in a worker for one accepted episode.
+
+    Args:
+        entry: an accepted episode of :func:`~dpflow_core.conversion.inputs.load_inputs` (``stem``,
+            ``vio_mcap``, ``size_bytes``, ``sha256``).
+        settings: the conversion settings; the job holds those that change the aligned arrays, one key
+            each (their names, as :func:`~dpflow_core.episode_cache.episode_key` hashes them), and
+            ``content_checks`` (:meth:`ConversionSettings.content_checks`). A caller that cannot store
+            segments (the LeRobot export) passes ``gap_policy="reject"``: a camera gap longer than
+            ``max_gap_s`` seconds is then never bridged.
+        topics: the recording's topic names.
+        verify_sha256: compare the input's SHA-256 with the manifest's.
+
+    Returns:
+        A plain dict (its keys: :func:`settings_of_job` reads them back).
+    """
     return {
         "converter_version": CONVERTER_VERSION,
-        "max_gap_s": max_gap_s,
-        "gap_policy": gap_policy,
-        "min_segment_frames": min_segment_frames,
-        "min_pose_score": min_pose_score,
-        "content_checks": checks or content_checks(),
+        "max_gap_s": settings.max_gap_s,
+        "gap_policy": settings.gap_policy,
+        "min_segment_frames": settings.min_segment_frames,
+        "min_pose_score": settings.min_pose_score,
+        "content_checks": settings.content_checks(),
         "stem": entry.stem,
         "vio_mcap": str(entry.vio_mcap),
         "size_bytes": entry.size_bytes,
         "sha256": entry.sha256,
         "verify_sha256": verify_sha256,
-        "image_size": image_size,
+        "image_size": settings.image_size,
         "topics": topics,
-        "invalid_pose_policy": invalid_pose_policy,
-        "min_overlap_fraction": min_overlap_fraction,
+        "invalid_pose_policy": settings.invalid_pose_policy,
+        "min_overlap_fraction": settings.min_overlap_fraction,
     }
 
 
-#: What an episode shorter than the minimum episode length (``min_segment_frames``) gets, whole or a piece.
-SHORT_EPISODE_POLICIES = ("reject", "warn")
-
-
-def content_checks(plausibility=None, short_episode_policy: str = "reject") -> dict:
-    """The job's ``content_checks``: the plausibility options (a
-    :class:`~dpflow_core.recordings.plausibility.PlausibilityOptions`, a dict of its fields, or None
-    for the defaults) with every policy filled in, and the short-episode policy.
+def settings_of_job(job: dict) -> ConversionSettings:
+    """The alignment settings an :func:`alignment_job` carries (the rate settings, which alignment does not use,
+    at their defaults); a key a job written by an older version lacks takes its old default.
 
     Raises:
-        ConversionError: an unknown class, policy or option (``bad_option``).
+        ConversionError: ``bad_option`` for an invalid value.
     """
-    from dpflow_core.recordings.plausibility import PlausibilityOptions
-
-    if short_episode_policy not in SHORT_EPISODE_POLICIES:
-        raise ConversionError(f"short_episode_policy must be one of {SHORT_EPISODE_POLICIES}, got {short_episode_policy!r}",
-                              code="bad_option")
-    try:
-        opts = plausibility if isinstance(plausibility, PlausibilityOptions) else PlausibilityOptions.from_dict(plausibility)
-        return {"plausibility": opts.validate().to_dict(), "short_episode_policy": short_episode_policy}
-    except (TypeError, ValueError) as exc:
-        raise ConversionError(f"plausibility options: {exc}", code="bad_option") from exc
+    checks = job.get("content_checks") or {}
+    return ConversionSettings(
+        image_size=tuple(job["image_size"]) if job["image_size"] is not None else None,
+        invalid_pose_policy=job["invalid_pose_policy"],
+        min_overlap_fraction=job["min_overlap_fraction"],
+        max_gap_s=job.get("max_gap_s", DEFAULT_MAX_GAP_S),
+        gap_policy=job.get("gap_policy", "reject"),
+        min_segment_frames=job.get("min_segment_frames", DEFAULT_MIN_SEGMENT_FRAMES),
+        min_pose_score=job.get("min_pose_score", 0.0),
+        short_episode_policy=checks.get("short_episode_policy", "reject"),
+        plausibility=checks.get("plausibility"),
+    )
 
 
 def _short(n: int, seconds: float, minimum: int, what: str) -> str:
@@ -110,15 +103,16 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
     hash is computed from the bytes the MCAP parser reads, so each input byte is read once.
 
     Args:
-        job: ``stem``, ``vio_mcap`` (path), ``size_bytes`` and ``sha256`` from the manifest
-            (either may be None), ``verify_sha256``, ``image_size`` ((W, H) or None),
-            ``topics``, ``invalid_pose_policy``, ``min_overlap_fraction``.
+        job: an :func:`alignment_job`: ``stem``, ``vio_mcap`` (path), ``size_bytes`` and ``sha256`` from the
+            manifest (either may be None), ``verify_sha256``, ``topics`` and the settings
+            (:func:`settings_of_job`).
         rgb_dir: folder for the memory-mapped frames (None keeps them in RAM).
 
     Raises:
         ConversionError: ``missing_file``, or ``input_changed`` when size or SHA-256 differ
-            from the manifest (the file changed since pairing); and whatever
-            :func:`align_episode` raises.
+            from the manifest (the file changed since pairing), ``too_short`` under
+            ``short_episode_policy="reject"``, ``bad_option`` for a job with an invalid setting; and
+            whatever :func:`align_episode` raises.
     """
     path = Path(job["vio_mcap"])
     if not path.exists():
@@ -133,26 +127,12 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
             path,
             code="input_changed",
         )
-    from dpflow_core.recordings.plausibility import PlausibilityOptions
-
-    checks = job.get("content_checks") or content_checks()
-    minimum = job.get("min_segment_frames", DEFAULT_MIN_SEGMENT_FRAMES)
-    episode = align_episode(
-        path,
-        tuple(job["image_size"]) if job["image_size"] is not None else None,
-        topics=job["topics"],
-        invalid_pose_policy=job["invalid_pose_policy"],
-        min_overlap_fraction=job["min_overlap_fraction"],
-        stem=job["stem"],
-        rgb_dir=rgb_dir,
-        max_gap_s=job.get("max_gap_s", DEFAULT_MAX_GAP_S),
-        gap_policy=job.get("gap_policy", "reject"),
-        min_segment_frames=1 if checks["short_episode_policy"] == "warn" else minimum,
-        min_pose_score=job.get("min_pose_score", 0.0),
-        plausibility=PlausibilityOptions.from_dict(checks["plausibility"]),
-    )
-    # One minimum length for whole episodes and split pieces alike.
-    if checks["short_episode_policy"] == "warn":
+    settings = settings_of_job(job)
+    minimum = settings.min_segment_frames
+    episode = align_episode(path, settings, topics=job["topics"], stem=job["stem"], rgb_dir=rgb_dir)
+    # One minimum length for whole episodes and split pieces alike (align_episode drops the short pieces or,
+    # under "warn", keeps them for the warnings here).
+    if settings.short_episode_policy == "warn":
         pieces = [(0, len(episode))] if episode.segments is None else episode.segments
         warnings = [_short(b - a, float(episode.timestamps_s[b - 1] - episode.timestamps_s[a]), minimum,
                            "episode" if episode.segments is None else f"piece {k} (rows {a}-{b})")

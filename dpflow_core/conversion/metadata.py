@@ -1,7 +1,7 @@
 """The dataset's metadata document (``meta__info_json`` and ``dataset.json``), from the episodes a conversion kept.
 
-Takes the conversion's inputs, the kept parts' summaries, the rejects and options; gives the dict
-:func:`~dpflow_core.conversion.convert.convert` writes (its layout: docs/formats.md).
+Takes the conversion's inputs, the kept parts' summaries, the rejects and settings; gives the dict
+:func:`~dpflow_core.conversion.dataset_npz.convert` writes (its layout: docs/formats.md).
 """
 
 from __future__ import annotations
@@ -17,7 +17,25 @@ from dpflow_core.offsets import offset_warnings, task_offsets
 METADATA_VERSION = 1
 
 
-def dataset_metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, image_size, members, stamp, stale) -> dict:
+def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict, key: str, frequency_hz: float,
+                     members: list, stamp, stale: list[str]) -> dict:
+    """The dataset's metadata document (layout: docs/formats.md), with the run-only and the hash fields
+    (``workers``, ``timings_s``, ``wall_time_s``, ``sha256``, ``size_bytes``) still None.
+
+    Args:
+        inputs: the conversion's :class:`~dpflow_core.conversion.inputs.ConversionInputs`.
+        ok: the kept parts' summaries, in dataset order (``stem``, ``n`` frames, ``report``, ``ranges``,
+            ``cached``, ``seconds``, ``peak_rss_mb``, ``start_ts_ns``).
+        rejected: the episodes left out, ``{stem, stage, path, code, reason}`` each.
+        options: the settings as recorded (:meth:`~dpflow_core.conversion.settings.ConversionSettings.options`;
+            its ``image_size`` is the dataset's, (W, H) pixels).
+        key: the dataset key (64 hex digits).
+        frequency_hz: the dataset's measured frequency, Hz.
+        members: the npz members (:class:`~dpflow_core.replay_buffer.writer.NpzMember`: name, shape, dtype).
+        stamp: the creation time (an aware ``datetime``).
+        stale: names of stale temporaries the conversion removed.
+    """
+    lengths = np.array([r["n"] for r in ok], dtype=np.int64)
     ranges: dict[str, dict] = {}
     for r in ok:
         for k, v in r["ranges"].items():
@@ -69,7 +87,7 @@ def dataset_metadata(inputs, ok, rejected, options, key, frequency_hz, lengths, 
         "total_steps": int(lengths.sum()),
         "episode_lengths": {"min": int(lengths.min()), "mean": float(lengths.mean()), "max": int(lengths.max())},
         "frequency_hz": frequency_hz,
-        "image_size": list(image_size),
+        "image_size": list(options["image_size"]),
         "pose": "camera0 optical centre from VIO; position in m, rotation vector in rad (norm <= pi)",
         "timestamp": "seconds from each episode's first frame (camera header.timestamp)",
         "keys": {m.name: {"shape": list(m.shape), "dtype": str(m.dtype)} for m in members},

@@ -26,8 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from dpflow_core.conversion.align import LOWDIM_KEYS
-
-RATE_POLICIES = ("resample", "group", "reject")
+from dpflow_core.conversion.settings import RATE_POLICIES  # noqa: F401 (re-exported: the export's rates use it)
 
 
 def rate_groups(rates_hz: Sequence[float], tolerance: float) -> list[list[int]]:
@@ -158,11 +157,13 @@ def resample_part(part: dict, rate_hz: float, writer, out_dir: Path, tag: tuple)
 
 
 def subset_manifest(inputs, stems: Sequence[str]) -> dict:
-    """A pairing manifest (dict) accepting only ``stems`` of ``inputs``, absolute paths, for a rate group's own dataset."""
+    """A pairing manifest (dict) accepting only ``stems`` of ``inputs``, absolute paths, with the same ``topics``,
+    for a rate group's own dataset."""
     wanted = set(stems)
     accepted = [{"stem": e.stem, "files": {**e.files, "vio_mcap": {**(e.files.get("vio_mcap") or {}), "path": str(e.vio_mcap)}}}
                 for e in inputs.episodes if e.stem in wanted]
-    return {"manifest_version": 1, "root": None, "task": inputs.task, "accepted": accepted, "rejected": []}
+    return {"manifest_version": 1, "root": None, "task": inputs.task, "topics": inputs.topics, "accepted": accepted,
+            "rejected": []}
 
 
 def apply_rate_policy(ok: list[tuple[int, dict]], policy: str, tolerance: float, writer, work: Path

@@ -23,7 +23,7 @@ import numpy as np
 
 from dpflow_core import __version__
 from dpflow_core.conversion import (
-    CONVERTER_VERSION, INVALID_POSE_POLICIES, align_job_episode, alignment_job, load_inputs,
+    CONVERTER_VERSION, INVALID_POSE_POLICIES, ConversionSettings, align_job_episode, alignment_job, load_inputs,
 )
 from dpflow_core.conversion.align import ALIGN_IMPORTS
 from dpflow_core.conversion.jobs import die_with_parent
@@ -294,11 +294,10 @@ def export_lerobot(
             out_dir, task, action_rule, video=video, codebase_version=codebase_version, rotation=rotation) as writer:
         rgb_dir = writer.staging_dir / "frames"
         rgb_dir.mkdir()
-        jobs = [
-            alignment_job(e, image_size, topics, invalid_pose_policy, min_overlap_fraction, verify_sha256)
-            | {"rgb_dir": str(rgb_dir)}
-            for e in inputs.episodes
-        ]
+        # gap_policy "reject": a LeRobot episode cannot be stored in pieces, so a camera hole is never bridged.
+        settings = ConversionSettings(image_size=image_size, invalid_pose_policy=invalid_pose_policy,
+                                      min_overlap_fraction=min_overlap_fraction, gap_policy="reject")
+        jobs = [alignment_job(e, settings, topics, verify_sha256) | {"rgb_dir": str(rgb_dir)} for e in inputs.episodes]
         files = {e.stem: e.files for e in inputs.episodes}
         skipped = _write_episodes(writer, jobs, files, n_workers, out_dir, progress)
         if not len(writer):

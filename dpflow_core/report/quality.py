@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dpflow_core.conversion.align import DEFAULT_MAX_GAP_S
+from dpflow_core.conversion.settings import DEFAULT_MAX_GAP_S
 from dpflow_core.conversion.decode import damage_findings
 from dpflow_core.errors import DpflowError, InvalidNameError, PairingError, RecordingError
 from dpflow_core.names import validate_name

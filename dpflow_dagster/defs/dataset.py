@@ -1,12 +1,13 @@
 """Assets and checks of the dataset stage: ``dataset_npz`` and its blocking checks.
 
-``dataset_npz`` is a thin wrapper over :func:`dpflow_core.conversion.convert`; its value is the
+``dataset_npz`` is a thin wrapper over :func:`dpflow_core.conversion.convert`, its config the conversion
+settings (:class:`~dpflow_core.conversion.settings.ConversionSettings`) plus where to write; its value is the
 :class:`~dpflow_core.conversion.ConversionResult`;
 the checks wrap :func:`dpflow_core.dataset.validate_dataset`. The output folder
 is content-addressed (:func:`dpflow_core.conversion.dataset_path_in`),
 ``<output_dir>/datasets/<task>/<key12>/dataset.npz`` with ``key12`` the first 12 hex digits of
 :func:`dpflow_core.conversion.dataset_key`
-(input hashes, image size, options, converter version): re-materialising the same
+(input hashes, settings, converter version): re-materialising the same
 inputs finds the existing dataset and reuses it instead of failing.
 
 ``umi_dataset`` (never automated: materialize it when the GPU server trains with
@@ -18,13 +19,13 @@ came from the same ``dataset.npz`` with the same codec settings.
 
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import dagster as dg
 from pydantic import Field
 
 from dpflow_core.conversion import CONVERTER_VERSION, ConversionResult, convert, dataset_path_in, load_inputs
-from dpflow_core.conversion.align import DEFAULT_MAX_GAP_S, DEFAULT_MIN_SEGMENT_FRAMES
+from dpflow_core.conversion.settings import ConversionSettings, front_ends
 from dpflow_core.dataset import CHECKS, MIN_TRAIN_LENGTH, validate_dataset
 from dpflow_core.errors import DpflowError
 from dpflow_core.files import default_workdir
@@ -36,34 +37,33 @@ from dpflow_dagster.partitions import (
 )
 
 
-class DatasetConfig(dg.Config):
-    """How ``dataset_npz`` converts the paired episodes."""
+#: The conversion settings' defaults, which the config's fields take (the plausibility defaults: an empty mapping).
+_DEFAULTS = ConversionSettings()
 
-    image_width: int = Field(default=224, description="Frame width in pixels (W of --image-size).")
-    image_height: int = Field(default=224, description="Frame height in pixels (H of --image-size).")
+
+def _help(name: str) -> str:
+    return front_ends(ConversionSettings)[name]["help"]
+
+
+class DatasetConfig(dg.Config):
+    """How ``dataset_npz`` converts the paired episodes: the fields of
+    :class:`~dpflow_core.conversion.settings.ConversionSettings` (names from its ``config`` metadata, defaults
+    and descriptions from the settings; a test keeps them complete), plus where and with how many workers.
+    ``ConversionSettings.from_config(config)`` maps it onto the settings."""
+
+    image_width: int = Field(default=_DEFAULTS.image_size[0], description="Frame width in pixels (W of --image-size).")
+    image_height: int = Field(default=_DEFAULTS.image_size[1], description="Frame height in pixels (H of --image-size).")
     workers: int = Field(default=0, description="Worker processes; 0 = CPU cores.")
-    invalid_pose_policy: str = Field(
-        default="trim", description="pose_valid == false: 'trim' (keep the longest valid stretch) or 'reject'."
-    )
-    min_overlap_fraction: float = Field(
-        default=0.5, description="Reject episodes whose aligned frames cover less of the recording."
-    )
-    frequency_tolerance: float = Field(default=0.05, description="Relative tolerance of an episode's frame rate.")
-    rate_policy: str = Field(
-        default="resample",
-        description="An episode at another rate than its task's: 'resample' it to the task's rate (images held, "
-        "poses interpolated), 'group' (a dataset of its own beside the output, <stem>-<rate>hz.npz) or 'reject' "
-        "(as dpflow convert --rate-policy).",
-    )
-    max_gap_s: float = Field(
-        default=DEFAULT_MAX_GAP_S, description="A hole in the camera stream longer than this (s) is never bridged."
-    )
-    gap_policy: str = Field(
-        default="split", description="Such a hole: 'split' the episode into segments, or 'reject' the episode."
-    )
-    min_segment_frames: int = Field(
-        default=DEFAULT_MIN_SEGMENT_FRAMES, description="Shortest segment kept after a split (frames)."
-    )
+    invalid_pose_policy: str = Field(default=_DEFAULTS.invalid_pose_policy, description=_help("invalid_pose_policy"))
+    min_overlap_fraction: float = Field(default=_DEFAULTS.min_overlap_fraction, description=_help("min_overlap_fraction"))
+    frequency_tolerance: float = Field(default=_DEFAULTS.frequency_tolerance, description=_help("frequency_tolerance"))
+    rate_policy: str = Field(default=_DEFAULTS.rate_policy, description=_help("rate_policy"))
+    max_gap_s: float = Field(default=_DEFAULTS.max_gap_s, description=_help("max_gap_s"))
+    gap_policy: str = Field(default=_DEFAULTS.gap_policy, description=_help("gap_policy"))
+    min_segment_frames: int = Field(default=_DEFAULTS.min_segment_frames, description=_help("min_segment_frames"))
+    min_pose_score: float = Field(default=_DEFAULTS.min_pose_score, description=_help("min_pose_score"))
+    short_episode_policy: str = Field(default=_DEFAULTS.short_episode_policy, description=_help("short_episode_policy"))
+    plausibility: dict[str, Any] = Field(default_factory=dict, description=_help("plausibility"))
     output_dir: Optional[str] = Field(
         default=None,
         description="Work folder; datasets go to <output_dir>/datasets/<task>/<key>/. Default $DPFLOW_WORKDIR, else <cwd>/outputs.",
@@ -111,31 +111,19 @@ def _rejected_table(rejected: list[dict]) -> str:
 def dataset_npz(
     context: dg.AssetExecutionContext, config: DatasetConfig, paired_episodes: stage_value(PairedEpisodes)
 ) -> dg.MaterializeResult[ConversionResult]:
-    image_size = (config.image_width, config.image_height)
     output_dir = Path(config.output_dir) if config.output_dir else default_workdir()
     paired = PairedEpisodes.coerce(paired_episodes)
     manifest_path = paired.manifest_path
-    options = dict(
-        invalid_pose_policy=config.invalid_pose_policy,
-        min_overlap_fraction=config.min_overlap_fraction,
-        frequency_tolerance=config.frequency_tolerance,
-        rate_policy=config.rate_policy,
-        max_gap_s=config.max_gap_s,
-        gap_policy=config.gap_policy,
-        min_segment_frames=config.min_segment_frames,
-    )
 
     def progress(stage: str, done: int, total: int) -> None:
         if stage == "episodes":
             context.log.info(f"aligned {done}/{total} episodes")
 
     try:
+        settings = ConversionSettings.from_config(config)
         inputs = load_inputs(manifest_path)
-        out = dataset_path_in(output_dir, inputs, image_size, paired.task, **options)
-        result = convert(
-            manifest_path, out, image_size=image_size, workers=config.workers, reuse_existing=True,
-            progress=progress, **options,
-        )
+        out = dataset_path_in(output_dir, inputs, settings, paired.task)
+        result = convert(manifest_path, out, settings, workers=config.workers, reuse_existing=True, progress=progress)
     except DpflowError as exc:
         raise dg.Failure(
             description=str(exc),
