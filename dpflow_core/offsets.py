@@ -375,7 +375,7 @@ def imu_offset(imu_ts_ns: np.ndarray, gyro_rps: np.ndarray, pose_ts_ns: np.ndarr
     imu_s = (np.asarray(imu_ts_ns, np.int64) - t0) / 1e9
     order = np.argsort(imu_s, kind="stable")
     imu_s, gyro = imu_s[order], np.asarray(gyro_rps, np.float64)[order]
-    keep = np.concatenate([[True], np.diff(imu_s) > 0])
+    keep = np.concatenate([[True], np.diff(imu_s) > 0]) & np.isfinite(gyro).all(axis=1)  # NaN: imu_not_finite
     imu_s, gyro = imu_s[keep], gyro[keep]
     integral = np.vstack([np.zeros((1, 3)), np.cumsum((gyro[1:] + gyro[:-1]) / 2 * np.diff(imu_s)[:, None], axis=0)])
     cum = _body_increments(pose_s, quat, None)

@@ -74,3 +74,68 @@ def test_a_noise_only_imu_says_nothing(tmp_path):
     ep = samples.write_episode(tmp_path, "noise", SPEC, seed=7)
     a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
     assert not [f for f in a.report["plausibility"]["findings"] if f["code"] == "quaternion_convention"]
+
+
+def _imu_edit(path, edit):
+    from fault_fixtures import IMU, edit_messages
+
+    return edit_messages(path, (IMU,), edit)
+
+
+@pytest.mark.parametrize("seed,first,count", [(6, 100, 10), (7, 400, 1), (8, 0, 50)])
+def test_nan_imu_samples_are_named_and_left_out_not_a_crash(tmp_path, seed, first, count):
+    """NaN/inf IMU samples (a driver fault) are named as imu_not_finite, with their count and span, and left
+    out: the quaternion check and the offsets still run on the rest (they raised "SVD did not converge")."""
+    ep = _episode(tmp_path, f"nan{seed}", seed, (0.0, 0.0, 0.0))
+
+    def poison(_topic, k, msg):
+        if first <= k < first + count:
+            msg.angular_velocity.x = float("nan")
+            msg.linear_acceleration.z = float("inf") if k % 2 else float("nan")
+
+    _imu_edit(ep.vio_mcap, poison)
+    s = read_streams(ep.vio_mcap)
+    a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
+    found = {f["code"]: f for f in a.report["plausibility"]["findings"]}
+    assert "quaternion_convention" not in found
+    f = found["imu_not_finite"]
+    assert (f["value"], f["action"], f["detail"]["of"]) == (count, "warned", len(s.imu_ts_ns))
+    t0 = min(int(s.camera_ts_ns[0]), int(s.pose_ts_ns[0]), int(s.gripper_ts_ns[0]))
+    assert f["at_s"] == pytest.approx((int(s.imu_ts_ns[first]) - t0) / 1e9, abs=1e-4)
+    assert f["end_s"] == pytest.approx((int(s.imu_ts_ns[first + count - 1]) - t0) / 1e9, abs=1e-4)
+    assert a.report["imu_offset"]["status"] != "error" if "imu_offset" in a.report else True
+
+
+@pytest.mark.parametrize("seed", [9, 10])
+def test_a_flipped_gyro_is_never_blamed_on_the_poses_alone(tmp_path, seed):
+    """A gyro whose sign is flipped (the poses right): on these gently turning tracks no pose reading explains
+    it, so it is imu_disagrees (warned, naming the IMU first); where the conjugate reading fits instead, the
+    check cannot tell the two apart and quaternion_convention's reason names both."""
+    ep = _episode(tmp_path, f"flip{seed}", seed, (0.0, 0.0, 0.0))
+
+    def flip(_topic, _k, msg):
+        msg.angular_velocity.x, msg.angular_velocity.y, msg.angular_velocity.z = (
+            -msg.angular_velocity.x, -msg.angular_velocity.y, -msg.angular_velocity.z)
+
+    _imu_edit(ep.vio_mcap, flip)
+    try:
+        a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
+    except ConversionError as err:
+        assert err.code == "quaternion_convention" and CONJ in str(err)
+        assert "an IMU with a flipped gyro sign or mirrored axes (two swapped) looks the same" in str(err)
+        return
+    (f,) = [f for f in a.report["plausibility"]["findings"] if f["code"] == "imu_disagrees"]
+    assert f["action"] == "warned" and f["value"] > 0.1 and "the IMU's axes, signs or units may be wrong" in f["detail"]["why"]
+    # rejected when asked
+    with pytest.raises(ConversionError) as err:
+        align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36),
+                                                      plausibility=PlausibilityOptions(policies={"imu_disagrees": "reject"})))
+    assert err.value.code == "imu_disagrees"
+
+
+def test_a_conjugated_track_names_both_explanations(tmp_path):
+    """The conjugate reading's reason also names the IMU-side explanation (a mirrored IMU looks the same)."""
+    ep = _episode(tmp_path, "conjmsg", 1, (0.0, 0.0, 0.0), "conjugate")
+    with pytest.raises(ConversionError) as err:
+        align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
+    assert "looks the same to this check: verify the IMU's axes before re-reading the poses" in str(err.value)

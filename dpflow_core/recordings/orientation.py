@@ -33,6 +33,9 @@ READINGS = {
     "(w, x, y, z) order": lambda q: q[:, [1, 2, 3, 0]],
 }
 DECLARED = next(iter(READINGS))
+#: ``imu_disagrees``: the declared reading leaves this many times ``convention_min_residual`` unexplained
+#: and no other reading does ``convention_ratio`` times better (the right reading leaves under 0.005).
+IMU_DISAGREES_FACTOR = 5.0
 
 
 def procrustes_residual(b: np.ndarray, g: np.ndarray) -> float:
@@ -112,6 +115,13 @@ def check_orientation(pose_ts_ns, quat_xyzw, imu_ts_ns, gyro_rps, accel_mps2, t0
 
     if imu_ts_ns is None or (gyro_rps is None and accel_mps2 is None):
         return []
+    # NaN/inf IMU samples (named by check_imu as imu_not_finite) are left out; none left: no IMU
+    finite = np.ones(len(imu_ts_ns), bool)
+    for a in (gyro_rps, accel_mps2):
+        finite &= np.isfinite(np.asarray(a, np.float64)).all(axis=1) if a is not None else True
+    if finite.sum() < 3:
+        return []
+    imu_ts_ns, gyro_rps, accel_mps2 = (None if a is None else np.asarray(a)[finite] for a in (imu_ts_ns, gyro_rps, accel_mps2))
     res = orientation_residuals(pose_ts_ns, quat_xyzw, imu_ts_ns, gyro_rps, accel_mps2, opts.convention_window_s)
     if not res:
         return []
@@ -125,6 +135,15 @@ def check_orientation(pose_ts_ns, quat_xyzw, imu_ts_ns, gyro_rps, accel_mps2, t0
         signals = " and ".join(res)
         return [new_finding(opts, "quaternion_convention", f"pose vs IMU {signals}", a, b, declared,
                             opts.convention_min_residual, "share unexplained", fits=best,
-                            why=f"the {best} reading leaves {total[best]:.3g}",
+                            why=f"the {best} reading leaves {total[best]:.3g}" + (
+                                "; an IMU with a flipped gyro sign or mirrored axes (two swapped) looks the same to "
+                                "this check: verify the IMU's axes before re-reading the poses" if best.startswith("conjugate") else ""),
+                            residuals={s: {n: round(v, 5) for n, v in f.items()} for s, f in res.items()})]
+    if declared > IMU_DISAGREES_FACTOR * opts.convention_min_residual:  # unexplained, and no reading explains it
+        a, b = (int(pose_ts_ns[0]) - t0_ns) / 1e9, (int(pose_ts_ns[-1]) - t0_ns) / 1e9
+        return [new_finding(opts, "imu_disagrees", f"pose vs IMU {' and '.join(res)}", a, b, declared,
+                            IMU_DISAGREES_FACTOR * opts.convention_min_residual, "share unexplained", fits=None,
+                            why=f"no reading of the poses explains the IMU (the {best} one leaves {total[best]:.3g}): the "
+                                "IMU's axes, signs or units may be wrong, or the poses",
                             residuals={s: {n: round(v, 5) for n, v in f.items()} for s, f in res.items()})]
     return []

@@ -28,6 +28,8 @@ class (``code``)          rule                                            defaul
                           episode while the pose moves or turns
 ``imu_out_of_range``      a sample beyond the sensor's range, or a        warn               warn, reject
                           gravity that is not 1 g (units)
+``imu_not_finite``        IMU samples holding NaN or inf (left out)       warn               warn, reject
+``imu_disagrees``         pose and IMU disagree, no reading explains it   warn               warn, reject
 ========================  ==============================================  =================  ==============
 
 ``repair`` replaces a spike by the interpolation of its neighbours and records the original value
@@ -59,6 +61,8 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "clock_reversal": ("reject", "warn"),
     "quaternion_convention": ("reject", "warn"),
     "imu_dead": ("warn", "reject"),
+    "imu_not_finite": ("warn", "reject"),
+    "imu_disagrees": ("warn", "reject"),
     "imu_out_of_range": ("warn", "reject"),
 }
 
@@ -398,6 +402,16 @@ def check_imu(ts_ns: np.ndarray | None, gyro_rps: np.ndarray | None, accel_mps2:
     rel = lambda ns: (int(ns) - t0_ns) / 1e9  # noqa: E731
     gyro, acc = np.asarray(gyro_rps, np.float64), np.asarray(accel_mps2, np.float64)
     findings: list[Finding] = []
+    finite = np.isfinite(gyro).all(axis=1) & np.isfinite(acc).all(axis=1)
+    if not finite.all():  # the offsets and the quaternion check leave these samples out
+        bad = np.flatnonzero(~finite)
+        findings.append(new_finding(opts, "imu_not_finite", "imu", rel(ts[bad[0]]), rel(ts[bad[-1]]), float(len(bad)), 0.0,
+                                    "samples", samples=int(len(bad)), of=int(len(ts)),
+                                    why=f"{len(bad)} of {len(ts)} IMU samples hold NaN/inf (left out of the offsets and "
+                                        "the quaternion check)"))
+        ts, gyro, acc = ts[finite], gyro[finite], acc[finite]
+        if len(ts) < 2:
+            return findings
     q = np.asarray(quat_xyzw, np.float64)
     turn = float(np.max(_angles(q, np.broadcast_to(q[0], q.shape)))) if len(q) else 0.0
     path = _path_length(np.asarray(position_m, np.float64))
