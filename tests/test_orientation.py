@@ -69,11 +69,13 @@ def test_warn_policy_keeps_the_episode_and_lists_the_finding(tmp_path):
     assert f["action"] == "warned" and f["detail"]["fits"] == CONJ and f["value"] > 0.02
 
 
-def test_a_noise_only_imu_says_nothing(tmp_path):
-    """The sample writer's IMU (noise, gravity fixed while the pose turns) fits no reading: no finding."""
-    ep = samples.write_episode(tmp_path, "noise", SPEC, seed=7)
+@pytest.mark.parametrize("seed", [2, 6, 7, 11])
+def test_a_noise_only_imu_says_nothing(tmp_path, seed):
+    """The sample writer's IMU (noise, gravity fixed while the pose turns) fits no reading: no finding, neither
+    quaternion_convention nor imu_disagrees (its gravity leaves 0.04-0.13 unexplained; its gyro has no rotation)."""
+    ep = samples.write_episode(tmp_path, "noise", SPEC, seed=seed)
     a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
-    assert not [f for f in a.report["plausibility"]["findings"] if f["code"] == "quaternion_convention"]
+    assert not [f for f in a.report["plausibility"]["findings"] if f["code"] in ("quaternion_convention", "imu_disagrees")]
 
 
 def _imu_edit(path, edit):
