@@ -163,3 +163,44 @@ def quaternion_reading(path, reading: str) -> Path:
         else:
             q.x, q.y, q.z, q.w = w, x, y, z
     return edit_messages(path, (POSE,), edit)
+
+
+def resend_messages(path: str | Path, topic: str, indices: set[int], delay_ns: int) -> Path:
+    """Rewrite ``path`` in place with each message ``k`` in ``indices`` (file order, counted on ``topic``) sent
+    twice: the copy, byte for byte the same payload, follows it stamped ``delay_ns`` later (its
+    ``header.timestamp`` and log time), as a transport that resends a message does. Ground truth: the
+    recording without the copies."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.resend")
+    factory = DecoderFactory()
+    schemas: dict[int, Schema] = {}
+    channel_ids: dict[int, int] = {}
+    schema_ids: dict[int, int] = {}
+    topic_of: dict[int, str] = {}
+    decoders: dict[int, object] = {}
+    k = 0
+    with open(path, "rb") as fin, open(tmp, "wb") as fout:
+        writer = Writer(fout)
+        writer.start(profile="", library="dpflow-fault-fixtures")
+        for record in StreamReader(fin).records:
+            if isinstance(record, Schema) and record.id not in schema_ids:
+                schemas[record.id] = record
+                schema_ids[record.id] = writer.register_schema(record.name, record.encoding, record.data)
+            elif isinstance(record, Channel) and record.id not in channel_ids:
+                channel_ids[record.id] = writer.register_channel(record.topic, record.message_encoding,
+                                                                 schema_ids.get(record.schema_id, 0), dict(record.metadata))
+                topic_of[record.id] = record.topic
+                decoders[record.id] = factory.decoder_for(record.message_encoding, schemas.get(record.schema_id))
+            elif isinstance(record, Message):
+                cid = channel_ids[record.channel_id]
+                writer.add_message(cid, record.log_time, record.data, record.publish_time, record.sequence)
+                if topic_of[record.channel_id] == topic:
+                    if k in indices:
+                        copy = decoders[record.channel_id](record.data)
+                        copy.header.timestamp = copy.header.timestamp + delay_ns
+                        writer.add_message(cid, record.log_time + delay_ns, copy.SerializeToString(),
+                                           record.publish_time + delay_ns, record.sequence)
+                    k += 1
+        writer.finish()
+    os.replace(tmp, path)
+    return path

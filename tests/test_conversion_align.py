@@ -368,3 +368,28 @@ def test_no_clock_step_on_a_healthy_recording_with_jittered_arrivals(tmp_path):
     streams = read_streams(path, DAS_DEFAULT)
     assert len(streams.camera_packets) == n
     np.testing.assert_array_equal(streams.camera_ts_ns, ts)
+
+
+@pytest.mark.parametrize("resent", [{20, 47}, {1, 2}])
+def test_a_resent_camera_message_is_not_decoded_twice(tmp_path, resent):
+    """A transport resends P-frame messages (the same payload again, stamped half a frame later): decoding a copy
+    would apply its prediction twice and smear every frame to the next key frame. The copies are left out,
+    named duplicate_payload, and every kept frame equals the clean recording's, bit for bit, at the same time."""
+    import shutil
+
+    from fault_fixtures import CAMERA, resend_messages
+
+    spec = replace(SPEC, gop_size=15)
+    ep = samples.write_episode(tmp_path / "clean", "ep", spec, seed=11)
+    dup = tmp_path / "dup_vio.mcap"
+    shutil.copy(ep.vio_mcap, dup)
+    resend_messages(dup, CAMERA, resent, delay_ns=16_666_666)
+    settings = ConversionSettings(image_size=SIZE)
+    clean, bad = align_episode(ep.vio_mcap, settings), align_episode(dup, settings)
+    np.testing.assert_array_equal(bad.timestamps_s, clean.timestamps_s)
+    np.testing.assert_array_equal(bad.rgb, clean.rgb)
+    found = [d for d in bad.report["damaged_frames"] if d["code"] == "duplicate_payload"]
+    # message numbers in the resent file: each copy follows its original
+    want = sorted(k + 1 + sum(1 for j in resent if j < k) for k in resent)
+    assert [d["message"] for d in found] == want
+    assert all("repeats message" in d["reason"] and d["action"] == "dropped" for d in found)

@@ -43,7 +43,9 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: pose's quaternion convention checked against the IMU (``quaternion_convention``).
 #: 7: frames decoded from a damaged reference dropped (``damaged_frames``); a clock that went back in
 #: file order and NaN/inf samples rejected by the reader.
-CONVERTER_VERSION = "7"
+#: 8: a camera message repeating the one before byte for byte is not decoded twice (``duplicate_payload``);
+#: a clock step refused by the reader too; the IMU's plausibility classes.
+CONVERTER_VERSION = "8"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
     "robot0_eef_pos",

@@ -137,6 +137,9 @@ def decode_camera(
     is given) ``{"message", "until_message", "frames", "first_ns", "last_ns"}``: the message whose unit
     was rejected, the first clean one after it (None: none came), and the dropped frames' count and
     capture times (ns); a damage that drops no frame (units before the first IDR) is not listed.
+    A message that repeats the one before it byte for byte and is not a key frame (a resend) is not
+    decoded again, which would apply its predicted units twice: it is listed in ``damaged`` with
+    ``"code": "duplicate_payload"`` and ``of_message``, and its time is left as a gap.
 
     Every unit is decoded even when ``ts_ns`` repeats a capture time (a later frame may reference
     it); a frame whose capture time equals the previous kept frame's is then dropped, so the kept
@@ -192,12 +195,20 @@ def decode_camera(
 
 
 def damage_findings(damaged: list[dict], origin_ns: int) -> list[dict]:
-    """:func:`decode_camera`'s ``damaged`` entries as findings: ``{"code": "damaged_reference", "reason",
+    """:func:`decode_camera`'s ``damaged`` entries as findings: ``{"code": "damaged_reference" or
+    "duplicate_payload", "reason",
     "from_s", "to_s", "frames", "message", "until_message", "action": "dropped"}``, times in s from
     ``origin_ns`` (the episode's start)."""
     out = []
     for d in damaged:
         a, b = (d["first_ns"] - origin_ns) / 1e9, (d["last_ns"] - origin_ns) / 1e9
+        if d.get("code") == "duplicate_payload":
+            out.append({"code": "duplicate_payload", "from_s": round(a, 4), "to_s": round(b, 4), "frames": 1,
+                        "message": d["message"], "until_message": None, "action": "dropped",
+                        "reason": (f"camera message {d['message']} at {a:.3f} s repeats message {d['of_message']}'s "
+                                   "payload byte for byte (a resend): decoding it again would corrupt every frame until "
+                                   "the next key frame, so it was left out and its time is a gap")})
+            continue
         until = (f"until the next clean frame (message {d['until_message']})" if d["until_message"] is not None
                  else "to the end (no clean frame came)")
         out.append({"code": "damaged_reference", "from_s": round(a, 4), "to_s": round(b, 4), "frames": d["frames"],
@@ -313,9 +324,18 @@ def _feed(packets: Sequence[bytes], order: np.ndarray, ts_ns: np.ndarray, period
     # Parallelism comes from worker processes; decoder threads did not help.
     ctx.thread_count = 1
     errors: set[int] = set()
+    previous: tuple[int, bytes] | None = None
     for i in order:
         i = int(i)
-        units = [bytes(u) for u in parser.parse(bytes(packets[i]))]
+        raw = bytes(packets[i])
+        if previous is not None and raw == previous[1] and not starts_clean(raw):
+            # a message repeating the one before byte for byte (a transport resend): decoded again, its
+            # predicted units would be applied twice and every frame until the next key frame drift
+            sink.damaged.append({"code": "duplicate_payload", "message": i, "of_message": previous[0], "frames": 1,
+                                 "until_message": None, "first_ns": int(ts_ns[i]), "last_ns": int(ts_ns[i])})
+            continue
+        previous = (i, raw)
+        units = [bytes(u) for u in parser.parse(raw)]
         units += [bytes(u) for u in parser.parse(None)]
         # Bytes the parser finds no unit in still go to the decoder (it names them rejected).
         units = units or [bytes(packets[i])]

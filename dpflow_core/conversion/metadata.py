@@ -104,8 +104,8 @@ def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict
         "stale_files_removed": stale,
         "warnings": offset_warnings(offsets) + [{"stem": stem, **w} for stem in dict.fromkeys(r["stem"] for r in ok)
                                                  for w in by_stem[stem].pairing_warnings]
-                    + [{"stem": stem, "code": "damaged_reference", "reason": reason} for stem, reason in dict.fromkeys(
-                        (r["stem"], d["reason"]) for r in ok for d in r["report"].get("damaged_frames") or [])],
+                    + [{"stem": stem, "code": code, "reason": reason} for stem, code, reason in dict.fromkeys(
+                        (r["stem"], d["code"], d["reason"]) for r in ok for d in r["report"].get("damaged_frames") or [])],
         "workers": None,
         "timings_s": None,
         "wall_time_s": None,
