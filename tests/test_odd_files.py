@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dpflow_core.pairing import pair_recordings
-from recording_fixtures import write_small_task
+from recording_fixtures import refresh_vio_result, write_small_episode, write_small_task
 
 BOM = b"\xef\xbb\xbf"
 
@@ -62,3 +62,24 @@ def test_a_hand_edited_manifest_stem_never_reaches_a_path(tmp_path, stem):
         load_manifest(path)
     assert err.value.code == "bad_manifest" and "accepted[0]" in str(err.value) and repr(stem) in str(err.value)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_recording_vio_result_lists_but_the_folder_lacks_is_named(tmp_path):
+    """vio_result.json says two more takes were processed than the folder holds (moved or lost): each is named
+    as listed_but_missing in the manifest's rejected list, the present ones pair as before."""
+    import json as _json
+
+    from dpflow_core.pairing import pair_recordings
+
+    task = tmp_path / "pick_place"
+    for k in range(2):
+        write_small_episode(task, f"pick_place_{k:04d}", seed=40 + k)
+    refresh_vio_result(task)
+    doc = _json.loads((task / "vio_result.json").read_text())
+    doc["success_mcap_files"] = list(doc["success_mcap_files"]) + ["pick_place_0007_vio.mcap", "pick_place_0009_vio.mcap"]
+    (task / "vio_result.json").write_text(_json.dumps(doc))
+    m = pair_recordings(task)
+    assert [a.stem for a in m.accepted] == ["pick_place_0000", "pick_place_0001"]
+    missing = [(r.stem, r.code) for r in m.rejected if r.code == "listed_but_missing"]
+    assert missing == [("pick_place_0007", "listed_but_missing"), ("pick_place_0009", "listed_but_missing")]
+    assert all(str(task) in r.reason for r in m.rejected if r.code == "listed_but_missing")

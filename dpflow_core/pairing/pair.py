@@ -80,6 +80,8 @@ def pair_recordings(
         ))
 
     all_stems = {c.stem for c in candidates}
+    if explicit_manifest is None:  # an explicit manifest pairs a chosen subset
+        rejects.extend(listed_but_missing(summary, root, all_stems))
     accepted: list[AcceptedEpisode] = []
     for i, cand in enumerate(candidates):
         try:
@@ -104,6 +106,17 @@ def pair_recordings(
         accepted=sorted(accepted, key=lambda a: a.stem),
         rejected=rejects,
     )
+
+
+def listed_but_missing(summary, root: Path, stems: set[str]) -> list[PairingReject]:
+    """``listed_but_missing`` entries of the manifest's ``rejected`` list: stems ``vio_result.json`` lists as
+    VIO-processed (``success_mcap_files``) with no file of theirs in the folder (a lost or moved recording,
+    which pairing would otherwise never mention). Nothing without a readable summary."""
+    if summary is None or summary.error is not None:
+        return []
+    return [PairingReject(stem, str(summary.path), "listed_but_missing",
+                          f"vio_result.json lists {stem} as processed, but no {stem}.mcap / {stem}_vio.mcap is in {root}")
+            for stem in sorted((summary.success or set()) - stems)]
 
 
 def _no_recordings(root: Path) -> PairingError:
