@@ -79,11 +79,14 @@ def main() -> int:
     for name, (k, epochs) in arms.items():
         run_dir = args.out / f"run_k{k}"
         procs[name] = (launch(args.dataset, run_dir, k, epochs), time.perf_counter(), run_dir)
-    wall = {}
-    for name, (proc, t0, _run) in procs.items():
-        if proc.wait() != 0:
-            raise SystemExit(f"training {name} failed: see {procs[name][2].parent / (procs[name][2].name + '.log')}")
-        wall[name] = time.perf_counter() - t0
+    wall: dict[str, float] = {}
+    while len(wall) < len(procs):  # each arm's own end (waiting on them in turn would give the later end to both)
+        for name, (proc, t0, run_dir) in procs.items():
+            if name not in wall and proc.poll() is not None:
+                if proc.returncode != 0:
+                    raise SystemExit(f"training {name} failed: see {run_dir.parent / (run_dir.name + '.log')}")
+                wall[name] = time.perf_counter() - t0
+        time.sleep(1.0)
     train_seeds = [int(e["seed"]) for e in read_sim_task(args.recordings)["episodes"]]
     results = {}
     for name, (_proc, _t0, run_dir) in procs.items():
