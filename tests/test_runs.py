@@ -10,6 +10,8 @@ built-in trainer itself runs in ``test_runs_trainer.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import signal
@@ -312,6 +314,27 @@ def test_sigterm_fails_natural_exit_and_reattach_never_launches_twice(server, da
     assert "exit status" in evidence and ("SIGTERM" in evidence or "-15" in evidence)
     assert "last logged epoch is 0, the config asked for 2" in evidence
     assert "latest.ckpt" in evidence and "missing" in evidence
+    cleanup_run(server, handle, grace_s=5)
+
+
+def test_a_run_name_of_another_dataset_is_refused_not_attached(server, dataset, fake_trainer, tmp_path):
+    """The same --run-name on a second dataset (a new user reusing a README command for a second task) is
+    refused, naming both datasets: attaching would hand the first dataset's run and checkpoint back as the
+    second's. The same name on the same dataset still attaches."""
+    spec = fake_spec("try", dataset, fake_trainer, epochs=1, steps=2)
+    handle = launch_run(server, spec, record=False)
+    server.wait_detached(handle.detached, 60)
+    again, attached = launch_or_attach(server, spec)
+    assert attached and again.token == handle.token
+    other = tmp_path / "other.npz"
+    other.write_bytes(b"another stand-in dataset")
+    with pytest.raises(RunError) as err:
+        launch_or_attach(server, fake_spec("try", str(other), fake_trainer, epochs=1, steps=2))
+    assert err.value.code == "run_name_in_use"
+    assert f"run 'try' was launched on {dataset}, not {other}" in str(err.value)
+    hashed = dataclasses.replace(spec, dataset_sha256="ab" * 32)
+    with pytest.raises(RunError, match="sha256|a run name belongs to one dataset"):
+        launch_or_attach(server, dataclasses.replace(hashed, dataset_path=str(other)))
     cleanup_run(server, handle, grace_s=5)
 
 

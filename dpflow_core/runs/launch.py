@@ -132,6 +132,10 @@ def attachable_handle(server: GpuServer, spec: RunSpec) -> RunHandle | None:
     """The launch of run ``spec.name`` that :func:`launch_or_attach` would attach to, else None.
 
     That is the latest launch when it still runs, or (without ``spec.resume``) when it ended.
+
+    Raises:
+        RunError: ``run_name_in_use``: that run was launched on another dataset (another SHA-256 when both
+            are known, else another path): attaching would hand back a run of the wrong data as this one's.
     """
     run_dir = run_dir_for(server, spec.name)
     if not server.exists(run_dir):
@@ -140,6 +144,12 @@ def attachable_handle(server: GpuServer, spec: RunSpec) -> RunHandle | None:
         handle = load_handle(server, spec.name)
     except RunError:
         return None
+    old = handle.spec
+    both_hashed = bool(old.dataset_sha256 and spec.dataset_sha256)
+    if (old.dataset_sha256 != spec.dataset_sha256) if both_hashed else (old.dataset_path != spec.dataset_path):
+        what = lambda s: f"{s.dataset_path}" + (f" (sha256 {s.dataset_sha256[:12]})" if s.dataset_sha256 else "")  # noqa: E731
+        raise RunError(f"run {spec.name!r} was launched on {what(old)}, not {what(spec)}: a run name belongs to one "
+                       "dataset; choose another run name", code="run_name_in_use")
     status = server.detached_status(handle.detached)
     running = not status.finished and not status.vanished
     return handle if running or not spec.resume else None

@@ -99,7 +99,7 @@ def policy_metadata(policy, checkpoint_sha256: str, image_shapes: Mapping[str, A
     return {
         "server": f"dpflow {__version__}",
         "protocol": PROTOCOL,
-        "checkpoint": str(policy.path),
+        "checkpoint": str(Path(policy.path).resolve()),
         "checkpoint_sha256": checkpoint_sha256,
         "dataset_sha256": str(policy.dataset.get("sha256") or ""),
         "dataset_path": str(policy.dataset.get("path") or ""),
