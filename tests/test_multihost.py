@@ -154,10 +154,15 @@ def test_killing_one_rank_fails_the_run_and_leaves_nothing_on_either_host(two_ho
             proc.communicate()
     assert proc.returncode == 1, stdout[-4000:] + stderr[-3000:]
     out = json.loads(next(ln for ln in stdout.splitlines() if ln.startswith("DPFLOW_JSON ")).split(" ", 1)[1])
-    assert out["failed_ranks"] == [1] and out["stopped_ranks"] == [0] and out["released"] == [True, True]
+    # rank 1 failed; rank 0 was stopped by dpflow, or (a race: its collective raised when the peer vanished,
+    # before the monitor's next poll, seen once in four quiet suite runs) failed on its own: one of the two
+    assert 1 in out["failed_ranks"] and 1 not in out["stopped_ranks"] and out["released"] == [True, True]
+    assert (0 in out["failed_ranks"]) != (0 in out["stopped_ranks"]), out
     assert out["exit_codes"][1] not in (None, 0)
     ranks = TrainResult.from_dict(out["train_run"]).ranks  # what the train_run asset hands on
-    assert [(r.rank, r.failed, r.stopped, r.released) for r in ranks] == [(0, False, True, True), (1, True, False, True)]
+    assert [(r.rank, r.failed, r.released) for r in ranks][1] == (1, True, True) and ranks[1].stopped is False
+    assert ranks[0].rank == 0 and ranks[0].released and ranks[0].failed != ranks[0].stopped
+    assert ranks[0].stopped == (0 in out["stopped_ranks"])
     assert [r.exit_code for r in ranks] == out["exit_codes"] and [r.run_dir for r in ranks] == out["run_dirs"]
     assert any(p.startswith("rank 1 on ") and "the run failed" in p for p in out["problems"])
     assert _token_processes(out["tokens"]) == []
