@@ -27,8 +27,10 @@ POSE, GRIPPER, CAMERA = DAS_DEFAULT.pose, DAS_DEFAULT.gripper, DAS_DEFAULT.camer
 Edit = Callable[[str, int, object], None]
 
 
-def edit_messages(path: str | Path, topics: tuple[str, ...], edit: Edit) -> Path:
-    """Rewrite ``path`` in place with ``edit`` applied to every message of ``topics``."""
+def _rewrite(path: str | Path, topics: tuple[str, ...], emit) -> Path:
+    """Rewrite ``path`` in place, every record copied except the messages of ``topics``: for each of those
+    (message ``k`` of its topic, file order) ``emit(topic, k, decoded, record)`` gives the messages written in
+    its place, as ``(log_time, payload bytes, publish_time)``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.fault")
     factory = DecoderFactory()
@@ -52,19 +54,25 @@ def edit_messages(path: str | Path, topics: tuple[str, ...], edit: Edit) -> Path
                 decoders[record.id] = factory.decoder_for(record.message_encoding, schemas.get(record.schema_id))
             elif isinstance(record, Message):
                 topic = topic_of[record.channel_id]
-                data = record.data
+                out = [(record.log_time, record.data, record.publish_time)]
                 if topic in topics:
-                    msg = decoders[record.channel_id](record.data)
                     k = counts.get(topic, 0)
                     counts[topic] = k + 1
-                    edit(topic, k, msg)
-                    data = msg.SerializeToString()
-                writer.add_message(channel_ids[record.channel_id], record.log_time, data, record.publish_time,
-                                   record.sequence)
+                    out = emit(topic, k, decoders[record.channel_id](record.data), record)
+                for log_time, data, publish_time in out:
+                    writer.add_message(channel_ids[record.channel_id], log_time, data, publish_time, record.sequence)
         writer.finish()
     os.replace(tmp, path)
     return path
 
+
+def edit_messages(path: str | Path, topics: tuple[str, ...], edit: Edit) -> Path:
+    """Rewrite ``path`` in place with ``edit`` applied to every message of ``topics``."""
+    def emit(topic, k, msg, record):
+        edit(topic, k, msg)
+        return [(record.log_time, msg.SerializeToString(), record.publish_time)]
+
+    return _rewrite(path, topics, emit)
 
 def pose_spikes(path, indices: dict[int, tuple[float, float, float]]) -> Path:
     """Pose samples ``k`` (file order) moved by the given offset (m): single-sample outliers."""
@@ -170,37 +178,11 @@ def resend_messages(path: str | Path, topic: str, indices: set[int], delay_ns: i
     twice: the copy, byte for byte the same payload, follows it stamped ``delay_ns`` later (its
     ``header.timestamp`` and log time), as a transport that resends a message does. Ground truth: the
     recording without the copies."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.resend")
-    factory = DecoderFactory()
-    schemas: dict[int, Schema] = {}
-    channel_ids: dict[int, int] = {}
-    schema_ids: dict[int, int] = {}
-    topic_of: dict[int, str] = {}
-    decoders: dict[int, object] = {}
-    k = 0
-    with open(path, "rb") as fin, open(tmp, "wb") as fout:
-        writer = Writer(fout)
-        writer.start(profile="", library="dpflow-fault-fixtures")
-        for record in StreamReader(fin).records:
-            if isinstance(record, Schema) and record.id not in schema_ids:
-                schemas[record.id] = record
-                schema_ids[record.id] = writer.register_schema(record.name, record.encoding, record.data)
-            elif isinstance(record, Channel) and record.id not in channel_ids:
-                channel_ids[record.id] = writer.register_channel(record.topic, record.message_encoding,
-                                                                 schema_ids.get(record.schema_id, 0), dict(record.metadata))
-                topic_of[record.id] = record.topic
-                decoders[record.id] = factory.decoder_for(record.message_encoding, schemas.get(record.schema_id))
-            elif isinstance(record, Message):
-                cid = channel_ids[record.channel_id]
-                writer.add_message(cid, record.log_time, record.data, record.publish_time, record.sequence)
-                if topic_of[record.channel_id] == topic:
-                    if k in indices:
-                        copy = decoders[record.channel_id](record.data)
-                        copy.header.timestamp = copy.header.timestamp + delay_ns
-                        writer.add_message(cid, record.log_time + delay_ns, copy.SerializeToString(),
-                                           record.publish_time + delay_ns, record.sequence)
-                    k += 1
-        writer.finish()
-    os.replace(tmp, path)
-    return path
+    def emit(_topic, k, msg, record):
+        out = [(record.log_time, record.data, record.publish_time)]
+        if k in indices:
+            msg.header.timestamp = msg.header.timestamp + delay_ns
+            out.append((record.log_time + delay_ns, msg.SerializeToString(), record.publish_time + delay_ns))
+        return out
+
+    return _rewrite(path, (topic,), emit)
