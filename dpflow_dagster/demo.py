@@ -278,6 +278,7 @@ _SUMMARY = {
     "checkpoint": [("checkpoint", "local_path"), ("reproducibility record", "record_path")],
     "evaluation": [("beats every baseline", "beats_baseline"), ("policy MSE (not gated)", "policy_mse"),
                    ("plots", "trajectory_plot"), ("errors per step", "error_plot"), ("loss curve", "loss_plot")],
+    "no_camera_checkpoint": [("no-camera ablation", "checkpoint_path"), ("no-camera ablation skipped", "skipped")],
     "rollout_evaluation": [("rollouts", "out_dir"), ("film", "video"), ("contact sheet", "contact_sheet")],
     "lerobot_dataset": [("LeRobot dataset", "path")],
     "norm_stats": [("openpi norm stats", "path")],
@@ -302,7 +303,7 @@ def _print_outputs(result, ops: set[str]) -> None:
             for line in value.table().splitlines():
                 console.print(f"    {line}")
         for label, key in fields:
-            if values.get(key) is not None:
+            if values.get(key) not in (None, ""):
                 console.print(f"  {name:16s} {label}: {values[key]}")
 
 
@@ -348,6 +349,9 @@ def run_demo(
 
     world = recordings is None or (Path(recordings).expanduser() / SIM_TASK_FILE).is_file()
     asset_config = _merge(_merge(DEMO_ASSET_CONFIG, WORLD_ASSET_CONFIG if world else {}), settings.get("assets") or {})
+    # the no-camera ablation trains as the policy does (its own entry may change that), under its own name
+    same_training = {k: v for k, v in asset_config.get("train_run", {}).items() if k not in ("run_name", "resume")}
+    asset_config["no_camera_run"] = {**same_training, **asset_config.get("no_camera_run", {})}
     ops = {node.name for node in job.graph.node_defs} | set(job.graph.node_dict)
     run_config = {
         "ops": {name: {"config": values} for name, values in asset_config.items() if name in ops},

@@ -122,7 +122,10 @@ def test_the_snapshot_states_the_rules_of_the_graph():
     assert {c["partitions"] for a in assets.values() for c in a["checks"]} == {"DynamicPartitionsDefinition(task)"}
     assert all(a["owners"] and a["described"] and a["kinds"] and a["code_version"] for a in assets.values())
     training = {name for name, a in assets.items() if a["group"] == "training"}
-    assert training == {"smoke_run", "train_run", "checkpoint", "evaluation", "rollout_evaluation"}
+    assert training == {"smoke_run", "train_run", "checkpoint", "evaluation", "rollout_evaluation", "no_camera_run",
+                        "no_camera_checkpoint"}
+    # the no-camera ablation: after the smoke run, rolled out by the closed-loop judge
+    assert "smoke_run" in assets["no_camera_run"]["deps"] and "no_camera_checkpoint" in assets["rollout_evaluation"]["deps"]
     assert [c["name"] for c in assets["rollout_evaluation"]["checks"] if c["blocking"]] == ["closed_loop_success"]
     assert {name for name, a in assets.items() if a["group"] == "dataset"} == {
         "paired_episodes", "dataset_npz", "lerobot_dataset", "norm_stats", "remote_dataset", "umi_dataset"}
@@ -131,7 +134,7 @@ def test_the_snapshot_states_the_rules_of_the_graph():
         assert assets[name]["automation_condition"] is None, name
     for name in ("dataset_npz", "lerobot_dataset", "norm_stats"):
         assert assets[name]["automation_condition"] == "eager, after blocking checks", name
-    assert assets["smoke_run"]["pools"] == assets["train_run"]["pools"] == ["gpu_server"]
+    assert assets["smoke_run"]["pools"] == assets["train_run"]["pools"] == assets["no_camera_run"]["pools"] == ["gpu_server"]
     assert [c["name"] for c in assets["dataset_npz"]["checks"] if c["blocking"]] == [
         "episode_ends_valid", "image_size", "members_length_T", "min_two_episodes", "rotation_norm_le_pi",
         "short_episodes", "values_finite"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 
 from dpflow_core.files import sha256_file
 
@@ -148,7 +149,7 @@ def _assert_pipeline_products(instance: dg.DagsterInstance, out: Path, task: str
 
     ckpt = Path(checkpoint_meta["path"])
     assert sha256_file(ckpt) == checkpoint_meta["sha256"] == evaluation["checkpoint_sha256"]
-    assert len(list(out.glob("checkpoints/**/*.ckpt"))) == runs_before + 1
+    assert len(list(out.glob("checkpoints/train-*/**/*.ckpt"))) == runs_before + 1
     policy = load_policy(ckpt)
     assert sum(p.numel() for p in policy.network.parameters()) > 0
     criteria = ("position_error_m", "rotation_error_rad", "gripper_events")
@@ -250,6 +251,23 @@ def test_main_job_on_sample_recordings_then_a_second_task_from_another_writer(tm
     assert rollouts["oracle/success_rate"] == 1.0 and rollouts["hold/success_rate"] == 0.0
     records = json.loads((Path(rollouts["out_dir"]) / "rollouts.json").read_text())
     assert len(records) == 4 and all(r["decisions"] > 0 and r["seed"] >= 1_000_000 for r in records)
+    # the no-camera ablation: trained in the same run as the policy (its tiny settings, copied from train_run),
+    # launched before train_run so that both train at once, without the image key, and rolled out as a baseline
+    # on the same held-out states
+    ablation = _latest(instance, "no_camera_checkpoint", "pick_place")
+    assert ablation["run_name"].startswith("no-camera-") and ablation["global_step"] == 7
+    blind_cfg = yaml.safe_load((out / "server" / "runs" / ablation["run_name"] / ".hydra" / "config.yaml").read_text())
+    assert blind_cfg["task"]["rgb_keys"] == [] and blind_cfg["training"]["num_epochs"] == 2
+    policy_cfg = yaml.safe_load((Path(_latest(instance, "train_run", "pick_place")["path"]) / ".hydra" / "config.yaml")
+                                .read_text())
+    assert policy_cfg["task"]["rgb_keys"] == ["camera0_rgb"]
+    assert sha256_file(ablation["path"]) == ablation["sha256"]
+    started = [e.step_key for e in instance.all_logs(instance.get_runs(limit=1)[0].run_id)
+               if e.dagster_event is not None and e.dagster_event.event_type_value == "STEP_START"]
+    assert started.index("no_camera_run") < started.index("train_run") < started.index("no_camera_checkpoint")
+    assert "no_camera/success_rate" in rollouts
+    no_camera_records = json.loads((Path(rollouts["out_dir"]) / "rollouts_no_camera.json").read_text())
+    assert [r["seed"] for r in no_camera_records] == [r["seed"] for r in records]
     first = {asset: _latest(instance, asset, "pick_place") for asset in _PRODUCTS}
     recordings_before = sorted(p.relative_to(out) for p in (out / "recordings").rglob("*"))
 
@@ -269,6 +287,7 @@ def test_main_job_on_sample_recordings_then_a_second_task_from_another_writer(tm
     proc, instance, out = _run_demo(tmp_path, "--recordings", str(task), "--config", str(_tiny_lab(tmp_path)))
     beats = _assert_pipeline_products(instance, out, "cup_stack", runs_before=1)
     assert _latest(instance, "rollout_evaluation", "cup_stack")["simulated"] is False
+    assert _latest(instance, "no_camera_run", "cup_stack")["skipped"].startswith("no simulator for this task")
     _assert_training_chain_record(instance, out, "cup_stack", episodes, beats)
     assert ("every step and blocking check passed" in proc.stdout) == beats and proc.returncode == (0 if beats else 1)
     assert ("train longer" in proc.stdout) == (not beats)  # a failed gate says what to do

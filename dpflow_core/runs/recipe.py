@@ -17,10 +17,12 @@ from the first server's nvidia-smi, on a cluster :func:`~dpflow_core.runs.scale.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, ContextManager, Sequence
 
 from dpflow_core.errors import RunError
+from dpflow_core.results import StageResult
 from dpflow_core.server import GpuInventory, GpuServer
 from dpflow_core.server.lab import LabServers
 from dpflow_core.server.upload import RemoteDataset
@@ -175,3 +177,64 @@ def train_on_lab(
                             on_event=on_event, on_state=on_state, hooks=run_hooks,
                             **(single if lab.mode == "single" else {}))
     return LabRun(spec, result)
+
+
+@dataclass(frozen=True)
+class AblationRun(StageResult):
+    """A baseline policy trained beside the camera policy (the ``no_camera_run`` / ``no_camera_checkpoint``
+    assets): ``name`` as the closed-loop judge reports it (``no_camera``), ``run_name`` on the server, the
+    :class:`TrainSettings` it was launched with (``settings``, as :func:`dataclasses.asdict` gives them), and
+    once downloaded its ``checkpoint_path`` and ``checkpoint_sha256``. ``skipped``: why it was not trained
+    (empty when it was), e.g. a lab's recordings, which have no simulator to roll it out in."""
+
+    name: str
+    run_name: str = ""
+    settings: dict = dataclasses.field(default_factory=dict)
+    checkpoint_path: str = ""
+    checkpoint_sha256: str = ""
+    skipped: str = ""
+
+    def train_settings(self) -> TrainSettings:
+        """The settings it was launched with (raises RunError ``bad_config`` when they are not valid)."""
+        return TrainSettings(**self.settings)
+
+
+#: The Hydra override of the camera-less ablation: the same trainer config with no image key, so the policy
+#: sees only the TCP pose and the gripper width (what the closed-loop judge rolls out beside the camera policy).
+NO_CAMERA_OVERRIDES = ("task.rgb_keys=[]",)
+#: Run-name kind of the ablation: ``no-camera-<sha256[:12]>-<UTC time>``. Its own prefix keeps it out of the
+#: ``train-<sha256[:12]>-*`` runs an unnamed training re-attaches to.
+NO_CAMERA_KIND = "no-camera"
+
+
+def no_camera_on_lab(
+    servers: Sequence[GpuServer],
+    lab: LabServers,
+    dataset: RemoteDataset,
+    settings: TrainSettings,
+    *,
+    detach: bool,
+    on_event: EventCallback | None = None,
+) -> LabRun:
+    """The training run of ``settings`` without the camera (:data:`NO_CAMERA_OVERRIDES` appended last), on one
+    server: the ablation that shows a task needs the camera (the world's issue: a policy trained without it
+    must stay at or below 30 % closed-loop success).
+
+    Named ``settings.run_name``, else this dataset's running ``no-camera-<sha256[:12]>-*`` run (re-attached
+    to), else a new such name. ``detach``: return once launched, so the policy's own training can run beside
+    it (the main job launches it first, then follows it after the policy's run with ``detach=False``, which
+    re-attaches by name, also to a run that has ended).
+
+    Raises:
+        RunError: ``bad_config`` off one server (a Slurm cluster or several hosts: launch it as a training
+            run with the override yourself), or ``resume`` set; what :func:`train_on_lab` raises.
+    """
+    if lab.mode != "single":
+        raise RunError(f"the no-camera ablation runs on one server, not a {lab.mode} lab: train it with "
+                       f"--override {NO_CAMERA_OVERRIDES[0]}", code="bad_config")
+    if settings.resume:
+        raise RunError("the no-camera ablation is not resumed: it re-attaches to its run by name", code="bad_config")
+    name = settings.run_name or active_or_new_run_name(servers[0], dataset.sha256, NO_CAMERA_KIND)[0]
+    blind = dataclasses.replace(settings, run_name=name,
+                                extra_overrides=tuple(settings.extra_overrides) + NO_CAMERA_OVERRIDES)
+    return train_on_lab(servers, lab, dataset, blind, detach=detach, on_event=on_event)

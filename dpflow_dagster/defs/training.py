@@ -590,7 +590,7 @@ def evaluation_beats_baseline(
     result = EvaluationResult.coerce(evaluation)
     # DESIGN rule 14: a task recorded in the simulated world is judged closed loop (closed_loop_success);
     # there the offline gate is reported as a warning, for the offline-vs-closed-loop comparison
-    world = _from_world(context.partition_key if context.has_partition_key else None)
+    world = from_world(context.partition_key if context.has_partition_key else None)
     return dg.AssetCheckResult(
         passed=result.beats_baseline,
         severity=dg.AssetCheckSeverity.WARN if world else dg.AssetCheckSeverity.ERROR,
@@ -601,7 +601,7 @@ def evaluation_beats_baseline(
     )
 
 
-def _from_world(task: str | None) -> bool:
+def from_world(task: str | None) -> bool:
     """Whether partition ``task``'s recordings come from the simulated world (their folder's ``sim_task.json``)."""
     from dpflow_core.sim.record import read_sim_task
     from dpflow_dagster.partitions import recordings_root, task_folder
