@@ -35,11 +35,17 @@ Confidence (:class:`OffsetEstimate`): the peak ``R^2``, its contrast (the peak m
 ``R^2`` more than :attr:`OffsetOptions.contrast_window_s` away), the peak's width at half height
 above the scan's median, and the motion energy (RMS angular speed of the VIO, rad/s). An episode
 that barely rotates, whose peak is weak, flat or at the edge of the search, says
-``not_measurable`` with the figure and the limit, never a number.
+``not_measurable`` with the figure and the limit, never a number. At the edge means within one sample
+(frame or pose interval) of ``+-search_s``, or a better fit (by ``min_contrast``) on a scan from
+``search_s`` to twice that: the true offset may lie beyond, and a peak inside is then a side lobe
+(:attr:`OffsetEstimate.at_search_limit`, warned as ``offset_at_search_limit``).
 
 :func:`task_offsets` gives the dataset's per-task figures (median, spread, the episodes whose
 offset differs from the median by more than :attr:`OffsetOptions.flag_threshold_s`) and the
 recommendation that ``task.latency: measured`` makes the trainer take (:func:`obs_latencies_s`).
+
+Over 500 lines because the image motion, the two scans, their judgement and the task figures built on
+them are one method, read top to bottom.
 """
 
 from __future__ import annotations
@@ -104,6 +110,9 @@ class OffsetEstimate:
         rotation_rms_rps: RMS angular speed of the VIO over the samples used, rad/s.
         samples: frame pairs (IMU: pose intervals) in the fit.
         reason: why not measured (None when measured).
+        at_search_limit: the best fit, or a candidate within ``min_contrast`` of it, lies at (or within
+            one sample of) ``+-search_s``: the true offset may lie beyond the search, so nothing is
+            measured and the episode is warned (``offset_at_search_limit``).
     """
 
     stream: str
@@ -115,6 +124,7 @@ class OffsetEstimate:
     rotation_rms_rps: float | None = None
     samples: int = 0
     reason: str | None = None
+    at_search_limit: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, figures rounded (offsets to 0.1 ms)."""
@@ -257,8 +267,10 @@ def _scan(target: np.ndarray, regressors, taus: np.ndarray) -> np.ndarray:
     return explained / float((y**2).sum())
 
 
-def _estimate(stream: str, target: np.ndarray, regressors, rotation_rms: float, opts: OffsetOptions) -> OffsetEstimate:
-    """Run the two-stage scan and judge the peak (see the module docstring)."""
+def _estimate(stream: str, target: np.ndarray, regressors, rotation_rms: float, opts: OffsetOptions,
+              sample_s: float = 0.0) -> OffsetEstimate:
+    """Run the two-stage scan and judge the peak (see the module docstring); ``sample_s``: the interval
+    (s) of the samples fitted, the margin within which a fit counts as at the search limit."""
     n = len(target)
     common = {"stream": stream, "rotation_rms_rps": rotation_rms, "samples": n}
     if n < opts.min_samples:
@@ -288,9 +300,18 @@ def _estimate(stream: str, target: np.ndarray, regressors, rotation_rms: float, 
     edges = np.flatnonzero(np.diff(half))  # starts and stops of the runs above half height
     width = next(b - a for a, b in zip(edges[::2], edges[1::2]) if a <= k < b) * opts.coarse_step_s
     figures = dict(r2=peak, contrast=contrast, peak_width_s=float(width), **common)
-    if abs(best) > opts.search_s - 2 * opts.coarse_step_s:
-        reason = f"the best fit lies at the search limit ({best:+.3f} s of +-{opts.search_s:g} s)"
-    elif peak < opts.min_r2:
+    margin = max(2 * opts.coarse_step_s, sample_s)
+    beyond = np.arange(opts.search_s + opts.coarse_step_s, 2 * opts.search_s + opts.coarse_step_s / 2, opts.coarse_step_s)
+    beyond = np.concatenate([-beyond[::-1], beyond])
+    r2_beyond = _scan(target, regressors, beyond)
+    far = int(np.argmax(np.where(np.isfinite(r2_beyond), r2_beyond, -np.inf)))
+    if abs(best) >= opts.search_s - margin or r2_beyond[far] > peak + opts.min_contrast:
+        why = (f"best fit R^2 {peak:.2f} at {best:+.3f} s, within one sample ({margin:.3f} s) of the limit"
+               if abs(best) >= opts.search_s - margin else
+               f"R^2 {r2_beyond[far]:.2f} at {beyond[far]:+.3f} s beyond it against {peak:.2f} at {best:+.3f} s inside")
+        return OffsetEstimate(status="not_measurable", at_search_limit=True, **figures, reason=(
+            f"at the search limit +-{opts.search_s:g} s: the true offset may lie beyond ({why})"))
+    if peak < opts.min_r2:
         reason = f"the motion fits poorly at its best offset: R^2 {peak:.2f}, below {opts.min_r2:g}"
     elif contrast < opts.min_contrast:
         reason = (f"no distinct peak: R^2 {peak:.2f} at {best:+.3f} s is within {contrast:.3f} of an offset more "
@@ -357,7 +378,7 @@ def camera_offset(frame_ts_ns: np.ndarray, pairs: np.ndarray, features: np.ndarr
         return _interp_rows(b[None] - taus[:, None], pose_s, cum) - _interp_rows(a[None] - taus[:, None], pose_s, cum)
 
     rms = _rotation_rms(pose_s, cum[:, :3], float(a[0]), float(b[-1]))
-    return _estimate("camera", features[use], regressors, rms, opts)
+    return _estimate("camera", features[use], regressors, rms, opts, period)
 
 
 def imu_offset(imu_ts_ns: np.ndarray, gyro_rps: np.ndarray, pose_ts_ns: np.ndarray, quat_xyzw: np.ndarray,
@@ -393,7 +414,7 @@ def imu_offset(imu_ts_ns: np.ndarray, gyro_rps: np.ndarray, pose_ts_ns: np.ndarr
                 - _interp_rows(a[None] + taus[:, None], imu_s, integral))
 
     rms = _rotation_rms(pose_s, cum, float(a[0]), float(b[-1])) if len(use) else 0.0
-    return _estimate("imu", target, regressors, rms, opts)
+    return _estimate("imu", target, regressors, rms, opts, pose_step)
 
 
 # --------------------------------------------------------------------------- recordings
@@ -433,7 +454,8 @@ def task_offsets(episodes: Sequence[Mapping[str, Any]], threshold_s: float = DEF
         per stream ``median_s``, ``spread_s`` (1.4826 x MAD), ``min_s``, ``max_s``, ``measured``
         (count) and ``not_measurable`` (stems); ``flagged``: ``{"stem", "stream", "offset_s",
         "median_s", "difference_s", "reason"}`` for each measured offset farther than ``threshold_s``
-        from its stream's median; ``recommendation``: ``{"camera_offset_s"}`` (the camera median,
+        from its stream's median; ``at_search_limit``: ``{"stem", "stream", "reason"}`` for each estimate at
+        the search limit (:attr:`OffsetEstimate.at_search_limit`); ``recommendation``: ``{"camera_offset_s"}`` (the camera median,
         None when no episode was measured), what ``task.latency: measured`` takes
         (:func:`obs_latencies_s`).
     """
@@ -458,13 +480,20 @@ def task_offsets(episodes: Sequence[Mapping[str, Any]], threshold_s: float = DEF
                         "reason": f"{stream} offset {v:+.3f} s differs from the task median {med:+.3f} s by "
                                   f"{v - med:+.3f} s (threshold {threshold_s:g} s)"})
         out[stream] = info
+    out["at_search_limit"] = [
+        {"stem": s, "stream": stream, "reason": f"{s}_vio.mcap: {stream} offset not measurable, "
+                                                f"{(e.get(f'{stream}_offset') or {}).get('reason')}"}
+        for s, e in by_stem.items() for stream in ("camera", "imu") if (e.get(f"{stream}_offset") or {}).get("at_search_limit")]
     out["recommendation"] = {"camera_offset_s": out["camera"].get("median_s")}
     return out
 
 
 def offset_warnings(summary: Mapping[str, Any]) -> list[dict]:
-    """``dataset.json`` warnings (``{"stem", "code": "offset_outlier", "reason"}``) of :func:`task_offsets`' flags."""
-    return [{"stem": f["stem"], "code": "offset_outlier", "reason": f["reason"]} for f in summary["flagged"]]
+    """``dataset.json`` warnings (``{"stem", "code", "reason"}``) of :func:`task_offsets`' flags (``offset_outlier``)
+    and of the offsets at the search limit (``offset_at_search_limit``: not measured, the true offset may lie beyond)."""
+    return ([{"stem": f["stem"], "code": "offset_outlier", "reason": f["reason"]} for f in summary["flagged"]]
+            + [{"stem": f["stem"], "code": "offset_at_search_limit", "reason": f["reason"]}
+               for f in summary.get("at_search_limit", [])])
 
 
 def obs_latencies_s(task: Any, metadata: Mapping[str, Any] | None) -> tuple[float, float, float]:

@@ -114,18 +114,19 @@ def _inputs() -> ConversionInputs:
 
 
 @pytest.mark.parametrize("options, key", [
-    ({}, "6a0054c225ae549ea5fd91577ed25df7d73bce0cc02ac1d60aed2f4f2114b0ee"),
+    ({}, "986854a279281c6a6f48e52876ee884f3f22ca572365859dd89a98131c9419e4"),
     (dict(image_size=(32, 24), max_gap_s=1, gap_policy="reject", min_segment_frames=20),
-     "21d5b5c4e7e332a663f9d3b34c2647965bd3da6156db44235a316aafc23bd284"),
+     "e9fcaf045db60ec787c45c2dfb5b6d6485efc20369ee6b7f8c633c376ad6e48f"),
     (dict(image_size=(64, 48), rate_policy="group", frequency_tolerance=0.1, min_overlap_fraction=0.3,
-          invalid_pose_policy="reject"), "95b08ad40df6650489c14019d6e22aad6bb528014c0fa2ff1016e5ea176d3dff"),
+          invalid_pose_policy="reject"), "028d06ee9e922e6f54ee23975e83e96efcb2cce5c5f102b39ce831836442d54e"),
     (dict(image_size=(32, 24), plausibility={"max_speed_mps": 4.0, "policies": {"gripper_dead": "warn"}},
-          short_episode_policy="warn"), "e9c8ef3525c47c3f79f21964401a1ddecc5ce3e15e97e99d4c548724e8c4f3ac"),
+          short_episode_policy="warn"), "39368d7329963f9c10871f3cc7d90d0cf194d887f0966be130335d8a18d6694f"),
 ])
 def test_dataset_keys_are_those_of_the_loose_options(options, key):
     """The keys (and so the reuse of existing datasets) of the options as they were passed one by one before the
     settings object: computed with the previous code and pinned here; re-pinned at converter 8 with the IMU's
-    plausibility classes (the version and the options are part of every key, so both change them by design)."""
+    plausibility classes, and at each later version (the version and the options are part of every key, so both
+    change them by design)."""
     assert dataset_key(_inputs(), ConversionSettings(**options)) == key
 
 
@@ -133,12 +134,12 @@ def test_an_alignment_job_carries_the_settings_and_its_cache_key_is_unchanged():
     entry = _inputs().episodes[0]
     settings = ConversionSettings(image_size=(32, 24))
     job = alignment_job(entry, settings, DAS_DEFAULT, True)
-    assert episode_key(job) == "201f589912bbaa412ff64b7f90db9f7a3815db5ef38808bb228e5d67d0d0e950"
+    assert episode_key(job) == "97de9a871c9be6807fdfd7ba9ff07fbb2bae21d605f0c1accf816d404788cba1"
     odd = ConversionSettings(image_size=(32, 24), invalid_pose_policy="reject", min_overlap_fraction=0.3, max_gap_s=1.0,
                              gap_policy="reject", min_segment_frames=20, min_pose_score=0.5,
                              plausibility={"max_speed_mps": 4.0}, short_episode_policy="warn")
     odd_job = alignment_job(entry, odd, DAS_DEFAULT, False)
-    assert episode_key(odd_job) == "d6a801534e4936949dddad1ccad12224e6eef37b1aa92502b2ba065b27f6d49a"
+    assert episode_key(odd_job) == "58e5650cdd65d5b7a8c0e8e429ab5ff4ad938b1cbb773c1be1c90f2bdaf5beac"
     # what the worker reads back: the alignment settings, the rate ones at their defaults
     assert settings_of_job(job) == settings
     assert settings_of_job(odd_job) == odd

@@ -45,7 +45,9 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: file order and NaN/inf samples rejected by the reader.
 #: 8: a camera message repeating the one before byte for byte is not decoded twice (``duplicate_payload``);
 #: a clock step refused by the reader too; the IMU's plausibility classes.
-CONVERTER_VERSION = "8"
+#: 9: an offset at (or within one sample of) the search limit, or beaten beyond it, is not measured
+#: (``at_search_limit``, warning ``offset_at_search_limit``).
+CONVERTER_VERSION = "9"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
     "robot0_eef_pos",

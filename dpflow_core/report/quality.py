@@ -325,7 +325,8 @@ def flag_outliers(episodes: Sequence[EpisodeQuality]) -> list[EpisodeQuality]:
     flagged when ``|z| > OUTLIER_Z``. The duration floor is relative (a fraction
     of the median duration); the others are absolute. A measured camera or IMU offset farther
     than :attr:`~dpflow_core.offsets.OffsetOptions.flag_threshold_s` from the task's median
-    flags the episode with both figures (:func:`~dpflow_core.offsets.task_offsets`).
+    flags the episode with both figures (:func:`~dpflow_core.offsets.task_offsets`), and so does an offset
+    at the search limit (not measurable: the true offset may lie beyond).
     """
     if not episodes:
         return []
@@ -342,7 +343,8 @@ def flag_outliers(episodes: Sequence[EpisodeQuality]) -> list[EpisodeQuality]:
     offset_flags: dict[str, list[str]] = {}
     entries = [{"stem": e.stem, "camera_offset_s": e.camera_offset.get("offset_s"), "camera_offset": e.camera_offset,
                 "imu_offset_s": e.imu_offset.get("offset_s"), "imu_offset": e.imu_offset} for e in episodes]
-    for f in task_offsets(entries, OFFSET_OPTIONS.flag_threshold_s)["flagged"]:
+    summary = task_offsets(entries, OFFSET_OPTIONS.flag_threshold_s)
+    for f in summary["flagged"] + summary["at_search_limit"]:
         offset_flags.setdefault(f["stem"], []).append(f["reason"])
     out = []
     for i, e in enumerate(episodes):
