@@ -186,3 +186,38 @@ def resend_messages(path: str | Path, topic: str, indices: set[int], delay_ns: i
         return out
 
     return _rewrite(path, (topic,), emit)
+
+
+def still_recording(task_dir, stem: str, spec, seed: int = 0, still_from_s: float = 0.0):
+    """A sample episode (``samples.write_episode`` with ``spec``) whose hand moves until ``still_from_s`` and
+    then holds still, pose and gripper (ground truth: the returned episode's pose track, constant after
+    ``still_from_s``); 0: an entirely still episode, camera and pose."""
+    from dpflow_core.recordings import samples
+
+    real = samples.trajectory
+
+    def held(t_s, rng_seed):
+        t = np.asarray(t_s, dtype=np.float64)
+        pos, rot, width = real(t, rng_seed)
+        k = int(np.searchsorted(t, still_from_s))
+        pos[k:], rot[k:], width[k:] = pos[k], rot[k], width[k]
+        return pos, rot, width
+
+    samples.trajectory = held
+    try:
+        return samples.write_episode(task_dir, stem, spec, seed=seed)
+    finally:
+        samples.trajectory = real
+
+
+def pose_drift(path, ep, from_s: float, velocity_mps: tuple[float, float, float]) -> Path:
+    """Every pose captured ``from_s`` after the episode's first pose or later moved by ``velocity_mps``
+    x the time since (m): a VIO drifting while the camera holds still (the images say where it truly is)."""
+    t0 = int(ep.pose_ts_ns[0])
+
+    def edit(_topic, _k, msg):
+        dt = (int(msg.header.timestamp) - t0) / 1e9 - from_s
+        if dt > 0:
+            p = msg.pose.position
+            p.x, p.y, p.z = p.x + velocity_mps[0] * dt, p.y + velocity_mps[1] * dt, p.z + velocity_mps[2] * dt
+    return edit_messages(path, (POSE,), edit)

