@@ -1,65 +1,22 @@
 """`dpflow` commands of the dataset stage: conversion to ``dataset.npz`` and norm stats.
 
 ``dpflow convert``'s content options are made from :class:`~dpflow_core.conversion.settings.ConversionSettings`
-(:func:`settings_options`); only what does not change the dataset (output, workers, backup, cache) is its own.
+(:func:`dpflow_core.cli.options.settings_options`); only what does not change the dataset (output, workers, backup, cache) is its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import inspect
 import json
-import typing
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
 import typer
 
 from dpflow_core.cli import app
+from dpflow_core.cli.options import settings_options
 from dpflow_core.conversion.settings import ConversionSettings
 from dpflow_core.errors import ConversionError
-
-
-def settings_options(cls: type):
-    """Decorate a Typer command so it takes one option per field of the settings class ``cls`` and receives
-    them as ``settings`` (``cls.from_options``).
-
-    Each option is the field's metadata (:func:`~dpflow_core.conversion.settings.front_ends`): its ``option``
-    flag and ``help``; its default is the field's (a tuple as ``"a,b"`` text, None as no value), so the command
-    line is made from the settings and cannot miss or contradict one. The decorated function declares a
-    parameter ``settings``; a bad value is refused by the settings (one line, as every ``DpflowError``).
-    """
-
-    def decorate(func):
-        signature = inspect.signature(func)
-        hints = typing.get_type_hints(func)
-        if "settings" not in signature.parameters:
-            raise TypeError(f"{func.__name__} must take a 'settings' parameter")
-        own = [p.replace(annotation=hints.get(p.name, p.annotation))
-               for p in signature.parameters.values() if p.name != "settings"]
-        added = []
-        for f in dataclasses.fields(cls):
-            default, annotation = f.default, type(f.default)
-            if isinstance(default, tuple):
-                default, annotation = ",".join(map(str, default)), str
-            elif default is None:
-                annotation = Optional[str]
-            option = typer.Option(default, f.metadata["option"], help=f.metadata["help"])
-            name = f.metadata["option"].lstrip("-").replace("-", "_")
-            added.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
-
-        @functools.wraps(func)
-        def wrapper(*args, **kwargs):
-            values = {p.name: kwargs.pop(p.name) for p in added if p.name in kwargs}
-            return func(*args, settings=cls.from_options(values), **kwargs)
-
-        wrapper.__signature__ = signature.replace(parameters=own + added, return_annotation=None)
-        wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
-        return wrapper
-
-    return decorate
 
 
 @app.command("convert")

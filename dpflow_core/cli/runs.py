@@ -10,25 +10,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from dpflow_core.cli import app
+from dpflow_core.cli.options import settings_options
 from dpflow_core.cli.remote import connection_options
 from dpflow_core import server as _server  # its names load on first use (dpflow_core._lazy)
+from dpflow_core.runs.settings import SmokeSettings, TrainSettings
 from dpflow_core.server.config import ServerConfig
 
 if TYPE_CHECKING:
     from dpflow_core.server import GpuServer
 
-_TEMPLATE_HELP = (
-    "Train command template (default: the built-in trainer). Placeholders: {run_dir}, {dataset}, "
-    "{overrides}, {num_processes}, {gpu_ids}, {config_name}; the overrides are appended when not placed. "
-    "'upstream' is 'train.py --config-name={config_name}' (a Diffusion Policy / UMI checkout as --remote-repo; "
-    "give --config-name, e.g. train_diffusion_unet_timm_umi_workspace). A template starting with "
-    "'accelerate' is the whole command."
-)
 
 
 def _verdict(name: str, passed: bool, detail: str = "", *, blocking: bool = True) -> None:
@@ -70,30 +65,19 @@ def _single(server_config: ServerConfig):
 
 @app.command("smoke")
 @connection_options
+@settings_options(SmokeSettings)
 def smoke_cmd(
     dataset: str = typer.Argument(..., help="The dataset.npz on the GPU server (as `dpflow upload` printed it)."),
-    run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: smoke-<sha256[:12]>-<UTC time>)."),
-    config_name: str = typer.Option("auto", "--config-name", help="Trainer config ('auto': train_diffusion_unet_image with GPUs, demo without)."),
-    epochs: int = typer.Option(1, "--epochs", min=1, help="training.num_epochs."),
-    max_train_steps: int = typer.Option(3, "--max-train-steps", min=1, help="training.max_train_steps (batches per epoch)."),
-    batch_size: int = typer.Option(4, "--batch-size", min=1, help="dataloader.batch_size (per process)."),
-    num_workers: int = typer.Option(0, "--num-workers", min=0, help="dataloader.num_workers."),
-    train_command: Optional[str] = typer.Option(None, "--train-command", help=_TEMPLATE_HELP),
-    override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
-    gpu_id: Optional[int] = typer.Option(None, "--gpu-id", min=0, help="The GPU to use (default: a free one from nvidia-smi now); refused when busy or absent."),
     frequency: Optional[float] = typer.Option(None, "--frequency", help="Dataset frequency in Hz (default: the dataset's metadata)."),
-    timeout: float = typer.Option(900.0, "--timeout", help="Seconds before the smoke run is ended."),
     resume_check: bool = typer.Option(False, "--resume-check", help="Also run the resume-continuity check (two short runs)."),
-    resume_check_epochs: int = typer.Option(2, "--resume-check-epochs", min=2, help="Epochs of the resume-continuity check's runs."),
-    resume_check_steps: int = typer.Option(2, "--resume-check-steps", min=1, help="Batches per epoch of the resume-continuity check's runs."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     server_config: ServerConfig = None,
+    settings: SmokeSettings = None,
 ) -> None:
     """Smoke run: one GPU (or CPU), few steps, offline, no checkpoints; then the release check."""
-    from dpflow_core.runs import SmokeSettings, check_resume_continuity
+    from dpflow_core.runs import check_resume_continuity
     from dpflow_core.runs.recipe import smoke_on_lab, smoke_value
 
-    settings = SmokeSettings.from_options(locals())
     with _server.GpuServer(server_config) as server:
         remote = _remote_dataset(server, dataset, frequency)
         run = smoke_on_lab([server], _single(server_config), remote, settings)
@@ -129,36 +113,20 @@ def smoke_cmd(
 
 @app.command("train")
 @connection_options
+@settings_options(TrainSettings)
 def train_cmd(
     dataset: str = typer.Argument(..., help="The dataset.npz on the GPU server."),
-    run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: the running train-<sha256[:12]>-* run of this dataset, re-attached; else train-<sha256[:12]>-<UTC time>)."),
-    config_name: str = typer.Option("auto", "--config-name", help="Trainer config ('auto': train_diffusion_unet_image with GPUs, demo without)."),
-    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="training.num_epochs (default: the config's)."),
-    max_train_steps: Optional[int] = typer.Option(None, "--max-train-steps", min=1, help="training.max_train_steps (batches per epoch)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="dataloader.batch_size (per process)."),
-    num_workers: Optional[int] = typer.Option(None, "--num-workers", min=0, help="dataloader.num_workers."),
-    num_processes: int = typer.Option(0, "--num-processes", min=0, help="Processes/GPUs (0: one per free GPU; 1 on CPU)."),
-    gpu_ids: Optional[str] = typer.Option(None, "--gpu-ids", help="GPUs to use, e.g. 0,1 (default: free ones from nvidia-smi now); busy or absent ones are refused."),
-    train_command: Optional[str] = typer.Option(None, "--train-command", help=_TEMPLATE_HELP),
-    override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
     frequency: Optional[float] = typer.Option(None, "--frequency", help="Dataset frequency in Hz (default: the dataset's metadata)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run from its verified latest.ckpt."),
-    logging_mode: str = typer.Option("offline", "--logging-mode", help="logging.mode: offline | online | disabled."),
     detach: bool = typer.Option(False, "--detach", help="Launch (or find) the run and return without waiting."),
-    poll: float = typer.Option(5.0, "--poll", help="Seconds between log polls."),
-    stall_timeout: float = typer.Option(900.0, "--stall-timeout", help="Seconds without a new log line (after the first step) that count as a stall."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before following stops (default: until the run ends); the run keeps running."),
     as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON line (prefix DPFLOW_JSON): the train_run value and the natural-exit check."),
     server_config: ServerConfig = None,
+    settings: TrainSettings = None,
 ) -> None:
     """Training in a detached tmux session named after the run; follows it, then the natural-exit check."""
-    from dpflow_core.runs import CPU_RUN_NOTE, TrainSettings
+    from dpflow_core.runs import CPU_RUN_NOTE
     from dpflow_core.runs.recipe import train_on_lab
     from dpflow_core.runs.scale import RunHooks
 
-    if resume and not run_name:
-        raise typer.BadParameter("--resume needs the --run-name of the run to continue", param_hint="--resume")
-    settings = TrainSettings.from_options(locals())
 
     def progress(p, new):
         typer.echo(f"  epoch {p.epoch} step {p.global_step} loss {p.train_loss} lr {p.lr}"

@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
 from dpflow_core import server as _server  # its names load on first use (dpflow_core._lazy)
 from dpflow_core.cli import app
+from dpflow_core.cli.options import settings_options
+from dpflow_core.runs.settings import SmokeSettings, TrainSettings
 from dpflow_core.server.lab import LabServers, lab_servers
 
 scale_app = typer.Typer(help="Smoke and training runs on a Slurm cluster or several servers (from a lab.yaml).",
@@ -95,54 +96,27 @@ def _run(kind: str, lab_path: Path, dataset: Path, settings, as_json: bool) -> N
 
 
 _LAB = typer.Option(..., "--lab", help="lab.yaml whose server: section names the cluster or the servers.")
-_TRAIN_COMMAND = typer.Option(None, "--train-command", help=(
-    "Train command template, as for `dpflow train` (default: the built-in trainer; 'upstream': a Diffusion Policy / "
-    "UMI checkout's train.py as repo_path, with --config-name)."))
 
 
 @scale_app.command("smoke")
+@settings_options(SmokeSettings, skip=lambda meta: not meta["scale"])
 def smoke_cmd(
     dataset: Path = typer.Argument(..., help="The local dataset.npz (uploaded and verified by SHA-256 first)."),
     lab: Path = _LAB,
-    run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: smoke-<sha256[:12]>-<UTC time>)."),
-    config_name: str = typer.Option("auto", "--config-name", help="Trainer config ('auto': by slurm.gpus_per_node on a cluster, else by the first server's nvidia-smi)."),
-    epochs: int = typer.Option(1, "--epochs", min=1, help="training.num_epochs."),
-    max_train_steps: int = typer.Option(3, "--max-train-steps", min=1, help="training.max_train_steps."),
-    batch_size: int = typer.Option(4, "--batch-size", min=1, help="dataloader.batch_size."),
-    num_workers: int = typer.Option(0, "--num-workers", min=0, help="dataloader.num_workers."),
-    train_command: Optional[str] = _TRAIN_COMMAND,
-    override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
-    timeout: float = typer.Option(900.0, "--timeout", help="Seconds before the run is ended."),
-    resume_check_epochs: int = typer.Option(2, "--resume-check-epochs", min=2, help="Epochs of the resume-continuity check's runs (recorded with the run)."),
-    resume_check_steps: int = typer.Option(2, "--resume-check-steps", min=1, help="Batches per epoch of the resume-continuity check's runs."),
     as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON line (prefix DPFLOW_JSON)."),
+    settings: SmokeSettings = None,
 ) -> None:
     """Smoke run on the one server, the cluster (one node) or the first host; then the release check."""
-    from dpflow_core.runs import SmokeSettings
-
-    _run("smoke", lab, dataset, SmokeSettings.from_options(locals()), as_json)
+    _run("smoke", lab, dataset, settings, as_json)
 
 
 @scale_app.command("train")
+@settings_options(TrainSettings, skip=lambda meta: not meta["scale"])
 def train_cmd(
     dataset: Path = typer.Argument(..., help="The local dataset.npz (uploaded and verified by SHA-256 first)."),
     lab: Path = _LAB,
-    run_name: Optional[str] = typer.Option(None, "--run-name", help="Run name (default: train-<sha256[:12]>-<UTC time>)."),
-    config_name: str = typer.Option("auto", "--config-name", help="Trainer config ('auto': by slurm.gpus_per_node on a cluster, else by the first server's nvidia-smi)."),
-    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="training.num_epochs."),
-    max_train_steps: Optional[int] = typer.Option(None, "--max-train-steps", min=1, help="training.max_train_steps."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="dataloader.batch_size (per process)."),
-    num_workers: Optional[int] = typer.Option(None, "--num-workers", min=0, help="dataloader.num_workers."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run (--run-name) from its verified latest.ckpt."),
-    train_command: Optional[str] = _TRAIN_COMMAND,
-    override: List[str] = typer.Option([], "--override", help="Extra Hydra override (repeatable)."),
-    logging_mode: str = typer.Option("offline", "--logging-mode", help="logging.mode: offline | online | disabled."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before the run is ended (default: 86400 on a cluster or hosts; one server: follow until it ends)."),
     as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON line (prefix DPFLOW_JSON)."),
+    settings: TrainSettings = None,
 ) -> None:
     """Training on the one server, the cluster (sbatch + srun + accelerate) or every host (accelerate multi-machine)."""
-    from dpflow_core.runs import TrainSettings
-
-    if resume and not run_name:
-        raise typer.BadParameter("--resume needs the --run-name of the run to continue", param_hint="--resume")
-    _run("train", lab, dataset, TrainSettings.from_options(locals()), as_json)
+    _run("train", lab, dataset, settings, as_json)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from dpflow_core.errors import ConversionError
+from dpflow_core.settings import front_ends, setting  # noqa: F401 (front_ends: re-exported for the front ends)
 
 if TYPE_CHECKING:
     from dpflow_core.recordings.plausibility import PlausibilityOptions
@@ -51,16 +52,6 @@ DEFAULT_MAX_GAP_S = 0.5
 #: down_sample_steps + 1 frames with the UMI defaults (16, 3), the least that yields a
 #: training sample (formats.md section 2).
 DEFAULT_MIN_SEGMENT_FRAMES = 46
-
-
-def setting(default: Any, option: str, config: str | tuple[str, ...], help: str) -> Any:
-    """A settings field with its default and its front-end names and help (module doc)."""
-    return field(default=default, metadata={"option": option, "config": config, "help": help})
-
-
-def front_ends(cls: type) -> dict[str, dict[str, Any]]:
-    """Per field of the settings class ``cls``: its ``option``, ``config`` and ``help`` (module doc)."""
-    return {f.name: dict(f.metadata) for f in dataclasses.fields(cls)}
 
 
 def check_image_size(image_size: Sequence[int]) -> tuple[int, int]:

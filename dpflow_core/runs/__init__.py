@@ -51,28 +51,93 @@ The names other code uses are re-exported here.
 
 from __future__ import annotations
 
-from dpflow_core.runs.spec import (
-    CHECKPOINT_DIR, CPU_CONFIG_NAME, CPU_RUN_NOTE, DEFAULT_TRAIN_COMMAND, GPU_CONFIG_NAME, HANDLE_NAME, LATEST_CKPT, LOG_NAME,
-    OUTPUT_LOG, RECORD_NAME, RELEASE_NAME, RUNS_DIR, STATE_DIR, TEMPLATE_FIELDS, TOKEN_ENV, TRAIN_COMMAND_PRESETS, UPSTREAM_TRAIN_COMMAND, RunSpec,
-    dataset_frequency, default_run_name, hydra_value, is_builtin_trainer, resolve_config_name, run_dir_for, runs_root, smoke_spec,
-    utc_now,
-)
-from dpflow_core.runs.gpus import FREE_GPU_MAX_USED_MIB, choose_gpus, free_gpus, gpu_memory, require_gpus
-from dpflow_core.runs.command import build_command, is_full_command, launcher_args, render_train_command
-from dpflow_core.runs.state import RunHandle, active_or_new_run_name, find_active_runs, launch_indices, load_handle, run_disk_usage
-from dpflow_core.runs.records import CheckpointProbe, finalize_record, probe_checkpoint, reproducibility_record
-from dpflow_core.runs.launch import attachable_handle, launch_or_attach, launch_run
-from dpflow_core.runs.messages import JsonLinesFollower
-from dpflow_core.runs.processes import CleanupReport, cleanup_run, describe_process, run_processes, token_pids
-from dpflow_core.runs.release import (
-    GPU_RELEASE_TOLERANCE_MIB, ReleaseReport, check_released, load_release_report, save_release_report,
-)
-from dpflow_core.runs.oom import is_out_of_memory, oom_advice
-from dpflow_core.runs.monitor import MonitorResult, ProgressCallback, ReportedCheck, TrainResult, describe_exit, monitor_run
-from dpflow_core.runs.smoke import ResumeCheckSize, SmokeResult, SmokeRun, list_checkpoints, run_smoke
-from dpflow_core.runs.natural_exit import NaturalExitReport, check_natural_exit, read_run_config
-from dpflow_core.runs.continuity import ContinuityReport, check_resume_continuity, compare_logs
-from dpflow_core.runs.settings import SmokeSettings, TrainSettings
+from dpflow_core._lazy import lazy_exports
+
+# each name is imported from its module on first use: `from dpflow_core.runs.settings import ...` (the command
+# line's options) does not load the launch, monitor and server modules
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "CHECKPOINT_DIR": "spec",
+    "CPU_CONFIG_NAME": "spec",
+    "CPU_RUN_NOTE": "spec",
+    "CheckpointProbe": "records",
+    "CleanupReport": "processes",
+    "ContinuityReport": "continuity",
+    "DEFAULT_TRAIN_COMMAND": "spec",
+    "FREE_GPU_MAX_USED_MIB": "gpus",
+    "GPU_CONFIG_NAME": "spec",
+    "GPU_RELEASE_TOLERANCE_MIB": "release",
+    "HANDLE_NAME": "spec",
+    "JsonLinesFollower": "messages",
+    "LATEST_CKPT": "spec",
+    "LOG_NAME": "spec",
+    "MonitorResult": "monitor",
+    "NaturalExitReport": "natural_exit",
+    "OUTPUT_LOG": "spec",
+    "ProgressCallback": "monitor",
+    "RECORD_NAME": "spec",
+    "RELEASE_NAME": "spec",
+    "RUNS_DIR": "spec",
+    "ReleaseReport": "release",
+    "ReportedCheck": "monitor",
+    "ResumeCheckSize": "smoke",
+    "RunHandle": "state",
+    "RunSpec": "spec",
+    "STATE_DIR": "spec",
+    "SmokeResult": "smoke",
+    "SmokeRun": "smoke",
+    "SmokeSettings": "settings",
+    "TEMPLATE_FIELDS": "spec",
+    "TOKEN_ENV": "spec",
+    "TRAIN_COMMAND_PRESETS": "spec",
+    "TrainResult": "monitor",
+    "TrainSettings": "settings",
+    "UPSTREAM_TRAIN_COMMAND": "spec",
+    "active_or_new_run_name": "state",
+    "attachable_handle": "launch",
+    "build_command": "command",
+    "check_natural_exit": "natural_exit",
+    "check_released": "release",
+    "check_resume_continuity": "continuity",
+    "choose_gpus": "gpus",
+    "cleanup_run": "processes",
+    "compare_logs": "continuity",
+    "dataset_frequency": "spec",
+    "default_run_name": "spec",
+    "describe_exit": "monitor",
+    "describe_process": "processes",
+    "finalize_record": "records",
+    "find_active_runs": "state",
+    "free_gpus": "gpus",
+    "gpu_memory": "gpus",
+    "hydra_value": "spec",
+    "is_builtin_trainer": "spec",
+    "is_full_command": "command",
+    "is_out_of_memory": "oom",
+    "launch_indices": "state",
+    "launch_or_attach": "launch",
+    "launch_run": "launch",
+    "launcher_args": "command",
+    "list_checkpoints": "smoke",
+    "load_handle": "state",
+    "load_release_report": "release",
+    "monitor_run": "monitor",
+    "oom_advice": "oom",
+    "probe_checkpoint": "records",
+    "read_run_config": "natural_exit",
+    "render_train_command": "command",
+    "reproducibility_record": "records",
+    "require_gpus": "gpus",
+    "resolve_config_name": "spec",
+    "run_dir_for": "spec",
+    "run_disk_usage": "state",
+    "run_processes": "processes",
+    "run_smoke": "smoke",
+    "runs_root": "spec",
+    "save_release_report": "release",
+    "smoke_spec": "spec",
+    "token_pids": "processes",
+    "utc_now": "spec",
+})
 
 __all__ = [
     "CHECKPOINT_DIR", "CPU_CONFIG_NAME", "CPU_RUN_NOTE", "DEFAULT_TRAIN_COMMAND", "FREE_GPU_MAX_USED_MIB", "GPU_CONFIG_NAME",

@@ -12,7 +12,8 @@ The mapping is declared here, once, in each field's metadata (:func:`front_ends`
 * ``config``: the field of the asset's Dagster config;
 * ``scale``: False when ``dpflow scale`` leaves it out (GPU ids and process counts: the cluster's
   scheduler or the lab.yaml choose them);
-* ``unset``: the Dagster config value that means None (Dagster configs hold no None: ``0`` or ``-1``).
+* ``unset``: the Dagster config value that means None (Dagster configs hold no None: ``0`` or ``-1``);
+* ``help``: the CLI help and the Dagster description (:mod:`dpflow_core.settings`).
 
 A test reads this metadata and fails when a field lacks its option or its config field.
 """
@@ -23,29 +24,30 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from dpflow_core.errors import RunError
 from dpflow_core.names import validate_name
 from dpflow_core.runs.spec import DEFAULT_TRAIN_COMMAND, TRAIN_COMMAND_PRESETS
+from dpflow_core.settings import front_ends  # noqa: F401 (re-exported for the front ends)
+from dpflow_core.settings import setting as shared_setting
 
 _CONFIG_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+TRAIN_COMMAND_HELP = (
+    "Train command template (default: the built-in trainer). Placeholders: {run_dir}, {dataset}, "
+    "{overrides}, {num_processes}, {gpu_ids}, {config_name}; the overrides are appended when not placed. "
+    "'upstream' is 'train.py --config-name={config_name}' (a Diffusion Policy / UMI checkout as the server's repo; "
+    "give the config name, e.g. train_diffusion_unet_timm_umi_workspace). A template starting with "
+    "'accelerate' is the whole command."
+)
 #: Seconds a training run on a Slurm cluster or several hosts is followed when no timeout is given.
 SCALED_TRAIN_TIMEOUT_S = 86400.0
 
 
-def _meta(option: str, config: str, *, scale: bool = True, unset: Any = None) -> dict[str, Any]:
-    return {"option": option, "config": config, "scale": scale, "unset": unset}
-
-
-def setting(default: Any, option: str, config: str, **kw: Any) -> Any:
-    """A settings field with its default and its front-end names (module doc)."""
-    return field(default=default, metadata=_meta(option, config, **kw))
-
-
-def front_ends(cls: type) -> dict[str, dict[str, Any]]:
-    """Per field of the settings class ``cls``: its ``option``, ``config``, ``scale`` and ``unset`` (module doc)."""
-    return {f.name: dict(f.metadata) for f in dataclasses.fields(cls)}
+def setting(default: Any, option: str, config: str, help: str = "", *, scale: bool = True, unset: Any = None,
+            **extra: Any) -> Any:
+    """A run settings field (:func:`dpflow_core.settings.setting`) with ``scale`` and ``unset`` (module doc)."""
+    return shared_setting(default, option, config, help, scale=scale, unset=unset, **extra)
 
 
 def gpu_ids_of(value: Any) -> tuple[int, ...]:
@@ -86,11 +88,16 @@ class RunSettings:
         extra_overrides: further Hydra overrides, appended last.
     """
 
-    run_name: str = setting("", "--run-name", "run_name")
-    config_name: str = setting("auto", "--config-name", "config_name")
-    gpu_ids: tuple[int, ...] = setting((), "--gpu-ids", "gpu_ids", scale=False)
-    train_command: str = setting(DEFAULT_TRAIN_COMMAND, "--train-command", "train_command")
-    extra_overrides: tuple[str, ...] = setting((), "--override", "extra_overrides")
+    run_name: str = setting("", "--run-name", "run_name", "Run name (default: <kind>-<sha256[:12]>-<UTC time>; a "
+                            "training of one server first re-attaches to this dataset's running train-<sha256[:12]>-* run).")
+    config_name: str = setting("auto", "--config-name", "config_name", "Trainer config ('auto': "
+                               "train_diffusion_unet_image with GPUs, demo without; on a cluster by slurm.gpus_per_node).")
+    gpu_ids: tuple[int, ...] = setting((), "--gpu-ids", "gpu_ids", "GPUs to use, e.g. 0,1 (default: free ones from "
+                                       "nvidia-smi now); busy or absent ones are refused, and any on a Slurm cluster.",
+                                       scale=False)
+    train_command: str = setting(DEFAULT_TRAIN_COMMAND, "--train-command", "train_command", TRAIN_COMMAND_HELP)
+    extra_overrides: tuple[str, ...] = setting((), "--override", "extra_overrides",
+                                               "Extra Hydra override, appended last (repeatable).", repeat=True)
 
     def __post_init__(self):
         def set_(name: str, value: Any) -> None:  # frozen: each value is normalised once, here
@@ -141,14 +148,18 @@ class SmokeSettings(RunSettings):
             this many batches (>= 1) each.
     """
 
-    gpu_ids: tuple[int, ...] = setting((), "--gpu-id", "gpu_ids", scale=False)
-    epochs: int = setting(1, "--epochs", "epochs")
-    max_train_steps: int = setting(3, "--max-train-steps", "max_train_steps")
-    batch_size: int = setting(4, "--batch-size", "batch_size")
-    num_workers: int = setting(0, "--num-workers", "num_workers")
-    timeout_s: float = setting(900.0, "--timeout", "timeout_s")
-    resume_check_epochs: int = setting(2, "--resume-check-epochs", "resume_check_epochs")
-    resume_check_steps: int = setting(2, "--resume-check-steps", "resume_check_steps")
+    gpu_ids: tuple[int, ...] = setting((), "--gpu-id", "gpu_ids", "The GPU to use (default: a free one from "
+                                       "nvidia-smi now); refused when busy or absent.", scale=False,
+                                       cli=(Optional[int], None))
+    epochs: int = setting(1, "--epochs", "epochs", "training.num_epochs.")
+    max_train_steps: int = setting(3, "--max-train-steps", "max_train_steps", "training.max_train_steps (batches per epoch).")
+    batch_size: int = setting(4, "--batch-size", "batch_size", "dataloader.batch_size (per process).")
+    num_workers: int = setting(0, "--num-workers", "num_workers", "dataloader.num_workers.")
+    timeout_s: float = setting(900.0, "--timeout", "timeout_s", "Seconds before the smoke run is ended.")
+    resume_check_epochs: int = setting(2, "--resume-check-epochs", "resume_check_epochs",
+                                       "Epochs of the resume-continuity check's runs (at least 2).")
+    resume_check_steps: int = setting(2, "--resume-check-steps", "resume_check_steps",
+                                      "Batches per epoch of the resume-continuity check's runs.")
 
     def __post_init__(self):
         super().__post_init__()
@@ -179,16 +190,23 @@ class TrainSettings(RunSettings):
             :data:`SCALED_TRAIN_TIMEOUT_S` on a cluster or several hosts, where the run is then ended.
     """
 
-    epochs: int | None = setting(None, "--epochs", "epochs", unset=0)
-    max_train_steps: int | None = setting(None, "--max-train-steps", "max_train_steps", unset=0)
-    batch_size: int | None = setting(None, "--batch-size", "batch_size", unset=0)
-    num_workers: int | None = setting(None, "--num-workers", "num_workers", unset=-1)
-    num_processes: int = setting(0, "--num-processes", "num_processes", scale=False)
-    resume: bool = setting(False, "--resume", "resume")
-    logging_mode: str = setting("offline", "--logging-mode", "logging_mode")
-    poll_s: float = setting(5.0, "--poll", "poll_s", scale=False)
-    stall_timeout_s: float = setting(900.0, "--stall-timeout", "stall_timeout_s", scale=False)
-    timeout_s: float | None = setting(None, "--timeout", "monitor_timeout_s", unset=0.0)
+    epochs: int | None = setting(None, "--epochs", "epochs", "training.num_epochs (default: the config's).", unset=0)
+    max_train_steps: int | None = setting(None, "--max-train-steps", "max_train_steps",
+                                          "training.max_train_steps, batches per epoch (default: the config's).", unset=0)
+    batch_size: int | None = setting(None, "--batch-size", "batch_size",
+                                     "dataloader.batch_size per process (default: the config's).", unset=0)
+    num_workers: int | None = setting(None, "--num-workers", "num_workers",
+                                      "dataloader.num_workers (default: the config's).", unset=-1)
+    num_processes: int = setting(0, "--num-processes", "num_processes",
+                                 "Processes/GPUs on one server (0: one per free GPU; 1 on the CPU).", scale=False)
+    resume: bool = setting(False, "--resume", "resume", "Continue the run (--run-name) from its verified latest.ckpt.")
+    logging_mode: str = setting("offline", "--logging-mode", "logging_mode", "logging.mode: offline | online | disabled.")
+    poll_s: float = setting(5.0, "--poll", "poll_s", "Seconds between polls of logs.json.txt.", scale=False)
+    stall_timeout_s: float = setting(900.0, "--stall-timeout", "stall_timeout_s", "Seconds without a new log line "
+                                     "(after the first step) that count as a stall.", scale=False)
+    timeout_s: float | None = setting(None, "--timeout", "monitor_timeout_s", "Seconds before following stops "
+                                      "(default: until the run ends on one server, which keeps running; 86400 on a "
+                                      "cluster or hosts, where the run is then ended).", unset=0.0)
 
     def __post_init__(self):
         super().__post_init__()
