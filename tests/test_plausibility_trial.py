@@ -203,3 +203,56 @@ def test_still_episodes_and_vio_drift_reach_the_dataset_and_the_report(still_tas
             t = e["start_ts_ns"] + np.round(np.asarray(buf["timestamp"][a:b]) * 1e9).astype(np.int64)
             ep = truth["drift_x"][0]
             assert np.all(t < int(ep.pose_ts_ns[0]) + 1.1e9), "a row from the drifting stretch was kept"
+
+
+# --------------------------------------------------------------------------- positions in other units
+
+
+@pytest.mark.parametrize("seed,scale,name", [(0, 1000, "millimetres"), (1, 100, "centimetres"), (2, 1000, "millimetres")])
+def test_positions_in_other_units_are_one_finding_naming_the_units(seed, scale, name):
+    from dpflow_core.recordings.plausibility import check_pose
+
+    from test_plausibility import _track
+
+    ts, pos, quat, _ = _track(seed)
+    v = check_pose(ts, pos * scale, quat, int(ts[0]))
+    (f,) = v.findings
+    speed = np.median(np.linalg.norm(np.diff(pos, axis=0), axis=1) / (np.diff(ts) / 1e9))
+    assert (f.code, f.action, f.stream, f.unit) == ("pose_units", "rejected", "pose", "m/s")
+    assert f.value == pytest.approx(speed * scale, rel=1e-6) and f"x{scale}" in f.describe()
+    assert f.detail["extent_m"] == pytest.approx(np.linalg.norm(np.ptp(pos, axis=0)) * scale, rel=1e-3)
+    assert len(f.describe()) < 300 and name in f.describe()
+    # a slow hand in millimetres: its speed passes, its extent does not
+    slow = ts * 100  # the same track taken 100 times slower
+    (f,) = check_pose(slow, pos * 1000, quat, int(slow[0])).findings
+    assert f.code == "pose_units" and f.value < 3 and f.detail["extent_m"] > 20
+    assert check_pose(slow, pos, quat, int(slow[0])).findings == []
+
+
+def test_a_recording_in_millimetres_is_rejected_in_one_line(tmp_path):
+    from fault_fixtures import POSE, edit_messages
+    from recording_fixtures import refresh_vio_result, write_small_episode
+
+    from dpflow_core.report import episode_quality
+
+    task = tmp_path / "pick_place"
+    write_small_episode(task, "metres", seed=5, seconds=3.0)
+    scales = {"millimetres": 1000.0, "centimetres": 100.0}
+    for k, (stem, scale) in enumerate(scales.items()):
+        ep = write_small_episode(task, stem, seed=6 + k, seconds=3.0 + k)
+
+        def edit(_topic, _k, msg, _s=scale):
+            p = msg.pose.position
+            p.x, p.y, p.z = p.x * _s, p.y * _s, p.z * _s
+        edit_messages(ep.vio_mcap, (POSE,), edit)
+    refresh_vio_result(task)
+    manifest = pair_recordings(task)
+    result = convert(manifest, tmp_path / "dataset.npz", ConversionSettings(image_size=(32, 24)), workers=1, cache=False)
+    assert result.n_episodes == 1
+    rejected = {r["stem"]: r for r in result.rejected}
+    for stem, scale in scales.items():
+        r = rejected[stem]
+        assert r["code"] == "pose_units" and stem in r["reason"] and f"x{int(scale)}" in r["reason"]
+        assert "\n" not in r["reason"] and len(r["reason"]) < 400 and r["reason"].startswith("pose_units: pose from")
+    flags = {q.stem: q.outlier_reasons for q in episode_quality(manifest.to_dict())}
+    assert any("pose_units" in f and "millimetres" in f for f in flags["millimetres"])

@@ -11,6 +11,8 @@ did with it:
 ========================  ==============================================  =================  ==============
 class (``code``)          rule                                            default policy     policies
 ========================  ==============================================  =================  ==============
+``pose_units``            the track's median speed or extent beyond a     reject             reject, warn
+                          hand's (millimetres written as metres)
 ``pose_spike``            one sample off the line through its neighbours  repair             repair, split, reject, warn
 ``pose_jump``             speed between two samples above the limit       split              split, reject, warn
 ``rotation_jump``         angular speed between two samples above limit   split              split, reject, warn
@@ -54,6 +56,7 @@ import numpy as np
 
 #: Policies each class accepts; the first is its default.
 POLICIES: dict[str, tuple[str, ...]] = {
+    "pose_units": ("reject", "warn"),
     "pose_spike": ("repair", "split", "reject", "warn"),
     "pose_jump": ("split", "reject", "warn"),
     "rotation_jump": ("split", "reject", "warn"),
@@ -81,6 +84,8 @@ class PlausibilityOptions:
     Attributes:
         max_speed_mps: fastest a handheld gripper's camera moves between two pose samples, m/s.
         max_angular_speed_rps: fastest it turns between two pose samples, rad/s.
+        max_extent_m: largest extent (bounding-box diagonal, m) of one episode's pose track; beyond it, or
+            with a median speed above ``max_speed_mps``, the positions are in other units (``pose_units``).
         max_accel_mps2: largest acceleration of the camera, m/s^2 (a hand: well under 30).
         spike_min_m: a sample this far (m) from the interpolation of its neighbours, while the
             neighbours are within a third of that of each other, is a single-sample outlier.
@@ -116,6 +121,7 @@ class PlausibilityOptions:
     max_speed_mps: float = 3.0
     max_angular_speed_rps: float = 20.0
     max_accel_mps2: float = 60.0
+    max_extent_m: float = 20.0
     spike_min_m: float = 0.03
     spike_min_rad: float = 0.3
     frozen_min_s: float = 0.3
@@ -269,6 +275,9 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
     m = len(ts)
     if m < 3:
         return PoseVerdict(findings, pos, quat, drop)
+    units = _units(ts, pos, rel, opts)
+    if units is not None:  # every step would be a jump: one finding for the track, not one per sample
+        return PoseVerdict([units], pos, quat, drop)
 
     # Single-sample outliers: far from the line through both neighbours, which agree with each other.
     dt = np.diff(ts).astype(np.float64)
@@ -390,6 +399,24 @@ def _still_camera(ts: np.ndarray, pos: np.ndarray, quat: np.ndarray, t0_ns: int,
                                             f"{camera:.3f} per frame, pose within {away[k] * 1e3:.1f} mm and "
                                             f"{np.degrees(turn.max()):.1f} deg): nothing is demonstrated"))
     return findings, drop
+
+
+def _units(ts: np.ndarray, pos: np.ndarray, rel, opts: PlausibilityOptions) -> Finding | None:
+    """``pose_units`` when the track's median speed between samples is above ``max_speed_mps`` or its extent
+    above ``max_extent_m`` (positions in millimetres or centimetres, each named when dividing by 1000 or 100
+    makes both plausible); None otherwise."""
+    speed = float(np.median(np.linalg.norm(np.diff(pos, axis=0), axis=1) / (np.diff(ts) / 1e9)))
+    extent = float(np.linalg.norm(np.ptp(pos, axis=0)))
+    if not (speed > opts.max_speed_mps or extent > opts.max_extent_m):
+        return None
+    fits = [(k, name) for k, name in ((1000, "millimetres"), (100, "centimetres"))
+            if speed / k <= opts.max_speed_mps and extent / k <= opts.max_extent_m]
+    hint = (f"; they look like {' or '.join(n for _, n in fits)}, not metres (x{' or x'.join(str(k) for k, _ in fits)})"
+            if fits else "")
+    return new_finding(opts, "pose_units", "pose", rel(ts[0]), rel(ts[-1]), speed, opts.max_speed_mps, "m/s",
+                       extent_m=round(extent, 4), max_extent_m=opts.max_extent_m,
+                       why=f"median speed over {len(ts) - 1} steps, extent {extent:.4g} m (limit {opts.max_extent_m:g} m)"
+                           f"{hint}")
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
