@@ -50,14 +50,14 @@ def step(kind: str, manifest: str, out: str, workers: int, w: int, h: int) -> No
     """Child process: one step; prints its figures as JSON (``wall_s`` after the imports, ``import_s`` apart)."""
     t0 = time.perf_counter()
     from dpflow_core.conversion import ConversionSettings, convert
-    from dpflow_core.export import compute_openpi_norm_stats, export_lerobot
+    from dpflow_core.export import ExportSettings, compute_openpi_norm_stats, export_lerobot
 
     started = time.perf_counter()
     if kind == "npz":
         r = convert(manifest, out, ConversionSettings(image_size=(w, h)), workers=workers)
         figures = {"episodes": r.n_episodes, "frames": r.total_steps}
     elif kind.startswith("export-"):
-        r = export_lerobot(manifest, out, image_size=(w, h), workers=workers, codebase_version=kind[len("export-"):])
+        r = export_lerobot(manifest, out, ExportSettings(image_size=(w, h), codebase_version=kind[len("export-"):]), workers=workers)
         figures = {"episodes": r.n_episodes, "frames": r.total_frames}
     else:
         stats = compute_openpi_norm_stats(out)

@@ -50,7 +50,7 @@ def test_assets_export_then_reuse(paired, tmp_path):
     assert result.success
     value = result.output_for_node("lerobot_dataset")
     path = value.path
-    key = lr.export_key(paired["manifest_path"], "wipe the table", action_rule="delta")
+    key = lr.export_key(paired["manifest_path"], lr.ExportSettings(task_text="wipe the table", action_rule="delta"))
     assert path == tmp_path / "lerobot" / "wipe_table" / key[:16]
     assert value.export_key == key and value.codebase_version == "v3.0"
     assert value.n_episodes == 2 and value.image_size == [96, 64] and value.action_rule == "delta"

@@ -142,11 +142,11 @@ def test_cli_export_with_delta_actions_and_image_size(manifest_path, tmp_path):
 
 def test_bad_options_fail_before_any_work(manifest_path, tmp_path):
     with pytest.raises(ConversionError, match="must be even"):
-        lr.export_lerobot(manifest_path, tmp_path / "a", image_size=(63, 48))
+        lr.export_lerobot(manifest_path, tmp_path / "a", lr.ExportSettings(image_size=(63, 48)))
     with pytest.raises(ConversionError, match="unknown action rule"):
-        lr.export_lerobot(manifest_path, tmp_path / "b", action_rule="velocity")
+        lr.export_lerobot(manifest_path, tmp_path / "b", lr.ExportSettings(action_rule="velocity"))
     with pytest.raises(ConversionError, match="unknown LeRobot format 'v2.0'"):
-        lr.export_lerobot(manifest_path, tmp_path / "c", codebase_version="v2.0")
+        lr.export_lerobot(manifest_path, tmp_path / "c", lr.ExportSettings(codebase_version="v2.0"))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -154,15 +154,15 @@ def test_reuse_existing_returns_the_same_export_and_refuses_another(manifest_pat
     out, result = exported
     key = lr.export_key(manifest_path)
     assert result.export_key == key and len(key) == 64
-    assert lr.export_key(manifest_path, action_rule="delta") != key
-    assert lr.export_key(manifest_path, task_text="other task") != key
-    assert lr.export_key(manifest_path, codebase_version="v2.1") != key
+    assert lr.export_key(manifest_path, lr.ExportSettings(action_rule="delta")) != key
+    assert lr.export_key(manifest_path, lr.ExportSettings(task_text="other task")) != key
+    assert lr.export_key(manifest_path, lr.ExportSettings(codebase_version="v2.1")) != key
     again = lr.export_lerobot(manifest_path, out, reuse_existing=True)
     assert again.reused and again.export_key == key
     assert (again.fps, again.stems, again.total_frames, again.image_size) == (
         result.fps, result.stems, result.total_frames, result.image_size)
     with pytest.raises(ConversionError, match="holds another export"):
-        lr.export_lerobot(manifest_path, out, action_rule="delta", reuse_existing=True)
+        lr.export_lerobot(manifest_path, out, lr.ExportSettings(action_rule="delta"), reuse_existing=True)
 
 
 def test_same_frequency_and_episodes_as_the_npz_conversion(manifest_path, exported, tmp_path):

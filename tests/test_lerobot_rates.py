@@ -208,4 +208,4 @@ def test_cli_rate_policy_reject_and_the_asset_config_group(mixed_manifest, tmp_p
     (g,) = value.rate_groups
     assert g["stems"] == ["pick_place_0002"] and Path(g["path"]) == value.path.with_name(value.path.name + "-15hz")
     assert 14.5 < json.loads((Path(g["path"]) / "meta/info.json").read_text())["fps"] < 15.5
-    assert value.path.name == lr.export_key(str(mixed_manifest), None, rate_policy="group")[:16]
+    assert value.path.name == lr.export_key(str(mixed_manifest), lr.ExportSettings(rate_policy="group"))[:16]

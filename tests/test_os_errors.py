@@ -15,7 +15,7 @@ from test_conversion import manifest_for
 from dpflow_core import files
 from dpflow_core.conversion import ConversionSettings, convert
 from dpflow_core.errors import StorageError
-from dpflow_core.export import export_lerobot
+from dpflow_core.export import ExportSettings, export_lerobot
 from dpflow_core.pairing import Manifest, write_manifest
 from dpflow_core.recordings import samples
 from dpflow_core.report import write_report
@@ -76,7 +76,7 @@ def test_lerobot_export_read_only_names_the_folder(episode, tmp_path, monkeypatc
     out = tmp_path / "lerobot"
     _fail_after(monkeypatch, files, "_fsync_file", 0, _oserror(errno.EROFS))
     with pytest.raises(StorageError) as info:
-        export_lerobot(manifest_for([ep], root), out, image_size=(32, 24), workers=1)
+        export_lerobot(manifest_for([ep], root), out, ExportSettings(image_size=(32, 24)), workers=1)
     assert info.value.code == "read_only_file_system" and info.value.path == str(out)
     assert "writing the LeRobot export failed: Read-only file system (EROFS)" in str(info.value)
     assert list(tmp_path.iterdir()) == []  # neither the export nor its temporary folder

@@ -9,44 +9,22 @@ import typer
 
 from dpflow_core import export as lerobot
 from dpflow_core.cli import app
+from dpflow_core.cli.options import settings_options
 from dpflow_core.errors import DatasetError
 from dpflow_core.export import OPENPI_ACTION_HORIZON, OPENPI_BATCH_SIZE
+from dpflow_core.export.settings import ExportSettings
 
 
 @app.command("export-lerobot")
+@settings_options(ExportSettings)
 def export_lerobot_cmd(
     manifest: Path = typer.Argument(..., help="Pairing manifest (JSON) of the accepted episodes."),
     output: Path = typer.Option(..., "-o", "--output", help="Dataset folder to create (must not exist)."),
-    task_text: str = typer.Option(None, "--task-text", help="Task text of every episode [default: the task folder name]."),
-    action_rule: str = typer.Option("next_state", "--action-rule", help="next_state | delta"),
-    image_size: str = typer.Option("native", "--image-size", help="W,H (even numbers) or native."),
-    invalid_pose_policy: str = typer.Option("trim", "--invalid-pose-policy", help="trim | reject"),
-    frequency_tolerance: float = typer.Option(0.05, "--frequency-tolerance", help="Relative tolerance of an episode's rate."),
-    rate_policy: str = typer.Option(
-        "resample", "--rate-policy",
-        help="An episode at another rate than its task's: 'resample' it to the task's rate (images held, poses "
-             "interpolated), 'group' (a dataset of its own beside the output, <output>-<rate>hz) or 'reject'.",
-    ),
-    workers: int = typer.Option(0, "--workers", help="Alignment worker processes [default: 0 = CPU cores]."),
-    fmt: str = typer.Option(lerobot.V30_VERSION, "--format",
-                            help="v3.0 (lerobot >= 0.4) | v2.1 (lerobot 0.3, openpi)."),
-    rotation: str = typer.Option("rotvec", "--rotation",
-                                 help="rotvec: 7-D state/action | rot6d: 10-D, for relative (action - state) actions."),
+    workers: int = typer.Option(0, "--workers", help="Alignment worker processes (0: one per CPU core)."),
+    settings: ExportSettings = None,
 ) -> None:
     """Write a LeRobot dataset, v3.0 or v2.1 (parquet + H.264 MP4 + meta/), from paired recordings."""
-    result = lerobot.export_lerobot(
-        manifest,
-        output,
-        task_text=task_text,
-        action_rule=action_rule,
-        image_size=lerobot.parse_image_size(image_size),
-        invalid_pose_policy=invalid_pose_policy,
-        frequency_tolerance=frequency_tolerance,
-        workers=workers,
-        codebase_version=fmt,
-        rotation=rotation,
-        rate_policy=rate_policy,
-    )
+    result = lerobot.export_lerobot(manifest, output, settings, workers=workers)
     typer.echo(
         f"{result.path}: LeRobot {result.codebase_version}, {result.n_episodes} episodes, {result.total_frames} frames, "
         f"fps {result.fps:.4f}, {result.image_size[0]}x{result.image_size[1]}, actions {result.action_rule}, "

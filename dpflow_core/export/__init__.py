@@ -65,7 +65,7 @@ FORMATS = (V30_VERSION, CODEBASE_VERSION)
 # package, does not load the others and their dependencies.
 __getattr__, __dir__ = lazy_exports(__name__, {
     'ACTION_KEY': 'features',
-    'ACTION_RULES': 'features',
+    'ACTION_RULES': 'settings',
     'CAMERA_KEY': 'features',
     'CHUNKS_SIZE': 'features',
     'DATA_PATH': 'features',
@@ -103,7 +103,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     'export_key': 'export',
     'export_lerobot': 'export',
     'load_export': 'export',
-    'parse_image_size': 'export',
+    'parse_image_size': 'settings',
+    'ExportSettings': 'settings',
     'LeRobotLayout': 'validation',
     'read_lowdim': 'validation',
     'validate_lerobot_dataset': 'validation',
@@ -124,7 +125,7 @@ __all__ = [
     "STATE_KEY", "STATE_NAMES", "TASKS_PATH", "VIDEO_PATH", "LeRobotExport", "LeRobotLayout", "LeRobotWriter",
     "NormStats", "VideoSpec", "compute_openpi_norm_stats", "encode_video", "episode_actions", "episode_state",
     "export_key", "export_lerobot", "feature_stats", "image_stats", "load_export", "measured_fps", "norm_stats_of",
-    "parse_image_size", "read_lowdim", "retime_video", "validate_lerobot_dataset", "video_info",
+    "parse_image_size", "ExportSettings", "read_lowdim", "retime_video", "validate_lerobot_dataset", "video_info",
     "write_openpi_norm_stats", "FORMATS", "STATS_PATH", "V30_DATA_PATH", "V30_EPISODES_PATH", "V30_TASKS_PATH",
     "V30_VERSION", "V30_VIDEO_PATH", "aggregate_stats", "camera_stats", "vector_stats", "concat_videos",
     "RunningStats", "action_chunks", "openpi_norm_stats", "OpenpiNormStatsFile", "lerobot_path_in",

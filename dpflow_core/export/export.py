@@ -23,17 +23,17 @@ import numpy as np
 
 from dpflow_core import __version__
 from dpflow_core.conversion import (
-    CONVERTER_VERSION, INVALID_POSE_POLICIES, ConversionSettings, align_job_episode, alignment_job, load_inputs,
+    CONVERTER_VERSION, ConversionSettings, align_job_episode, alignment_job, load_inputs,
 )
 from dpflow_core.conversion.align import ALIGN_IMPORTS
 from dpflow_core.conversion.jobs import die_with_parent
 from dpflow_core.errors import STORAGE_ERRNOS, ConversionError, DatasetError, DpflowError, storage_error
 from dpflow_core.files import os_errors_named
 from dpflow_core.export.features import (
-    ACTION_RULES, CAMERA_KEY, FORMATS, PROVENANCE_PATH, ROTATIONS, V30_VERSION, episode_state,
+    CAMERA_KEY, PROVENANCE_PATH, episode_state,
 )
-from dpflow_core.export.rates import RATE_POLICIES
 from dpflow_core.export.validation import read_metadata_json, validate_lerobot_dataset
+from dpflow_core.export.settings import ExportSettings, parse_image_size  # noqa: F401 (parse_image_size re-exported)
 from dpflow_core.export.video import VideoSpec
 from dpflow_core.export.writer import LeRobotExport, LeRobotWriter
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -95,21 +95,6 @@ def _aligned_in_order(jobs: list[dict], workers: int) -> Iterator[dict]:
                 pending.append((nxt, pool.submit(_align_job, nxt)))
 
 
-def parse_image_size(value: str) -> tuple[int, int] | None:
-    """``"W,H"`` (or ``"WxH"``) -> (W, H); ``"native"`` -> None (the camera's resolution).
-
-    Raises:
-        ConversionError: for anything else (``bad_option``).
-    """
-    if value.strip().lower() == "native":
-        return None
-    try:
-        w, h = (int(v) for v in value.lower().replace("x", ",").split(","))
-    except ValueError as exc:
-        raise ConversionError(f"image size must be 'W,H' or 'native', got {value!r}", code="bad_option") from exc
-    return w, h
-
-
 def _export_key(inputs: Any, options: dict) -> str:
     doc = {
         "converter_version": CONVERTER_VERSION,
@@ -119,51 +104,47 @@ def _export_key(inputs: Any, options: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def lerobot_path_in(workdir: str | Path, manifest: Any, task: str, task_text: str | None = None, **options: Any) -> Path:
+def lerobot_path_in(workdir: str | Path, manifest: Any, task: str, settings: ExportSettings | None = None, *,
+                    topics: TopicMap = DAS_DEFAULT, video: VideoSpec = VideoSpec()) -> Path:
     """The content-addressed place of an export in a work folder: ``<workdir>/lerobot/<task>/<key16>``.
 
-    ``key16`` is the first 16 hex digits of :func:`export_key` of ``manifest``, ``task_text`` and
-    the export ``options``: the same inputs and options find the same folder, other options never
-    overwrite it.
+    ``key16`` is the first 16 hex digits of :func:`export_key` of ``manifest`` and ``settings``: the same inputs
+    and settings find the same folder, other settings never overwrite it.
     """
-    return Path(workdir) / "lerobot" / task / export_key(manifest, task_text, **options)[:16]
+    return Path(workdir) / "lerobot" / task / export_key(manifest, settings, topics=topics, video=video)[:16]
 
 
-def export_key(manifest: Any, task_text: str | None = None, **options: Any) -> str:
+def _options(inputs: Any, settings: ExportSettings, topics: TopicMap, video: VideoSpec) -> dict:
+    """What the export key hashes and ``meta/dpflow.json`` records: the settings, the topics and the encoder."""
+    size = settings.image_size
+    return {
+        "task": settings.task_text if settings.task_text is not None else inputs.task or Path(inputs.root or "dataset").name,
+        "action_rule": settings.action_rule,
+        "image_size": None if size is None else [int(size[0]), int(size[1])],
+        "invalid_pose_policy": settings.invalid_pose_policy,
+        "min_overlap_fraction": settings.min_overlap_fraction,
+        "frequency_tolerance": settings.frequency_tolerance,
+        "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
+        "video": dataclasses.asdict(video),
+        "codebase_version": settings.codebase_version,
+        "rotation": settings.rotation,
+        "rate_policy": settings.rate_policy,
+    }
+
+
+def export_key(manifest: Any, settings: ExportSettings | None = None, *, topics: TopicMap = DAS_DEFAULT,
+               video: VideoSpec = VideoSpec()) -> str:
     """Content address of the export :func:`export_lerobot` would make (64 hex digits).
 
-    SHA-256 of the accepted inputs' stems and ``_vio.mcap`` hashes, the options
-    that change the output (same keywords and defaults as :func:`export_lerobot`, the
-    LeRobot format ``codebase_version`` among them) and the converter version. Use it to name an
-    output folder: equal keys mean the same export of the same bytes.
+    SHA-256 of the accepted inputs' stems and ``_vio.mcap`` hashes, the settings (the LeRobot format among
+    them), the topics, the encoder and the converter version. Use it to name an output folder: equal keys
+    mean the same export of the same bytes.
+
+    Raises:
+        PairingError, ConversionError: the manifest cannot be read (:func:`~dpflow_core.conversion.load_inputs`).
     """
     inputs = load_inputs(manifest)
-    defaults = {
-        "action_rule": "next_state", "image_size": None, "invalid_pose_policy": "trim",
-        "min_overlap_fraction": 0.5, "frequency_tolerance": 0.05, "topics": DAS_DEFAULT, "video": VideoSpec(),
-        "codebase_version": V30_VERSION, "rotation": "rotvec", "rate_policy": "resample",
-    }
-    unknown = set(options) - set(defaults)
-    if unknown:
-        raise ConversionError(f"unknown export options {sorted(unknown)}", code="bad_option")
-    o = {**defaults, **options}
-    size = o["image_size"]
-    return _export_key(
-        inputs,
-        {
-            "task": task_text if task_text is not None else inputs.task or Path(inputs.root or "dataset").name,
-            "action_rule": o["action_rule"],
-            "image_size": None if size is None else [int(size[0]), int(size[1])],
-            "invalid_pose_policy": o["invalid_pose_policy"],
-            "min_overlap_fraction": o["min_overlap_fraction"],
-            "frequency_tolerance": o["frequency_tolerance"],
-            "topics": {"camera": o["topics"].camera, "pose": o["topics"].pose, "gripper": o["topics"].gripper},
-            "video": dataclasses.asdict(o["video"]),
-            "codebase_version": o["codebase_version"],
-            "rotation": o["rotation"],
-            "rate_policy": o["rate_policy"],
-        },
-    )
+    return _export_key(inputs, _options(inputs, settings or ExportSettings(), topics, video))
 
 
 def load_export(dataset_dir: str | Path) -> LeRobotExport:
@@ -205,21 +186,14 @@ def load_export(dataset_dir: str | Path) -> LeRobotExport:
 def export_lerobot(
     manifest: Any,
     out_dir: str | Path,
-    task_text: str | None = None,
-    action_rule: str = "next_state",
-    image_size: tuple[int, int] | None = None,
-    invalid_pose_policy: str = "trim",
-    min_overlap_fraction: float = 0.5,
-    frequency_tolerance: float = 0.05,
+    settings: ExportSettings | None = None,
+    *,
     topics: TopicMap = DAS_DEFAULT,
     verify_sha256: bool = True,
     workers: int = 0,
     video: VideoSpec = VideoSpec(),
     reuse_existing: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
-    codebase_version: str = V30_VERSION,
-    rotation: str = "rotvec",
-    rate_policy: str = "resample",
 ) -> LeRobotExport:
     """Export the accepted episodes of a pairing manifest as a LeRobot dataset, v3.0 (default) or v2.1.
 
@@ -240,12 +214,9 @@ def export_lerobot(
     Args:
         manifest: a pairing manifest (path, ``Manifest``, dict; see ``load_inputs``).
         out_dir: dataset folder to create; must not exist.
-        task_text: the task text; default the manifest's task (the task folder name).
-        action_rule: one of :data:`ACTION_RULES`.
-        image_size: (W, H) of the videos, even numbers; None keeps the camera's size.
-        invalid_pose_policy, min_overlap_fraction, topics: see ``align_episode``.
-        frequency_tolerance, rate_policy: see :meth:`LeRobotWriter.finish` (``rate_policy`` ``"resample"``,
-            ``"group"``: ``<out_dir>-<rate>hz`` beside ``out_dir``, or ``"reject"``).
+        settings: what decides the export's content (:class:`~dpflow_core.export.settings.ExportSettings`;
+            default: its defaults): task text, action rule, frame size, pose and rate policies, format, rotation.
+        topics: see ``align_episode``.
         verify_sha256: hash each input and compare with the manifest.
         workers: alignment worker processes; 0 = the number of CPU cores.
         video: encoder settings.
@@ -253,9 +224,6 @@ def export_lerobot(
             :func:`export_key` (same input hashes and options), return it
             (``reused=True``) instead of failing.
         progress: called as ``progress(stem, done, total)`` after each episode.
-        codebase_version: ``"v3.0"`` (lerobot >= 0.4) or ``"v2.1"`` (lerobot 0.3, openpi).
-        rotation: ``"rotvec"`` (7-D state and action, as dataset.npz) or ``"rot6d"`` (10-D; for
-            relative actions, ``action - state``, as openpi's delta transform and lerobot compute them).
 
     Returns:
         The export summary.
@@ -266,22 +234,10 @@ def export_lerobot(
             ``reuse_existing``: holds another export), an option is
             invalid (``bad_option``), or no episode survived (``no_valid_episodes``).
     """
-    image_size = _checked_options(action_rule, codebase_version, rotation, rate_policy, invalid_pose_policy, image_size)
+    s = settings or ExportSettings()
     inputs = load_inputs(manifest)
-    task = task_text if task_text is not None else inputs.task or Path(inputs.root or "dataset").name
-    options = {
-        "task": task,
-        "action_rule": action_rule,
-        "image_size": None if image_size is None else list(image_size),
-        "invalid_pose_policy": invalid_pose_policy,
-        "min_overlap_fraction": min_overlap_fraction,
-        "frequency_tolerance": frequency_tolerance,
-        "topics": {"camera": topics.camera, "pose": topics.pose, "gripper": topics.gripper},
-        "video": dataclasses.asdict(video),
-        "codebase_version": codebase_version,
-        "rotation": rotation,
-        "rate_policy": rate_policy,
-    }
+    options = _options(inputs, s, topics, video)
+    task = options["task"]
     key = _export_key(inputs, options)
     if Path(out_dir).exists():
         return _existing_export(out_dir, key, reuse_existing)
@@ -291,13 +247,13 @@ def export_lerobot(
                               source, code="no_valid_episodes")
     n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
     with os_errors_named(out_dir, "writing the LeRobot export"), LeRobotWriter(
-            out_dir, task, action_rule, video=video, codebase_version=codebase_version, rotation=rotation) as writer:
+            out_dir, task, s.action_rule, video=video, codebase_version=s.codebase_version, rotation=s.rotation) as writer:
         rgb_dir = writer.staging_dir / "frames"
         rgb_dir.mkdir()
         # gap_policy "reject": a LeRobot episode cannot be stored in pieces, so a camera hole is never bridged.
-        settings = ConversionSettings(image_size=image_size, invalid_pose_policy=invalid_pose_policy,
-                                      min_overlap_fraction=min_overlap_fraction, gap_policy="reject")
-        jobs = [alignment_job(e, settings, topics, verify_sha256) | {"rgb_dir": str(rgb_dir)} for e in inputs.episodes]
+        aligning = ConversionSettings(image_size=s.image_size, invalid_pose_policy=s.invalid_pose_policy,
+                                      min_overlap_fraction=s.min_overlap_fraction, gap_policy="reject")
+        jobs = [alignment_job(e, aligning, topics, verify_sha256) | {"rgb_dir": str(rgb_dir)} for e in inputs.episodes]
         files = {e.stem: e.files for e in inputs.episodes}
         skipped = _write_episodes(writer, jobs, files, n_workers, out_dir, progress)
         if not len(writer):
@@ -312,36 +268,7 @@ def export_lerobot(
             "rejected_by_pairing": inputs.rejected,
             "skipped": skipped,
         }
-        return writer.finish(frequency_tolerance, provenance, rate_policy)
-
-
-def _checked_options(
-    action_rule: str, codebase_version: str, rotation: str, rate_policy: str, invalid_pose_policy: str,
-    image_size: tuple[int, int] | None,
-) -> tuple[int, int] | None:
-    """:func:`export_lerobot`'s options checked before any work; gives ``image_size`` as ints.
-
-    Raises:
-        ConversionError: ``bad_option`` naming the option and its allowed values.
-    """
-    if action_rule not in ACTION_RULES:
-        raise ConversionError(f"unknown action rule {action_rule!r}; use one of {', '.join(ACTION_RULES)}", code="bad_option")
-    if codebase_version not in FORMATS:
-        raise ConversionError(f"unknown LeRobot format {codebase_version!r}; use one of {', '.join(FORMATS)}", code="bad_option")
-    if rotation not in ROTATIONS:
-        raise ConversionError(f"unknown rotation {rotation!r}; use one of {', '.join(ROTATIONS)}", code="bad_option")
-    if rate_policy not in RATE_POLICIES:
-        raise ConversionError(f"rate_policy must be one of {RATE_POLICIES}, got {rate_policy!r}", code="bad_option")
-    if invalid_pose_policy not in INVALID_POSE_POLICIES:
-        raise ConversionError(
-            f"invalid_pose_policy must be one of {INVALID_POSE_POLICIES}, got {invalid_pose_policy!r}", code="bad_option"
-        )
-    if image_size is not None:
-        w, h = (int(v) for v in image_size)
-        if w % 2 or h % 2:
-            raise ConversionError(f"image size {w}x{h} must be even (H.264 yuv420p)", code="bad_option")
-        image_size = (w, h)
-    return image_size
+        return writer.finish(s.frequency_tolerance, provenance, s.rate_policy)
 
 
 def _existing_export(out_dir: str | Path, key: str, reuse_existing: bool) -> LeRobotExport:

@@ -48,14 +48,7 @@ STATE_NAMES = ("eef_pos_x", "eef_pos_y", "eef_pos_z", "eef_rot_x", "eef_rot_y", 
 #: Names of the 10 dimensions with the rotation as rot6d (``rotation="rot6d"``): metres, the first two
 #: columns of the rotation matrix (:func:`dpflow_core.pose.rotvec_to_rot6d`, the trainer's convention), metres.
 ROT6D_STATE_NAMES = ("eef_pos_x", "eef_pos_y", "eef_pos_z", *(f"eef_rot6d_{i}" for i in range(6)), "gripper_width")
-#: How the end-effector rotation is written in the state and the action: ``rotvec`` (3, a rotation
-#: vector; what the dataset.npz holds) or ``rot6d`` (6, continuous, so that ``action - state`` per
-#: element, the relative actions of lerobot and openpi, stays meaningful near +-pi).
-ROTATIONS = ("rotvec", "rot6d")
-#: ``next_state``: action[t] = state[t+1]; ``delta``: position and gripper differences
-#: state[t+1] - state[t] and the rotation R[t+1] R[t]^-1 as a rotation vector (world
-#: frame). The last frame holds: its action is its own state (``next_state``) or zero (``delta``).
-ACTION_RULES = ("next_state", "delta")
+from dpflow_core.export.settings import ACTION_RULES, ROTATIONS  # noqa: E402,F401 (declared with the settings)
 #: Columns LeRobot adds to every frame, with their dtype.
 INDEX_FEATURES = {
     "timestamp": "float32",

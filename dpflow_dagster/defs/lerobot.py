@@ -17,35 +17,39 @@ from pydantic import Field
 
 from dpflow_core import export as lerobot
 from dpflow_core.errors import DpflowError
+from dpflow_core.export.settings import ExportSettings
 from dpflow_core.files import default_workdir
 from dpflow_core.pairing import PairedEpisodes
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
+from dpflow_core.settings import front_ends
 from dpflow_dagster.partitions import CONVERSION_AUTOMATION, OWNERS, stage_value, task_partitions
 
 
+_EXPORT = ExportSettings()
+
+
+def _help(name: str) -> str:
+    return front_ends(ExportSettings)[name]["help"]
+
+
 class LeRobotDatasetConfig(dg.Config):
-    """How the LeRobot dataset is written."""
+    """How the LeRobot dataset is written: :class:`~dpflow_core.export.settings.ExportSettings`' fields (their
+    defaults and help), the work folder and the worker count."""
 
     output_dir: Optional[str] = Field(
         default=None,
         description="Work folder; exports go to <output_dir>/lerobot/<task>/<export key>/. Default $DPFLOW_WORKDIR, else <cwd>/outputs.",
     )
-    task_text: Optional[str] = Field(default=None, description="Task text of every episode; default the task folder name.")
-    action_rule: str = Field(default="next_state", description="next_state | delta")
-    image_size: str = Field(default="native", description="Video frame size 'W,H' (even numbers) or 'native'.")
-    invalid_pose_policy: str = Field(default="trim", description="trim | reject (pose_valid == false stretches).")
-    frequency_tolerance: float = Field(default=0.05, description="Relative tolerance of an episode's frame rate.")
-    rate_policy: str = Field(
-        default="resample",
-        description="An episode at another rate than its task's: 'resample' it to the task's rate (images held, "
-        "poses interpolated), 'group' (a LeRobot dataset of its own beside the export, <export>-<rate>hz) or "
-        "'reject' (as dpflow export-lerobot --rate-policy).",
-    )
+    task_text: Optional[str] = Field(default=_EXPORT.task_text, description=_help("task_text"))
+    action_rule: str = Field(default=_EXPORT.action_rule, description=_help("action_rule"))
+    image_size: str = Field(default="native", description=_help("image_size"))
+    invalid_pose_policy: str = Field(default=_EXPORT.invalid_pose_policy, description=_help("invalid_pose_policy"))
+    min_overlap_fraction: float = Field(default=_EXPORT.min_overlap_fraction, description=_help("min_overlap_fraction"))
+    frequency_tolerance: float = Field(default=_EXPORT.frequency_tolerance, description=_help("frequency_tolerance"))
+    rate_policy: str = Field(default=_EXPORT.rate_policy, description=_help("rate_policy"))
     workers: int = Field(default=0, description="Alignment worker processes; 0 = CPU cores.")
-    format: str = Field(default="v3.0", description="LeRobot format: v3.0 (lerobot >= 0.4) | v2.1 (lerobot 0.3, openpi).")
-    rotation: str = Field(
-        default="rotvec", description="rotvec: 7-D state/action | rot6d: 10-D, for relative (action - state) actions."
-    )
+    format: str = Field(default=_EXPORT.codebase_version, description=_help("codebase_version"))
+    rotation: str = Field(default=_EXPORT.rotation, description=_help("rotation"))
 
 
 class NormStatsConfig(dg.Config):
@@ -89,26 +93,11 @@ def lerobot_dataset(
     workdir = Path(config.output_dir) if config.output_dir else default_workdir()
     topics: TopicMap = DAS_DEFAULT
     try:
-        size = lerobot.parse_image_size(config.image_size)
-        options = dict(
-            action_rule=config.action_rule,
-            image_size=size,
-            invalid_pose_policy=config.invalid_pose_policy,
-            frequency_tolerance=config.frequency_tolerance,
-            topics=topics,
-            codebase_version=config.format,
-            rotation=config.rotation,
-            rate_policy=config.rate_policy,
-        )
-        out = lerobot.lerobot_path_in(workdir, paired.manifest_path, paired.task, config.task_text, **options)
+        settings = ExportSettings.from_config(config)
+        out = lerobot.lerobot_path_in(workdir, paired.manifest_path, paired.task, settings, topics=topics)
         result = lerobot.export_lerobot(
-            paired.manifest_path,
-            out,
-            task_text=config.task_text,
-            workers=config.workers,
-            reuse_existing=True,
+            paired.manifest_path, out, settings, topics=topics, workers=config.workers, reuse_existing=True,
             progress=lambda stem, done, total: context.log.debug(f"{done}/{total} {stem}"),
-            **options,
         )
     except DpflowError as exc:
         raise _failure(exc) from exc
