@@ -221,3 +221,29 @@ def pose_drift(path, ep, from_s: float, velocity_mps: tuple[float, float, float]
             p = msg.pose.position
             p.x, p.y, p.z = p.x + velocity_mps[0] * dt, p.y + velocity_mps[1] * dt, p.z + velocity_mps[2] * dt
     return edit_messages(path, (POSE,), edit)
+
+
+def add_camera(path: str | Path, new_topic: str, source: str = CAMERA) -> Path:
+    """Rewrite ``path`` in place with a second camera: every message of ``source`` also written on
+    ``new_topic`` (same schema, payload and times), as a recording of a device with another camera does."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.fault")
+    with open(path, "rb") as fin, open(tmp, "wb") as fout:
+        writer = Writer(fout)
+        writer.start(profile="", library="dpflow-fault-fixtures")
+        schema_ids: dict[int, int] = {}
+        channel_ids: dict[int, list[int]] = {}
+        for record in StreamReader(fin).records:
+            if isinstance(record, Schema) and record.id not in schema_ids:
+                schema_ids[record.id] = writer.register_schema(record.name, record.encoding, record.data)
+            elif isinstance(record, Channel) and record.id not in channel_ids:
+                topics = [record.topic] + ([new_topic] if record.topic == source else [])
+                channel_ids[record.id] = [writer.register_channel(t, record.message_encoding,
+                                                                  schema_ids.get(record.schema_id, 0),
+                                                                  dict(record.metadata)) for t in topics]
+            elif isinstance(record, Message):
+                for cid in channel_ids[record.channel_id]:
+                    writer.add_message(cid, record.log_time, record.data, record.publish_time, record.sequence)
+        writer.finish()
+    os.replace(tmp, path)
+    return path

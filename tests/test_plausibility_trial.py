@@ -256,3 +256,142 @@ def test_a_recording_in_millimetres_is_rejected_in_one_line(tmp_path):
         assert "\n" not in r["reason"] and len(r["reason"]) < 400 and r["reason"].startswith("pose_units: pose from")
     flags = {q.stem: q.outlier_reasons for q in episode_quality(manifest.to_dict())}
     assert any("pose_units" in f and "millimetres" in f for f in flags["millimetres"])
+
+
+# --------------------------------------------------------------------------- the recording's other streams
+
+
+def _codes(manifest, stem):
+    """``(rejected code or None, [warning codes of the accepted entry])`` of one stem."""
+    rej = {r.stem: r for r in manifest.rejected}
+    if stem in rej:
+        return rej[stem].code, rej[stem].reason
+    (entry,) = [a for a in manifest.accepted if a.stem == stem]
+    return None, entry.validation["warnings"]
+
+
+@pytest.fixture(scope="module")
+def streams_task(tmp_path_factory):
+    """One task folder, one fault per episode (ground truth in the arguments), and a clean episode."""
+    from fault_fixtures import IMU, add_camera, edit_messages
+    from recording_fixtures import refresh_vio_result, write_small_episode
+
+    from dpflow_core.recordings.topics import DAS_DEFAULT
+
+    task = tmp_path_factory.mktemp("streams") / "pick_place"
+    eps = {stem: write_small_episode(task, stem, seed=40 + k, seconds=2.0) for k, stem in enumerate((
+        "clean", "camera1", "camera12", "fx_zero", "fy_negative", "size_wrong", "k_changes", "pose_frozen",
+        "gripper_frozen", "camera_frozen", "camera_part_frozen", "imu_frozen", "frame_count", "pose_count"))}
+    add_camera(eps["camera1"].vio_mcap, "/robot0/sensor/camera1/compressed")
+    for ep in ("vio_mcap", "raw_mcap"):
+        add_camera(add_camera(getattr(eps["camera12"], ep), "/robot0/sensor/camera1/compressed"),
+                   "/robot0/sensor/camera2/compressed")
+    calib = DAS_DEFAULT.camera_info
+
+    def set_k(stem, index, value, from_k=0):
+        def edit(_t, k, msg):
+            if k >= from_k:
+                msg.K[index] = value
+        edit_messages(eps[stem].vio_mcap, (calib,), edit)
+    set_k("fx_zero", 0, 0.0)
+    set_k("fy_negative", 4, -72.0)
+    set_k("k_changes", 2, 1000.0, from_k=30)
+
+    def wide(_t, _k, msg):
+        msg.width = 640
+    edit_messages(eps["size_wrong"].vio_mcap, (calib,), wide)
+
+    def freeze(stem, topic, lo=0, hi=10**9):
+        held = {}
+
+        def edit(_t, k, msg):
+            if lo <= k < hi:
+                held.setdefault("t", int(msg.header.timestamp))
+                msg.header.timestamp = held["t"]
+        edit_messages(eps[stem].vio_mcap, (topic,), edit)
+    freeze("pose_frozen", POSE_TOPIC)
+    freeze("gripper_frozen", DAS_DEFAULT.gripper)
+    freeze("camera_frozen", DAS_DEFAULT.camera)
+    freeze("camera_part_frozen", DAS_DEFAULT.camera, 20, 41)
+    freeze("imu_frozen", IMU)
+    for stem, key, delta in (("frame_count", "frame_count", 7), ("pose_count", "pose_count", -3)):
+        status = json.loads(eps[stem].vio_json.read_text())
+        status[key] += delta
+        eps[stem].vio_json.write_text(json.dumps(status))
+    refresh_vio_result(task)
+    return eps, pair_recordings(task)
+
+
+POSE_TOPIC = "/robot0/vio/eef_pose"
+
+
+def test_a_second_camera_is_named_never_dropped_silently(streams_task):
+    eps, manifest = streams_task
+    assert _codes(manifest, "clean") == (None, [])
+    _, warnings = _codes(manifest, "camera1")
+    (w,) = [w for w in warnings if w["code"] == "camera_not_converted"]
+    n = len(eps["camera1"].camera_ts_ns)
+    assert w["reason"] == (f"camera1_vio.mcap: camera topic /robot0/sensor/camera1/compressed ({n} messages) not "
+                           "converted: only /robot0/sensor/camera0/compressed becomes the dataset's camera0_rgb")
+    _, warnings = _codes(manifest, "camera12")
+    named = [w["reason"] for w in warnings if w["code"] == "camera_not_converted"]
+    assert len(named) == 2 and {r.split(":")[0] for r in named} == {"camera12_vio.mcap", "camera12.mcap"}
+    assert all("camera1/compressed" in r and "camera2/compressed" in r for r in named)
+
+
+@pytest.mark.parametrize("stem,figure", [("fx_zero", "focal length fx = 0 px"), ("fy_negative", "focal length fy = -72 px"),
+                                         ("size_wrong", "image size 640 x 120 px, but the frames are 160 x 120 px"),
+                                         ("k_changes", "principal point cx = 1000 px outside 0..160")])
+def test_an_absurd_calibration_is_flagged_with_its_figure(streams_task, stem, figure):
+    _, manifest = streams_task
+    code, warnings = _codes(manifest, stem)
+    assert code is None
+    (w,) = [w for w in warnings if w["code"] == "camera_info_implausible"]
+    message = 30 if stem == "k_changes" else 0
+    assert w["reason"].startswith(f"{stem}_vio.mcap: /robot0/sensor/camera0/camera_info message {message}: ")
+    assert figure in w["reason"], w["reason"]
+
+
+@pytest.mark.parametrize("stem,topic,refused", [("pose_frozen", POSE_TOPIC, True),
+                                                ("gripper_frozen", "/robot0/sensor/magnetic_encoder", True),
+                                                ("camera_frozen", "/robot0/sensor/camera0/compressed", True),
+                                                ("camera_part_frozen", "/robot0/sensor/camera0/compressed", True),
+                                                ("imu_frozen", "/robot0/sensor/imu", False)])
+def test_a_frozen_clock_is_named_as_such_never_a_reversal(streams_task, stem, topic, refused):
+    eps, manifest = streams_task
+    code, found = _codes(manifest, stem)
+    if refused:
+        assert code == "clock_frozen" and "clock_reversal" not in found, found
+        reason = found
+    else:
+        assert code is None
+        (reason,) = [w["reason"] for w in found if w["code"] == "clock_frozen"]
+        assert "clock_reversal" not in [w["code"] for w in found]
+    assert reason.startswith(f"{stem}_vio.mcap: {topic} capture clock frozen: ")
+    if stem == "camera_part_frozen":
+        assert f"21 of {len(eps[stem].camera_ts_ns)} messages (from message 20)" in reason
+    else:
+        assert "capture clock frozen: all " in reason and "a constant clock, not a reversal" in reason
+    if stem == "pose_frozen":  # the reader refuses it too (a hand-made manifest never meets pairing)
+        from dpflow_core.errors import RecordingError
+
+        with pytest.raises(RecordingError, match="capture clock frozen") as err:
+            read_streams(eps[stem].vio_mcap)
+        assert err.value.code == "clock_frozen"
+
+
+@pytest.mark.parametrize("stem,said", [("frame_count", "frame_count {n}"), ("pose_count", "pose_count {p}")])
+def test_a_status_file_whose_counts_disagree_is_flagged(streams_task, stem, said, tmp_path):
+    from dpflow_core.report import episode_quality
+
+    eps, manifest = streams_task
+    code, warnings = _codes(manifest, stem)
+    assert code is None
+    n, p = len(eps[stem].camera_ts_ns), len(eps[stem].pose_ts_ns)
+    said = said.format(n=n + 7, p=p - 3)
+    (w,) = [w for w in warnings if w["code"] == "status_count_mismatch"]
+    assert w["reason"] == (f"{stem}_vio.json says {said} but {stem}_vio.mcap holds {p} pose and {n} camera messages: "
+                           "the status file describes another run or the recording lost messages")
+    flags = {q.stem: q.outlier_reasons for q in episode_quality(manifest.to_dict())}
+    assert any("status_count_mismatch" not in r and said in r for r in flags[stem]), flags[stem]
+    assert not any("says" in r for r in flags["clean"])

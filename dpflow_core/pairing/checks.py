@@ -16,7 +16,9 @@ reject (its ``code`` and a ``reason`` naming the file):
    ``vio_result.json`` (``status_conflict``);
 5. both MCAP files pass :func:`~dpflow_core.recordings.inspect_recording` (its error codes,
    e.g. ``truncated_mcap``, or a second arm's ``/robotN/...`` topics: ``unsupported_multi_arm``);
-6. the ``_vio.mcap`` holds the raw recording's camera (``raw_vio_mismatch``, :func:`raw_vio_mismatch`).
+6. the ``_vio.mcap`` holds the raw recording's camera (``raw_vio_mismatch``, :func:`raw_vio_mismatch`);
+   a ``_vio.json`` whose ``frame_count`` or ``pose_count`` disagrees with it is accepted with the warning
+   ``status_count_mismatch`` (:func:`~dpflow_core.recordings.stream_checks.status_count_problem`).
 
 :func:`content_rejects` then compares the accepted episodes with each other: a later copy of an
 episode (``duplicate_episode``) and a status file naming another stem (``status_stem_mismatch``).
@@ -41,6 +43,7 @@ from dpflow_core.pairing.manifest import ROLES, AcceptedEpisode, FileEntry, Pair
 from dpflow_core.pairing.naming import SUFFIX, Candidate, inside, retry_base
 from dpflow_core.pairing.status import TaskSummary, parse_vio_status, status_stems, status_value, unknown_status_reason
 from dpflow_core.recordings import inspect_recording
+from dpflow_core.recordings.stream_checks import status_count_problem
 from dpflow_core.recordings.topics import TopicMap
 
 
@@ -109,6 +112,10 @@ def check_candidate(
         k: raw[k] for k in ("indexed", "message_counts", "summary_counts", "rates_hz", "log_time_inversions", "warnings")
     }
     validation["warnings"] = validation["warnings"] + raw["warnings"]
+    counts = status_count_problem(vio_status, vio_json.name, cand.files["vio_mcap"].name,
+                                  vio_report.message_counts.get(topics.pose, 0), vio_report.message_counts.get(topics.camera, 0))
+    if counts is not None:
+        validation["warnings"].append({"code": "status_count_mismatch", "reason": counts})
     # Each hash comes from the bytes already read for validation (each file is read once); the
     # raw .mcap is not hashed at all: conversion never reads it (it is validated, sized and listed).
     digests = {"vio_mcap": vio_report.sha256, "vio_json": hashlib.sha256(vio_json_bytes).hexdigest(), "raw_mcap": None}

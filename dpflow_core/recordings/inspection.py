@@ -30,6 +30,7 @@ from dpflow_core.errors import RecordingError
 from dpflow_core.files import HashingReader
 from dpflow_core.recordings.plausibility import PlausibilityOptions, check_clock
 from dpflow_core.recordings.recording_report import Problem, RecordingReport  # noqa: F401  (re-exported)
+from dpflow_core.recordings.stream_checks import calibration_problems, frozen_clock, frozen_clock_reason, other_cameras
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -65,8 +66,9 @@ class _TopicStats:
             self.nonfinite = (n + 1, *(self.nonfinite[1:] if self.nonfinite else (index, f"{bad} = {values[bad]}")))
 
 
-def _first_decodable(packets: list[tuple[int, bytes]]) -> int | None:
-    """Index of the first packet (capture order) for which libavcodec outputs a frame.
+def _first_decodable(packets: list[tuple[int, bytes]], sizes: list | None = None) -> int | None:
+    """Index of the first packet (capture order) for which libavcodec outputs a frame (its ``(width,
+    height)`` appended to ``sizes`` when given).
 
     ``packets`` is [(capture ns, Annex-B access unit)] sorted by capture time.
     Packets before the first IDR access unit with SPS/PPS yield no frame
@@ -85,11 +87,15 @@ def _first_decodable(packets: list[tuple[int, bytes]]) -> int | None:
         except av.FFmpegError:
             continue
         if frames:
+            if sizes is not None:
+                sizes.append((frames[0].width, frames[0].height))
             return int(frames[0].pts) if frames[0].pts is not None else i
     try:
         frames = ctx.decode(None)
     except av.FFmpegError:
         frames = []
+    if sizes is not None and frames:
+        sizes.append((frames[0].width, frames[0].height))
     return int(frames[0].pts) if frames and frames[0].pts is not None else None
 
 
@@ -192,6 +198,12 @@ def inspect_recording(
     _check_topics(report, state, topics)
     _check_streams(report, state)
     camera_start = _camera_figures(report, state, topics, probe_video)
+    for (w, h, k), index in state.calibrations.items():  # camera_info is not trained on: a warning
+        if problems := calibration_problems(w, h, k, state.frame_size[0] if state.frame_size else None):
+            report.warnings.append(Problem("camera_info_implausible", (
+                f"{path.name}: {topics.camera_info} message {index}: {'; '.join(problems)}: no camera has this "
+                "calibration (not trained on; fix the device's calibration before using it)")))
+            break
     _check_overlap(report, topics, camera_start)
     return report
 
@@ -212,6 +224,8 @@ class _Pass:
     pose_invalid: int = 0
     camera_heap: list[tuple[int, int, bytes]] = field(default_factory=list)  # max-heap on capture time: (-ts, -seq, data)
     camera_digests: list[tuple[int, bytes]] = field(default_factory=list)  # (capture ns, SHA-256 of the payload)
+    calibrations: dict[tuple, int] = field(default_factory=dict)  # camera_info (width, height, K) -> first message
+    frame_size: list[tuple[int, int]] = field(default_factory=list)  # the first decoded frame's (width, height)
     factory: DecoderFactory = field(default_factory=DecoderFactory)  # one per file: it caches classes by schema id
 
 
@@ -323,6 +337,8 @@ def _on_message(record: Message, state: _Pass, report: RecordingReport, topics: 
                                                "orientation.z": q.z, "orientation.w": q.w})
     elif topic == topics.gripper and hasattr(decoded, "value"):
         st.note_nonfinite(len(st.ts) - 1, {"value": decoded.value})
+    elif topic == topics.camera_info and hasattr(decoded, "K") and len(state.calibrations) < 5:
+        state.calibrations.setdefault((int(decoded.width), int(decoded.height), tuple(decoded.K)), len(st.ts) - 1)
 
 
 def _on_channel(record: Channel, state: _Pass, report: RecordingReport, required: tuple[str, ...]) -> None:
@@ -401,6 +417,11 @@ def _check_topics(report: RecordingReport, state: _Pass, topics: TopicMap) -> No
             f"{path.name}: topics of more than one arm: {own} (converted) and {listed}; only single-arm "
             "recordings are converted and an arm is never dropped silently: record or export each arm separately",
         ))
+    if extra := other_cameras(report.schemas, topics.camera):
+        report.warnings.append(Problem("camera_not_converted", (
+            f"{path.name}: camera topic{'s' if len(extra) > 1 else ''} "
+            f"{', '.join(f'{t} ({report.message_counts.get(t, 0)} messages)' for t in extra)} not converted: only "
+            f"{topics.camera} becomes the dataset's camera0_rgb")))
     missing = [t for t in required if t not in report.schemas]
     if missing:
         report.errors.append(Problem(
@@ -449,14 +470,17 @@ def _check_streams(report: RecordingReport, state: _Pass) -> None:
                 f"{path.name}: {topic} {value} at {(st.ts[k] - (t0 or st.ts[0])) / 1e9:.3f} s (message {k}"
                 f"{f', and {n_bad - 1} more' if n_bad > 1 else ''} of {len(st.ts)}): a NaN/inf sample is no "
                 "measurement and cannot be interpolated across")))
+        frozen = frozen_clock(t, lt)
+        if frozen is not None:
+            target.append(Problem("clock_frozen", frozen_clock_reason(path.name, topic, frozen, len(t), t0 or int(t.min()))))
         report.log_time_inversions[topic] = int(np.count_nonzero(np.diff(lt) < 0))
         uniq = np.unique(t)
         report.duplicate_timestamps[topic] = int(len(t) - len(uniq))
         report.first_ts_ns[topic], report.last_ts_ns[topic] = int(uniq[0]), int(uniq[-1])
         span_s = (int(uniq[-1]) - int(uniq[0])) / 1e9
         report.rates_hz[topic] = (len(uniq) - 1) / span_s if span_s > 0 else 0.0
-        steps = [] if topic in off_unit else check_clock(t, lt, int(uniq[0]), topic)
-        back = None if steps or topic in off_unit else file_order_reversal(t, lt)
+        steps = [] if topic in off_unit or frozen else check_clock(t, lt, int(uniq[0]), topic)
+        back = None if steps or topic in off_unit or frozen else file_order_reversal(t, lt)
         if back is not None:
             k, size_s, device = back
             target.append(Problem("clock_reversal", (
@@ -594,7 +618,7 @@ def _camera_figures(report: RecordingReport, state: _Pass, topics: TopicMap, pro
     camera_start = report.first_ts_ns.get(topics.camera)
     if probe_video and state.camera_heap and report.camera_format.lower() in ("h264", ""):
         packets = sorted(((-neg_ts, -neg_seq), data) for neg_ts, neg_seq, data in state.camera_heap)
-        first = _first_decodable([(ts, data) for (ts, _seq), data in packets])
+        first = _first_decodable([(ts, data) for (ts, _seq), data in packets], state.frame_size)
         if first is None:
             report.errors.append(Problem(
                 "no_decodable_frame",

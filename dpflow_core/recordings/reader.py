@@ -222,9 +222,13 @@ def _check_samples(path: Path, topics: TopicMap, camera, pose, gripper, pose_val
     so that a hand-made manifest that never went through ``dpflow pair`` cannot skip it."""
     from dpflow_core.recordings.inspection import file_order_reversal
     from dpflow_core.recordings.plausibility import check_clock
+    from dpflow_core.recordings.stream_checks import frozen_clock, frozen_clock_reason
 
     t0 = min((min(ts) for ts, _lt in (camera, pose, gripper) if ts), default=0)
     for topic, (ts, lt) in ((topics.camera, camera), (topics.pose, pose), (topics.gripper, gripper)):
+        frozen = frozen_clock(np.asarray(ts, dtype=np.int64), np.asarray(lt, dtype=np.int64))
+        if frozen is not None:
+            raise RecordingError(frozen_clock_reason(path.name, topic, frozen, len(ts), t0), path, code="clock_frozen")
         back = file_order_reversal(np.asarray(ts, dtype=np.int64), np.asarray(lt, dtype=np.int64))
         if back is not None:
             k, size_s, _device = back
@@ -269,7 +273,8 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT, spool_path: s
     Raises:
         RecordingError: the file is missing, not a regular file (``unreadable``), empty,
             truncated or corrupt (with
-            the byte offset reached), a capture clock went back in file order (``clock_reversal``),
+            the byte offset reached), a capture clock went back in file order (``clock_reversal``) or
+            froze (``clock_frozen``: :func:`~dpflow_core.recordings.stream_checks.frozen_clock`),
             a valid pose or a gripper width is NaN/inf (``not_finite``), a channel uses a message encoding other
             than protobuf, required topics are missing ("not a Matrix Studio
             recording: missing topics ..."), a topic has an unexpected schema,

@@ -20,7 +20,7 @@ from dpflow_core.conversion.decode import damage_findings
 from dpflow_core.errors import DpflowError, InvalidNameError, PairingError, RecordingError
 from dpflow_core.names import validate_name
 from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, measure_offsets, task_offsets
-from dpflow_core.pairing.manifest import read_manifest_json
+from dpflow_core.pairing.manifest import pairing_warnings, read_manifest_json
 from dpflow_core.recordings import EpisodeStreams, read_streams
 from dpflow_core.recordings.orientation import check_orientation
 from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_imu, check_pose
@@ -40,6 +40,10 @@ _METRIC_NAMES = {"duration_s": "duration", "score_median": "median VIO score", "
 
 #: Frames in the preview strip.
 STRIP_FRAMES = 6
+#: Pairing warnings (``validation.warnings`` of the manifest) the report lists among an episode's findings: what
+#: pairing tolerated but a person should see (a camera left out, an absurd calibration, a frozen optional clock,
+#: a status file whose counts disagree).
+PAIRING_FINDINGS = ("camera_not_converted", "camera_info_implausible", "clock_frozen", "status_count_mismatch")
 #: Widest preview frame (pixels); a narrower camera keeps its size.
 PREVIEW_WIDTH = 320
 
@@ -94,7 +98,8 @@ class EpisodeQuality:
         camera_gaps: holes in the camera stream longer than the report's ``max_gap_s``:
             ``{"at_s", "duration_s", "missing_frames"}`` (seconds from the episode start);
             conversion never bridges them (it splits or rejects the episode).
-        findings: the plausibility findings of its pose and gripper streams
+        findings: the plausibility findings of its pose and gripper streams, and the pairing warnings of
+            :data:`PAIRING_FINDINGS` (``"stage": "pairing"``)
             (:class:`~dpflow_core.recordings.plausibility.Finding` as dicts: code, stream, time,
             figure, limit, and the action conversion's default policy takes); each also flags it.
         camera_offset, imu_offset: the offsets against the pose clock
@@ -443,7 +448,8 @@ def episode_quality(
                                       streams.accel_mps2, t0, PlausibilityOptions().validate())
         findings += check_imu(streams.imu_ts_ns, streams.gyro_rps, streams.accel_mps2, streams.pose_ts_ns,
                               streams.position_m, streams.quat_xyzw, t0)
-        found = [f.to_dict() for f in findings] + damage_findings(damaged, t0)
+        found = [f.to_dict() for f in findings] + damage_findings(damaged, t0) + [
+            {**w, "action": "warned"} for w in pairing_warnings(entry) if w["code"] in PAIRING_FINDINGS]
         episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(found),
                                 camera_offset=offsets["camera_offset"], imu_offset=offsets["imu_offset"]))
         if preview_dir is not None:
