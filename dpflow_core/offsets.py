@@ -70,6 +70,9 @@ class OffsetOptions:
         coarse_step_s, fine_step_s: the two scan grids' steps.
         min_rotation_rps: RMS angular speed of the VIO below which an episode is ``not_measurable``.
         min_r2: smallest peak ``R^2`` that counts as measured.
+        min_limit_r2: smallest ``R^2`` at (or beyond) the search limit that says the true offset may lie
+            beyond (:attr:`OffsetEstimate.at_search_limit`); a weaker one is noise (an IMU with no consistent
+            motion peaks anywhere, the limit included, at ``R^2`` 0.03 to 0.15) and only fits poorly.
         min_contrast: smallest ``R^2`` drop from the peak to the best candidate more than
             ``contrast_window_s`` away (a flat or repeated peak is not measured).
         contrast_window_s: see ``min_contrast``.
@@ -84,6 +87,7 @@ class OffsetOptions:
     fine_step_s: float = 0.0005
     min_rotation_rps: float = 0.05
     min_r2: float = 0.5
+    min_limit_r2: float = 0.25
     min_contrast: float = 0.05
     contrast_window_s: float = 0.1
     min_samples: int = 60
@@ -305,9 +309,10 @@ def _estimate(stream: str, target: np.ndarray, regressors, rotation_rms: float, 
     beyond = np.concatenate([-beyond[::-1], beyond])
     r2_beyond = _scan(target, regressors, beyond)
     far = int(np.argmax(np.where(np.isfinite(r2_beyond), r2_beyond, -np.inf)))
-    if abs(best) >= opts.search_s - margin or r2_beyond[far] > peak + opts.min_contrast:
+    at_limit = abs(best) >= opts.search_s - margin and peak >= opts.min_limit_r2
+    if at_limit or (r2_beyond[far] > peak + opts.min_contrast and r2_beyond[far] >= opts.min_limit_r2):
         why = (f"best fit R^2 {peak:.2f} at {best:+.3f} s, within one sample ({margin:.3f} s) of the limit"
-               if abs(best) >= opts.search_s - margin else
+               if at_limit else
                f"R^2 {r2_beyond[far]:.2f} at {beyond[far]:+.3f} s beyond it against {peak:.2f} at {best:+.3f} s inside")
         return OffsetEstimate(status="not_measurable", at_search_limit=True, **figures, reason=(
             f"at the search limit +-{opts.search_s:g} s: the true offset may lie beyond ({why})"))

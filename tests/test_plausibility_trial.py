@@ -73,6 +73,20 @@ def test_an_offset_at_or_beyond_the_search_limit_is_never_a_number(shifted, stem
             assert abs(e["offset_s"] - truth) < 1 / 30, (stream, e)
 
 
+@pytest.mark.parametrize("seed", [101, 103, 107, 109])
+def test_an_imu_of_noise_peaking_at_the_limit_fits_poorly_and_is_not_warned(tmp_path, seed):
+    """The sample recordings' IMU is noise (ground truth: ``write_recording`` draws it with ``imu=None``): its
+    scan peaks anywhere, at the limit too, at R^2 0.03-0.15; that is a poor fit, never an offset beyond."""
+    from recording_fixtures import write_small_episode
+
+    from dpflow_core.offsets import imu_offset
+
+    ep = write_small_episode(tmp_path, "noise", seed=seed, seconds=3.0 + seed % 3)
+    s = read_streams(ep.vio_mcap)
+    e = imu_offset(s.imu_ts_ns, s.gyro_rps, s.pose_ts_ns, s.quat_xyzw, s.pose_valid)
+    assert e.status == "not_measurable" and not e.at_search_limit and e.reason.startswith("the motion fits poorly"), e
+
+
 def test_offsets_at_the_search_limit_are_warned_in_the_dataset_and_the_report(shifted, tmp_path):
     from dpflow_core.report import episode_quality
 
