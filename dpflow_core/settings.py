@@ -9,7 +9,7 @@ every field with :func:`setting`: its default, and in the field's metadata
 * ``help``: what the setting means, one sentence: the CLI help and the Dagster description;
 * any further keys a stage needs (the runs' ``scale`` and ``unset``; ``cli``: ``(annotation, default)`` of an
   option whose command-line form differs from the field's, such as one GPU index for a tuple of them;
-  ``repeat``: a tuple given as a repeatable option).
+  ``repeat``: a tuple given as a repeatable option; ``short``: a one-letter flag beside the option).
 
 :func:`front_ends` reads them back: the CLI options are made from them
 (:func:`dpflow_core.cli.options.settings_options`), the Dagster configs name them, and tests fail when a field

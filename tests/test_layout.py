@@ -370,7 +370,7 @@ PENDING_FUNCTIONS = {
     # one settings object per stage: the keyword arguments and the Typer options that map onto it
     "dpflow_core.evaluation.evaluate:evaluate_checkpoint", "dpflow_core.evaluation.scoring:score_held_out",
     "dpflow_core.runs.spec:smoke_spec",
-    "dpflow_core.cli.remote:server_config_from_options", "dpflow_core.cli.sim:rollout_cmd",
+    "dpflow_core.cli.remote:server_config_from_options",
     "dpflow_core.cli.view:view_cmd", "dpflow_core.recordings.samples:write_recording",
     # the networks' constructors take Diffusion Policy's Hydra config keys one by one
     "dpflow_core.train.policy:DiffusionUnetImagePolicy.__init__", "dpflow_core.train.vit:ViTEncoder.__init__",

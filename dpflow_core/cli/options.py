@@ -17,6 +17,8 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
+from dpflow_core.errors import DpflowError
+
 
 _SCALARS = {"int": int, "float": float, "str": str}
 
@@ -61,14 +63,21 @@ def settings_options(cls: type, *, skip: Callable[[dict], bool] = lambda meta: F
             if skip(dict(f.metadata)):
                 continue
             annotation, default = _annotation(f)
-            option = typer.Option(default, f.metadata["option"], help=f.metadata["help"])
+            flags = [f.metadata["option"], *([f.metadata["short"]] if f.metadata.get("short") else [])]
+            option = typer.Option(default, *flags, help=f.metadata["help"])
             name = f.metadata["option"].lstrip("-").replace("-", "_")
             added.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
             values = {p.name: kwargs.pop(p.name) for p in added if p.name in kwargs}
-            return func(*args, settings=cls.from_options(values), **kwargs)
+            try:
+                settings = cls.from_options(values)
+            except DpflowError:
+                raise  # the command line's one-line report
+            except (TypeError, ValueError) as exc:  # a settings class that raises plain ValueError
+                raise typer.BadParameter(str(exc)) from None
+            return func(*args, settings=settings, **kwargs)
 
         wrapper.__signature__ = signature.replace(parameters=own + added, return_annotation=None)
         wrapper.__annotations__ = {p.name: p.annotation for p in own + added}

@@ -9,6 +9,8 @@ from typing import Optional
 import typer
 
 from dpflow_core.cli import app
+from dpflow_core.cli.options import settings_options
+from dpflow_core.sim.settings import ClosedLoopSettings
 
 
 def _trained_task(checkpoint: Path) -> str | None:
@@ -24,28 +26,23 @@ def _trained_task(checkpoint: Path) -> str | None:
 
 
 @app.command("rollout")
+@settings_options(ClosedLoopSettings)
 def rollout_cmd(
     checkpoint: Optional[Path] = typer.Argument(None, help="A checkpoint trained on a world task (omit with --server)."),
     task: str = typer.Option(..., "--task", help="The world task: pick_place or stack."),
-    episodes: int = typer.Option(200, "--episodes", "-n", min=1, help="Held-out initial states (rollouts per predictor)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Which block of held-out seeds (never a training seed)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (default: <checkpoint folder>/rollouts)."),
     server: Optional[str] = typer.Option(None, "--server", help="ws://HOST:PORT of `dpflow serve`: roll out through it."),
-    baselines: str = typer.Option("oracle,replay,hold", "--baselines", help="Comma-separated, or 'none'."),
-    target: Optional[float] = typer.Option(
-        None, "--target", min=0.0, max=1.0, help="Success the policy must reach (default: the task's own, 0.8 pick_place, 0.6 stack)."),
-    margin: float = typer.Option(0.2, "--margin", min=0.0, max=1.0, help="Points by which it must beat each non-oracle baseline."),
     recordings: Optional[Path] = typer.Option(None, "--recordings", help="The task folder it was trained on: its seeds are checked disjoint."),
-    video_episodes: int = typer.Option(4, "--video-episodes", min=0, help="Episodes filmed into rollouts.mp4 and contact_sheet.png."),
     baseline_checkpoint: list[str] = typer.Option(
         [], "--baseline-checkpoint", metavar="NAME=PATH",
         help="Another checkpoint rolled out as a baseline on the same states (repeatable), e.g. no_camera=blind.ckpt."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace earlier results in the output folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    settings: ClosedLoopSettings = None,
 ) -> None:
     """Closed-loop success on held-out initial states, with Wilson intervals, beside the oracle, replay and hold;
     exit status 1 unless it reaches --target and beats every non-oracle baseline by --margin."""
-    from dpflow_core.sim.evaluate import ClosedLoopSettings, evaluate_closed_loop
+    from dpflow_core.sim.evaluate import evaluate_closed_loop
     from dpflow_core.sim.record import read_sim_task
 
     if (checkpoint is None) == (server is None):
@@ -58,7 +55,6 @@ def rollout_cmd(
 
         policy = RemotePolicy(server)
         out = output or Path("rollouts")
-    chosen = [] if baselines.strip() == "none" else [b.strip() for b in baselines.split(",") if b.strip()]
     train_seeds = None
     if recordings is not None:
         if not recordings.is_dir():
@@ -82,7 +78,6 @@ def rollout_cmd(
             raise typer.BadParameter(f"--baseline-checkpoint {item!r}: the name {name!r} is given twice")
         others[name] = Path(path)
     try:
-        settings = ClosedLoopSettings(episodes, seed, tuple(chosen), target, margin, video_episodes)
         result = evaluate_closed_loop(policy, task, out, settings, training_seeds=train_seeds, overwrite=overwrite,
                                       baseline_policies=others)
     except ValueError as exc:

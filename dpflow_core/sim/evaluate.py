@@ -32,6 +32,7 @@ from dpflow_core.errors import RunError
 from dpflow_core.files import atomic_path, write_text_atomic
 from dpflow_core.results import StageResult
 from dpflow_core.sim.record import SimRecordingSpec
+from dpflow_core.sim.settings import ClosedLoopSettings  # noqa: F401 (re-exported: its callers' name)
 from dpflow_core.sim.rollout import (
     BASELINES,
     RolloutSummary,
@@ -149,39 +150,6 @@ class _Film:
         with atomic_path(sheet, suffix=".png") as tmp:
             cv2.imwrite(str(tmp), cv2.cvtColor(np.concatenate(rows, axis=0), cv2.COLOR_RGB2BGR))
         return video, sheet
-
-
-@dataclass(frozen=True)
-class ClosedLoopSettings:
-    """The closed-loop judge's settings (the CLI's options and the Dagster config map onto these).
-
-    Attributes:
-        episodes: held-out initial states, rollouts per predictor (200: the 95 % interval of an 80 %
-            success is then about +-6 points; with 50 it is +-13).
-        seed: which block of held-out seeds (:func:`~dpflow_core.sim.rollout.eval_seeds`).
-        baselines: names from :data:`~dpflow_core.sim.rollout.BASELINES`, rolled out on the same states.
-        target: success the policy must reach (fraction); None: the task's own
-            (:data:`~dpflow_core.sim.tasks.SUCCESS_TARGET`). margin: by how much (absolute) it must beat
-            every non-oracle baseline.
-        video_episodes: episodes filmed into ``rollouts.mp4`` and ``contact_sheet.png``.
-    """
-
-    episodes: int = 200
-    seed: int = 0
-    baselines: tuple[str, ...] = BASELINES
-    target: float | None = None
-    margin: float = 0.2
-    video_episodes: int = 4
-
-    def __post_init__(self):
-        unknown = [b for b in self.baselines if b not in BASELINES]
-        if unknown:
-            raise ValueError(f"unknown baselines {unknown}: choose from {list(BASELINES)}")
-        if self.episodes < 1 or self.seed < 0 or self.video_episodes < 0:
-            raise ValueError(f"episodes must be >= 1, seed and video_episodes >= 0; got {self.episodes}, "
-                             f"{self.seed}, {self.video_episodes}")
-        if not ((self.target is None or 0 <= self.target <= 1) and 0 <= self.margin <= 1):
-            raise ValueError(f"target and margin are fractions in [0, 1], got {self.target}, {self.margin}")
 
 
 def evaluate_closed_loop(

@@ -31,7 +31,9 @@ from dpflow_core.pairing import PairedEpisodes
 from dpflow_core.runs import TrainSettings
 from dpflow_core.runs.recipe import AblationRun, no_camera_on_lab
 from dpflow_core.server.upload import RemoteDataset
-from dpflow_core.sim.evaluate import ClosedLoopResult, ClosedLoopSettings, closed_loop_for_task
+from dpflow_core.settings import front_ends
+from dpflow_core.sim.evaluate import ClosedLoopResult, closed_loop_for_task
+from dpflow_core.sim.settings import ClosedLoopSettings
 from dpflow_dagster.defs.run_config import TrainRunConfig
 from dpflow_dagster.defs.training import POOL, CheckpointConfig, from_world, smoke_run
 from dpflow_dagster.partitions import OWNERS, check_partition_metadata, stage_value, task_asset_check, task_partitions
@@ -40,24 +42,26 @@ from dpflow_dagster.resources import GpuServerResource
 _DEFAULTS = ClosedLoopSettings()
 
 
-class RolloutEvaluationConfig(dg.Config):
-    """Maps onto :class:`dpflow_core.sim.evaluate.ClosedLoopSettings` (its docstring has the units)."""
+def _help(name: str) -> str:
+    return front_ends(ClosedLoopSettings)[name]["help"]
 
-    episodes: int = Field(default=_DEFAULTS.episodes, description="Held-out initial states (rollouts per predictor).")
-    seed: int = Field(default=_DEFAULTS.seed, description="Which block of held-out seeds (never a training seed).")
-    baselines: list[str] = Field(default=list(_DEFAULTS.baselines), description="Baselines on the same states.")
-    target: Optional[float] = Field(
-        default=_DEFAULTS.target, description="Success the policy must reach (fraction); unset: the task's own "
-        "(80 % pick_place, 60 % stack).")
-    margin: float = Field(default=_DEFAULTS.margin, description="Points by which it must beat each non-oracle baseline.")
-    video_episodes: int = Field(default=_DEFAULTS.video_episodes, description="Episodes filmed (mp4, contact sheet).")
+
+class RolloutEvaluationConfig(dg.Config):
+    """Maps onto :class:`dpflow_core.sim.settings.ClosedLoopSettings` (its defaults and help; its docstring has the
+    units), plus the other checkpoints rolled out as baselines."""
+
+    episodes: int = Field(default=_DEFAULTS.episodes, description=_help("episodes"))
+    seed: int = Field(default=_DEFAULTS.seed, description=_help("seed"))
+    baselines: list[str] = Field(default=list(_DEFAULTS.baselines), description=_help("baselines"))
+    target: Optional[float] = Field(default=_DEFAULTS.target, description=_help("target"))
+    margin: float = Field(default=_DEFAULTS.margin, description=_help("margin"))
+    video_episodes: int = Field(default=_DEFAULTS.video_episodes, description=_help("video_episodes"))
     baseline_checkpoints: dict[str, str] = Field(
         default_factory=dict, description="Other checkpoints rolled out as baselines on the same states, by name "
         "(e.g. {'no_camera': '/path/blind.ckpt'}); each must be beaten by the margin too.")
 
     def settings(self) -> ClosedLoopSettings:
-        return ClosedLoopSettings(self.episodes, self.seed, tuple(self.baselines), self.target, self.margin,
-                                  self.video_episodes)
+        return ClosedLoopSettings.from_config(self)
 
 
 def _summary_metadata(result: ClosedLoopResult) -> dict[str, Any]:
