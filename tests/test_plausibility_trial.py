@@ -87,6 +87,17 @@ def test_an_imu_of_noise_peaking_at_the_limit_fits_poorly_and_is_not_warned(tmp_
     assert e.status == "not_measurable" and not e.at_search_limit and e.reason.startswith("the motion fits poorly"), e
 
 
+@pytest.mark.parametrize("seed", [200, 203, 206, 207])
+def test_a_flat_scan_of_slow_motion_is_no_offset_beyond_the_limit(tmp_path, seed):
+    """The sample recordings' slow, smooth motion (true camera offset 0) leaves the camera's scan flat, R^2 within
+    0.1 of its median everywhere: a maximum at the limit is no peak, the true offset is not said to lie beyond."""
+    from dpflow_core.recordings.samples import SampleSpec, write_episode
+
+    ep = write_episode(tmp_path, "flat", SampleSpec(seconds=8.0, width=160, height=120), seed=seed)
+    e = _offsets(ep.vio_mcap)["camera_offset"]
+    assert e["status"] == "not_measurable" and not e["at_search_limit"], e
+
+
 def test_offsets_at_the_search_limit_are_warned_in_the_dataset_and_the_report(shifted, tmp_path):
     from dpflow_core.report import episode_quality
 

@@ -45,8 +45,8 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: file order and NaN/inf samples rejected by the reader.
 #: 8: a camera message repeating the one before byte for byte is not decoded twice (``duplicate_payload``);
 #: a clock step refused by the reader too; the IMU's plausibility classes.
-#: 9: an offset at (or within one sample of) the search limit, or beaten beyond it, at R^2 0.25 or more, is not
-#: measured (``at_search_limit``, warning ``offset_at_search_limit``); a still camera's moving pose (``vio_drift``) and an
+#: 9: an offset at (or within one sample of) the search limit, or beaten beyond it, standing 0.15 R^2 above the
+#: scan's median, is not measured (``at_search_limit``, warning ``offset_at_search_limit``); a still camera's moving pose (``vio_drift``) and an
 #: entirely still episode (``episode_still``) found; positions in other units one finding (``pose_units``).
 CONVERTER_VERSION = "9"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
