@@ -156,7 +156,7 @@ def _study_checkpoint(path: Path, digest: str, args, heldout, heldout_seeds, sam
 def _gate_checkpoint(path: Path, record: dict, args, folder: Path) -> dict:
     """The offline gate's verdict on one checkpoint, as ``dpflow evaluate`` decides it (reused from its
     ``record.json`` when the dataset, margin, samples and seed match); stored there under ``gate``."""
-    from dpflow_core.evaluation import evaluate_checkpoint
+    from dpflow_core.evaluation import EvaluationSettings, evaluate_checkpoint
     from dpflow_core.files import write_text_atomic
 
     trained = record["trained_on"]
@@ -166,8 +166,8 @@ def _gate_checkpoint(path: Path, record: dict, args, folder: Path) -> dict:
         return record["gate"]
     t0 = time.perf_counter()
     # the loss-curve plot that dpflow evaluate adds from logs.json.txt plays no part in the verdict
-    result = evaluate_checkpoint(path, trained["path"], folder / "gate", max_samples_per_episode=args.gate_samples,
-                                 margin=args.margin, seed=0, overwrite=True)
+    result = evaluate_checkpoint(path, trained["path"], folder / "gate", EvaluationSettings(
+        max_samples_per_episode=args.gate_samples, margin=args.margin, seed=0), overwrite=True)
     record["gate"] = {
         "settings": settings, "beats_baseline": result.beats_baseline, "failed_criteria": list(result.failed_criteria),
         "criteria": result.gate, "held_out_episodes": list(result.held_out_episodes), "n_samples": result.n_samples,

@@ -17,6 +17,7 @@ from synthetic_dataset import synthetic_arrays, write_npz, write_synthetic_datas
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.evaluation import (
     ABS_ACTION_KEYS,
+    EvaluationSettings,
     GATE_BASELINES,
     PREDICTORS,
     SampleErrors,
@@ -300,7 +301,7 @@ def untrained(request, tmp_path_factory, dataset) -> Path:
 
 
 def test_an_untrained_policy_fails_the_gate(untrained, dataset, tmp_path):
-    result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", max_samples_per_episode=10)
+    result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", EvaluationSettings(max_samples_per_episode=10))
     assert not result.beats_baseline, result.markdown_table()
     assert {"position_error_m", "rotation_error_rad"} <= set(result.failed_criteria)
     # tiny config: horizon 8, n_action_steps 4, latency 0: steps 1-4 run, a chunk every 4 steps,
@@ -314,7 +315,7 @@ def test_metrics_against_independent_computation(untrained, dataset, tmp_path):
     from dpflow_core.replay_buffer import ReplayBuffer
 
     log = untrained.parent.parent / "logs.json.txt"
-    result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", log_path=log, max_samples_per_episode=None)
+    result = evaluate_checkpoint(untrained, dataset, tmp_path / "eval", EvaluationSettings(max_samples_per_episode=None), log_path=log)
 
     train_mask, val_mask = split_episodes(5, 0.25, 42, min_val_episodes=2)  # task tiny: val_ratio, split_seed
     assert val_mask.sum() == 2
@@ -387,12 +388,12 @@ def test_the_gate_passes_the_truth_and_fails_constant_velocity_fed_in_as_the_pol
         return absolute_actions(buffer, action_index_matrix(policy.spec, rows))
 
     monkeypatch.setattr(ev, "predict_absolute_actions", truth)
-    result = ev.evaluate_checkpoint(untrained, dataset, tmp_path / "eval", max_samples_per_episode=6)
+    result = ev.evaluate_checkpoint(untrained, dataset, tmp_path / "eval", EvaluationSettings(max_samples_per_episode=6))
     assert result.beats_baseline, result.markdown_table()
     assert result.gate["position_error_m"]["policy"] == 0.0 and result.gate["rotation_error_rad"]["policy"] < 1e-7
 
     monkeypatch.setattr(ev, "predict_absolute_actions", lambda policy, buffer, rows, **_: constant_velocity_baseline(buffer, policy.spec, rows))
-    result = ev.evaluate_checkpoint(untrained, dataset, tmp_path / "eval_cv", max_samples_per_episode=6)
+    result = ev.evaluate_checkpoint(untrained, dataset, tmp_path / "eval_cv", EvaluationSettings(max_samples_per_episode=6))
     assert not result.beats_baseline and "position_error_m" in result.failed_criteria
     assert "[FAIL]" not in result.verdict() and "position_error_m" in result.verdict() and "FAIL" in result.verdict()
 

@@ -14,7 +14,7 @@ import torch
 from scipy.spatial.transform import Rotation
 from synthetic_dataset import synthetic_arrays
 
-from dpflow_core.evaluation import constant_velocity_baseline, hold_baseline, score_held_out
+from dpflow_core.evaluation import EvaluationSettings, constant_velocity_baseline, hold_baseline, score_held_out
 from dpflow_core.inference import Policy
 from dpflow_core.train import data as D
 
@@ -107,7 +107,8 @@ def oracle_predict(buffer: Buffer, spec: D.ObsActionSpec, perturb: np.ndarray | 
 
 def _score(buffer, spec, predict, **kw):
     return score_held_out(predict, buffer, spec, TRAIN, ~TRAIN, frequency_hz=FREQ, n_action_steps=N_ACTION_STEPS,
-                          latency_s=CAMERA, resamples=400, **kw)
+                          latency_s=CAMERA, resamples=400,
+                          settings=EvaluationSettings(max_samples_per_episode=None, **kw))
 
 
 def test_hold_and_constant_velocity_fed_in_as_the_policy_fail_the_gate_and_the_truth_passes():

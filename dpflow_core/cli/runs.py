@@ -18,6 +18,7 @@ from dpflow_core.cli import app
 from dpflow_core.cli.options import settings_options
 from dpflow_core.cli.remote import connection_options
 from dpflow_core import server as _server  # its names load on first use (dpflow_core._lazy)
+from dpflow_core.evaluation.settings import EvaluationSettings
 from dpflow_core.runs.settings import SmokeSettings, TrainSettings
 from dpflow_core.server.config import ServerConfig
 
@@ -184,15 +185,15 @@ def checkpoint_cmd(
 
 
 @app.command("evaluate")
+@settings_options(EvaluationSettings)
 def evaluate_cmd(
     checkpoint: Path = typer.Argument(..., help="A downloaded checkpoint (dpflow checkpoint prints its path)."),
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="The dataset.npz it was trained on (default: the path in its run record, when it exists here)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (default: <checkpoint folder>/evaluation)."),
     log: Optional[Path] = typer.Option(None, "--log", help="logs.json.txt for the loss curve (default: next to the checkpoint)."),
-    samples: int = typer.Option(48, "--samples-per-episode", min=1, help="Anchors per held-out episode."),
-    margin: float = typer.Option(0.2, "--margin", min=0.0, max=0.99, help="How much lower than the best trivial predictor's each gated error (TCP position, rotation, gripper events) must be (0.2 = 20 %)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace earlier results in the output folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    settings: EvaluationSettings = None,
 ) -> None:
     """Held-out errors of the checkpoint's EMA policy on the executed steps vs the hold, constant-velocity and
     mean-relative-action baselines, with plots; exit status 1 unless each gated error beats the best baseline's by the margin."""
@@ -201,10 +202,8 @@ def evaluate_cmd(
     folder = checkpoint.resolve().parent
     if dataset is None:
         dataset = _dataset_from_record(folder)
-    result = evaluate_checkpoint(
-        checkpoint, dataset, output or folder / "evaluation", log_path=log or folder / "logs.json.txt",
-        max_samples_per_episode=samples, margin=margin, overwrite=overwrite,
-    )
+    result = evaluate_checkpoint(checkpoint, dataset, output or folder / "evaluation", settings,
+                                 log_path=log or folder / "logs.json.txt", overwrite=overwrite)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:

@@ -50,25 +50,52 @@ evaluation and its result); the names other code uses are re-exported here.
 
 from __future__ import annotations
 
-from dpflow_core.evaluation.metrics import (
-    ABS_ACTION_KEYS, ACTION_GROUPS, DIMENSION_NAMES, PredictorMetrics, SampleErrors, geodesic_error,
-    gripper_event_errors, sample_errors, score_predictions, threshold_crossings,
-)
-from dpflow_core.evaluation.baselines import (
-    absolute_actions, action_index_matrix, constant_velocity_baseline, fit_mean_relative_action, hold_baseline,
-    mean_relative_baseline,
-)
-from dpflow_core.evaluation.gate import BOOTSTRAP_RESAMPLES, CRITERIA, gate_criteria
-from dpflow_core.evaluation.scoring import (
-    DEFAULT_MARGIN, GATE_BASELINES, PREDICTORS, HeldOutScores, chunk_anchor_rows, score_held_out,
-)
-from dpflow_core.evaluation.plots import plot_errors_per_step, plot_loss_curve, plot_trajectories, read_loss_curve
-from dpflow_core.evaluation.evaluate import (
-    MIN_HELD_OUT_EPISODES, RESULT_NAME, EvaluationResult, evaluate_checkpoint, evaluation_dir_for, held_out_split,
-    predict_absolute_actions, recorded_dataset_sha256,
-)
+from dpflow_core._lazy import lazy_exports
+
+# each name is imported from its module on first use: the command line's options (settings) load no NumPy
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "ABS_ACTION_KEYS": "metrics",
+    "ACTION_GROUPS": "metrics",
+    "BOOTSTRAP_RESAMPLES": "gate",
+    "CRITERIA": "gate",
+    "DEFAULT_MARGIN": "settings",
+    "DIMENSION_NAMES": "metrics",
+    "EvaluationResult": "evaluate",
+    "EvaluationSettings": "settings",
+    "GATE_BASELINES": "scoring",
+    "HeldOutScores": "scoring",
+    "MIN_HELD_OUT_EPISODES": "evaluate",
+    "PREDICTORS": "scoring",
+    "PredictorMetrics": "metrics",
+    "RESULT_NAME": "evaluate",
+    "SampleErrors": "metrics",
+    "absolute_actions": "baselines",
+    "action_index_matrix": "baselines",
+    "chunk_anchor_rows": "scoring",
+    "constant_velocity_baseline": "baselines",
+    "evaluate_checkpoint": "evaluate",
+    "evaluation_dir_for": "evaluate",
+    "fit_mean_relative_action": "baselines",
+    "gate_criteria": "gate",
+    "geodesic_error": "metrics",
+    "gripper_event_errors": "metrics",
+    "held_out_split": "evaluate",
+    "hold_baseline": "baselines",
+    "mean_relative_baseline": "baselines",
+    "plot_errors_per_step": "plots",
+    "plot_loss_curve": "plots",
+    "plot_trajectories": "plots",
+    "predict_absolute_actions": "evaluate",
+    "read_loss_curve": "plots",
+    "recorded_dataset_sha256": "evaluate",
+    "sample_errors": "metrics",
+    "score_held_out": "scoring",
+    "score_predictions": "metrics",
+    "threshold_crossings": "metrics",
+})
 
 __all__ = [
+    "EvaluationSettings",
     "ABS_ACTION_KEYS", "ACTION_GROUPS", "BOOTSTRAP_RESAMPLES", "CRITERIA", "DEFAULT_MARGIN", "DIMENSION_NAMES",
     "GATE_BASELINES", "MIN_HELD_OUT_EPISODES", "PREDICTORS", "RESULT_NAME", "EvaluationResult", "HeldOutScores",
     "PredictorMetrics", "SampleErrors", "absolute_actions", "action_index_matrix", "chunk_anchor_rows",

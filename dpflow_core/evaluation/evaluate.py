@@ -15,7 +15,8 @@ import numpy as np
 from dpflow_core.errors import DatasetError, RunError
 from dpflow_core.results import StageResult
 from dpflow_core.evaluation.metrics import ACTION_GROUPS, DIMENSION_NAMES
-from dpflow_core.evaluation.scoring import DEFAULT_MARGIN, GATE_BASELINES, PREDICTORS, HeldOutScores, score_held_out
+from dpflow_core.evaluation.scoring import GATE_BASELINES, PREDICTORS, HeldOutScores, score_held_out
+from dpflow_core.evaluation.settings import EvaluationSettings
 from dpflow_core.evaluation.plots import plot_errors_per_step, plot_loss_curve, plot_trajectories, read_loss_curve
 
 if TYPE_CHECKING:
@@ -279,16 +280,9 @@ def evaluate_checkpoint(
     checkpoint_path: str | Path,
     dataset_path: str | Path,
     out_dir: str | Path,
+    settings: EvaluationSettings | None = None,
     *,
     log_path: str | Path | None = None,
-    max_samples_per_episode: int | None = 48,
-    plot_episodes: int = 3,
-    batch_size: int = 64,
-    seed: int = 0,
-    device: str = "cpu",
-    margin: float = DEFAULT_MARGIN,
-    gripper_threshold_m: float | None = None,
-    command_latency_s: float = 0.0,
     overwrite: bool = False,
 ) -> EvaluationResult:
     """Evaluate the checkpoint's EMA policy against the trivial baselines on the held-out episodes.
@@ -300,17 +294,9 @@ def evaluate_checkpoint(
         out_dir: folder for ``evaluation.json`` and the PNGs (created; existing results
             are kept unless ``overwrite``).
         log_path: the run's ``logs.json.txt`` for the loss curve (optional).
-        max_samples_per_episode: at most this many chunk anchors per held-out episode, evenly
-            spaced (None: every chunk).
-        plot_episodes: how many held-out episodes the trajectory plot shows.
-        batch_size: samples per ``predict_action`` call.
-        seed: seed of the diffusion noise and of the bootstrap (the result is reproducible for a seed).
-        device: torch device of the policy.
-        margin: fraction in [0, 1) by which each gated error must undercut the best baseline's.
-        gripper_threshold_m: width threshold (m) of gripper open/close events; None: the middle
-            of the training episodes' width range.
-        command_latency_s: time from the policy's answer to the controller (s), added to the
-            checkpoint's camera latency when choosing the executed steps.
+        settings: :class:`~dpflow_core.evaluation.settings.EvaluationSettings` (default: its defaults): anchors
+            per held-out episode, plotted episodes, batch size, seed, device, margin, gripper event threshold and
+            command latency.
         overwrite: replace an existing ``evaluation.json`` in ``out_dir``.
 
     Returns:
@@ -330,19 +316,19 @@ def evaluate_checkpoint(
     from dpflow_core.inference import load_policy
 
     started = time.monotonic()
-    if not 0.0 <= float(margin) < 1.0:
-        raise RunError(f"the evaluation margin must be in [0, 1), got {margin!r}", code="bad_margin")
+    settings = settings or EvaluationSettings()
+    seed, batch_size = settings.seed, settings.batch_size
     out_dir = Path(out_dir)
     result_path = out_dir / RESULT_NAME
     if result_path.exists() and not overwrite:
         raise RunError("evaluation results exist already (pass --overwrite (overwrite=True from Python) to replace them)", path=result_path, code="exists")
 
     buffer, actual_sha, recorded_sha, notes = _open_training_dataset(checkpoint_path, dataset_path)
-    policy = load_policy(checkpoint_path, device=device, use_ema=True)
+    policy = load_policy(checkpoint_path, device=settings.device, use_ema=True)
     cfg, spec = policy.cfg, policy.spec
     train_mask, val_mask = held_out_split(cfg, buffer.n_episodes)
     held_out = tuple(int(e) for e in np.flatnonzero(val_mask))
-    latency_s = policy.camera_obs_latency_s + float(command_latency_s)
+    latency_s = policy.camera_obs_latency_s + float(settings.command_latency_s)
 
     def predict(rows: np.ndarray) -> np.ndarray:
         return predict_absolute_actions(policy, buffer, rows, batch_size=batch_size, seed=seed)
@@ -351,8 +337,7 @@ def evaluate_checkpoint(
     try:
         scores = score_held_out(
             predict, buffer, spec, train_mask, val_mask, frequency_hz=buffer.frequency_hz,
-            n_action_steps=int(policy.network.n_action_steps), latency_s=latency_s, margin=margin,
-            max_samples_per_episode=max_samples_per_episode, gripper_threshold_m=gripper_threshold_m, seed=seed,
+            n_action_steps=int(policy.network.n_action_steps), latency_s=latency_s, settings=settings,
         )
     except ValueError as exc:
         raise RunError(str(exc), path=checkpoint_path, code="bad_latency") from exc
@@ -366,7 +351,7 @@ def evaluate_checkpoint(
     out_dir.mkdir(parents=True, exist_ok=True)
     index_rows = scores.rows
     trajectory_plot, error_plot, loss_plot = _plot_results(
-        buffer, held_out, scores, plot_episodes, out_dir, log_path, checkpoint_path, notes)
+        buffer, held_out, scores, settings.plot_episodes, out_dir, log_path, checkpoint_path, notes)
 
     result = EvaluationResult(
         checkpoint_path=str(Path(checkpoint_path).resolve()),
@@ -382,7 +367,7 @@ def evaluate_checkpoint(
         dimension_names=DIMENSION_NAMES,
         metrics={name: asdict(m) for name, m in scores.metrics.items()},
         gripper_threshold_m=scores.gripper_threshold_m,
-        margin=float(margin),
+        margin=float(settings.margin),
         trajectory_plot=str(trajectory_plot),
         error_plot=str(error_plot),
         loss_plot=loss_plot,

@@ -23,7 +23,7 @@ from dpflow_core.evaluation.metrics import sample_errors, score_predictions
 #: Predictors scored, in report order; the gate compares ``policy`` with the best of the others.
 PREDICTORS: tuple[str, ...] = ("policy", "hold", "constant_velocity", "mean_relative")
 GATE_BASELINES: tuple[str, ...] = ("hold", "constant_velocity", "mean_relative")
-DEFAULT_MARGIN = 0.2
+from dpflow_core.evaluation.settings import DEFAULT_MARGIN, EvaluationSettings  # noqa: E402,F401 (re-exported)
 
 
 def chunk_anchor_rows(index: np.ndarray, stride: int, max_per_episode: int | None = None) -> np.ndarray:
@@ -82,11 +82,8 @@ def score_held_out(
     frequency_hz: float,
     n_action_steps: int,
     latency_s: float,
-    margin: float = DEFAULT_MARGIN,
-    max_samples_per_episode: int | None = None,
-    gripper_threshold_m: float | None = None,
+    settings: EvaluationSettings | None = None,
     resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
 ) -> HeldOutScores:
     """Score a predictor and the trivial baselines on the held-out episodes, and decide the gate.
 
@@ -103,9 +100,11 @@ def score_held_out(
         frequency_hz: the dataset's frequency (times the actions).
         n_action_steps: actions a robot executes per chunk; latency_s: from the anchor frame's
             capture to the moment the policy acts (s).
-        margin, resamples, seed: of :func:`~dpflow_core.evaluation.gate.gate_criteria`.
-        max_samples_per_episode: cap on anchors per held-out episode (None: every chunk).
-        gripper_threshold_m: event threshold (m); None: the middle of the training widths' range.
+        settings: the evaluation's :class:`~dpflow_core.evaluation.settings.EvaluationSettings`: its ``margin``
+            and ``seed`` (of :func:`~dpflow_core.evaluation.gate.gate_criteria`), ``max_samples_per_episode``
+            (the cap on anchors per held-out episode; None: every chunk) and ``gripper_threshold_m`` (None: the
+            middle of the training widths' range). Default: every chunk, the other defaults.
+        resamples: bootstrap draws of :func:`~dpflow_core.evaluation.gate.gate_criteria`.
 
     Raises:
         DatasetError: the held-out episodes give no sample, the training ones none.
@@ -113,6 +112,10 @@ def score_held_out(
     """
     from dpflow_core.inference import executed_action_steps
     from dpflow_core.train.data import sequence_index
+
+    settings = settings or EvaluationSettings(max_samples_per_episode=None)
+    margin, seed, max_samples_per_episode = settings.margin, settings.seed, settings.max_samples_per_episode
+    gripper_threshold_m = settings.gripper_threshold_m
 
     ends = np.asarray(buffer.episode_ends, dtype=np.int64)
     index = sequence_index(ends, np.asarray(val_mask, bool), spec)

@@ -54,6 +54,8 @@ from pydantic import Field
 from dpflow_core.checkpoints import DownloadedCheckpoint, download_checkpoint, verify_checkpoint
 from dpflow_core.errors import DpflowError
 from dpflow_core.evaluation import EvaluationResult, evaluate_checkpoint, evaluation_dir_for
+from dpflow_core.evaluation.settings import EvaluationSettings
+from dpflow_core.settings import front_ends
 from dpflow_core.serving.settings import serve_command
 from dpflow_core.runs import (
     ReportedCheck,
@@ -472,17 +474,27 @@ def checkpoint_sha256_match(
 # ------------------------------------------------------------------------ evaluation
 
 
-class EvaluationConfig(dg.Config):
-    """Offline evaluation on the held-out episodes."""
+def _evaluation_help(name: str) -> str:
+    return front_ends(EvaluationSettings)[name]["help"]
 
-    max_samples_per_episode: int = Field(default=48, description="At most this many anchors (one per executed chunk) per held-out episode, evenly spaced.")
-    plot_episodes: int = Field(default=3, description="Held-out episodes shown in the trajectory plot.")
-    seed: int = Field(default=0, description="Seed of the diffusion noise.")
-    margin: float = Field(
-        default=0.2, description="How much lower than the best trivial predictor's (hold, constant velocity, mean "
-        "relative action) the policy's TCP position error, rotation error and gripper event error must each be "
-        "(0.2: at least 20 % lower) for the blocking check beats_baseline.",
-    )
+
+_EVALUATION = EvaluationSettings()
+
+
+class EvaluationConfig(dg.Config):
+    """Offline evaluation on the held-out episodes: :class:`~dpflow_core.evaluation.settings.EvaluationSettings`'
+    fields with their defaults and help (Dagster configs hold no None: 0 anchors means every chunk, a negative
+    threshold the default)."""
+
+    max_samples_per_episode: int = Field(default=_EVALUATION.max_samples_per_episode,
+                                         description=_evaluation_help("max_samples_per_episode") + " 0: every chunk.")
+    plot_episodes: int = Field(default=_EVALUATION.plot_episodes, description=_evaluation_help("plot_episodes"))
+    batch_size: int = Field(default=_EVALUATION.batch_size, description=_evaluation_help("batch_size"))
+    seed: int = Field(default=_EVALUATION.seed, description=_evaluation_help("seed"))
+    device: str = Field(default=_EVALUATION.device, description=_evaluation_help("device"))
+    margin: float = Field(default=_EVALUATION.margin, description=_evaluation_help("margin"))
+    gripper_threshold_m: float = Field(default=-1.0, description=_evaluation_help("gripper_threshold_m") + " -1: that default.")
+    command_latency_s: float = Field(default=_EVALUATION.command_latency_s, description=_evaluation_help("command_latency_s"))
 
 
 @dg.asset(
@@ -507,11 +519,8 @@ def evaluation(
         raise _failure(f"the local dataset {dataset!r} is not available for evaluation")
     out_dir = evaluation_dir_for(ckpt.local_dir)
     try:
-        result = evaluate_checkpoint(
-            ckpt.local_path, dataset, out_dir, log_path=ckpt.log_path,
-            max_samples_per_episode=config.max_samples_per_episode, plot_episodes=config.plot_episodes, seed=config.seed,
-            margin=config.margin,
-        )
+        result = evaluate_checkpoint(ckpt.local_path, dataset, out_dir, EvaluationSettings.from_config(config),
+                                     log_path=ckpt.log_path)
     except DpflowError as exc:
         raise _failure(str(exc), {"checkpoint": ckpt.local_path, "dataset": dataset}) from exc
     context.log.info(result.verdict())
