@@ -26,7 +26,7 @@ from conftest import kill_tmux_server, tmux_socket
 from dpflow_core.cli import app
 from dpflow_core.errors import RunError
 from dpflow_core.runs import (
-    CPU_CONFIG_NAME, CPU_RUN_NOTE, GPU_CONFIG_NAME, choose_gpus, launch_run, load_handle, resolve_config_name, smoke_spec,
+    CPU_CONFIG_NAME, CPU_RUN_NOTE, GPU_CONFIG_NAME, choose_gpus, launch_run, load_handle, resolve_config_name, smoke_spec, SmokeSettings,
 )
 from dpflow_core.server import GpuInventory, GpuServer, ServerConfig, parse_compute_apps, parse_gpu_query
 from dpflow_core.server.preflight import preflight
@@ -98,7 +98,7 @@ def test_broken_gpu_over_ssh_fails_preflight_and_refuses_smoke_and_train(sshd_se
         with pytest.raises(RunError) as auto:
             resolve_config_name("auto", inventory, server)  # never the CPU config over SSH
         assert auto.value.code == "gpu_unavailable" and "local transport" in auto.value.reason
-        spec = smoke_spec("smoke-refused", dataset, 30.0, train_command=trainer, config_name="tiny")
+        spec = smoke_spec("smoke-refused", dataset, 30.0, SmokeSettings(train_command=trainer), config_name="tiny")
         with pytest.raises(RunError) as refused:
             launch_run(server, spec)
         assert refused.value.code == "gpu_unavailable"
@@ -157,7 +157,7 @@ def test_expect_gpu_on_the_local_transport_refuses_too(tmp_path, files):
         [problem] = [p for p in report.problems if p.startswith("gpu:")]
         _assert_names_the_failure(problem, smi, "driver")
         with pytest.raises(RunError) as refused:
-            launch_run(server, smoke_spec("smoke-local-refused", dataset, 30.0, train_command=trainer))
+            launch_run(server, smoke_spec("smoke-local-refused", dataset, 30.0, SmokeSettings(train_command=trainer)))
     assert refused.value.code == "gpu_unavailable"
     with GpuServer(ServerConfig.local(data_root=str(tmp_path / "server"), nvidia_smi=smi)) as server:
         report = preflight(server)  # not expected locally: a warning that names the failure
@@ -216,7 +216,7 @@ def test_requested_gpu_is_checked_against_nvidia_smi_of_this_launch(tmp_path, fi
     trainer, dataset = files
     smi = write_fake_nvidia_smi(tmp_path / "smi")
     config = ServerConfig.local(data_root=str(tmp_path / "server"), nvidia_smi=str(smi), tmux_socket=TMUX_SOCKET)
-    spec = smoke_spec("smoke-gpu0", dataset, 30.0, train_command=trainer, gpu_ids=(0,))
+    spec = smoke_spec("smoke-gpu0", dataset, 30.0, SmokeSettings(train_command=trainer, gpu_ids=(0,)))
     with GpuServer(config) as server:
         with pytest.raises(RunError) as busy:
             launch_run(server, spec)

@@ -43,6 +43,7 @@ from dpflow_core.runs import (
     run_processes,
     run_smoke,
     smoke_spec,
+    SmokeSettings,
 )
 
 FAKE_TRAINER = textwrap.dedent(
@@ -132,7 +133,7 @@ def fake_spec(name, dataset, trainer, *, kind="train", epochs=1, steps=2, mode="
     if step_s:
         extra += (f"fake.step_s={step_s}",)
     if kind == "smoke":
-        return smoke_spec(name, dataset, 30.0, train_command=str(trainer), epochs=epochs, max_train_steps=steps, extra_overrides=extra)
+        return smoke_spec(name, dataset, 30.0, SmokeSettings(train_command=str(trainer), epochs=epochs, max_train_steps=steps, extra_overrides=extra))
     return RunSpec(
         name=name, kind="train", dataset_path=dataset, frequency_hz=30.0, config_name="tiny", epochs=epochs,
         max_train_steps=steps, train_command=str(trainer), extra_overrides=extra, save_checkpoints=save,

@@ -18,6 +18,7 @@ from dpflow_core.runs import (
     read_run_config,
     run_smoke,
     smoke_spec,
+    SmokeSettings,
 )
 
 
@@ -44,7 +45,7 @@ def server(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_run_on_cpu_end_to_end(server, dataset):
-    spec = smoke_spec("smoke-cpu", dataset, 10.0, config_name="tiny", max_train_steps=3, batch_size=4)
+    spec = smoke_spec("smoke-cpu", dataset, 10.0, SmokeSettings(max_train_steps=3, batch_size=4), config_name="tiny")
     result = run_smoke(server, spec, timeout_s=300)
     assert result.passed, (result.problems, result.output_tail)
     assert result.exit_code == 0 and result.finite_losses == 3 and result.checkpoints == ()
@@ -63,7 +64,7 @@ def test_smoke_run_on_cpu_end_to_end(server, dataset):
 
 @pytest.mark.slow
 def test_resume_continuity_passes_and_the_full_run_exits_naturally(server, dataset):
-    base = smoke_spec("cont", dataset, 10.0, config_name="tiny", batch_size=4)
+    base = smoke_spec("cont", dataset, 10.0, SmokeSettings(batch_size=4), config_name="tiny")
     report = check_resume_continuity(server, base, epochs=2, steps_per_epoch=2)
     assert report.passed, (report.problems, report.mismatches)
     # epoch 1 = global steps 2, 3 plus its summary line

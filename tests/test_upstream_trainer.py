@@ -25,7 +25,7 @@ from conftest import kill_tmux_server, tmux_socket
 from dpflow_core.logs import parse_log_text
 from dpflow_core.runs import (
     UPSTREAM_TRAIN_COMMAND, RunSpec, check_natural_exit, check_resume_continuity, launch_run, list_checkpoints,
-    load_handle, monitor_run, probe_checkpoint, smoke_spec,
+    load_handle, monitor_run, probe_checkpoint, smoke_spec, SmokeSettings,
 )
 from dpflow_core.server import GpuServer, ServerConfig
 
@@ -145,8 +145,8 @@ def test_a_checkpoint_the_servers_python_cannot_load_is_not_complete(tmp_path):
 
 
 def _continuity(server, dataset, *extra):
-    base = smoke_spec("umi-cont", dataset, 59.94, config_name=UMI_CONFIG, train_command="upstream", batch_size=4,
-                      extra_overrides=extra)
+    base = smoke_spec("umi-cont", dataset, 59.94, SmokeSettings(train_command="upstream", batch_size=4,
+                                                                 extra_overrides=extra), config_name=UMI_CONFIG)
     return check_resume_continuity(server, base, epochs=2, steps_per_epoch=3, timeout_s=300)
 
 

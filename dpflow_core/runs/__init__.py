@@ -134,7 +134,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "run_smoke": "smoke",
     "runs_root": "spec",
     "save_release_report": "release",
-    "smoke_spec": "spec",
+    "smoke_spec": "recipe",
     "token_pids": "processes",
     "utc_now": "spec",
 })

@@ -30,7 +30,7 @@ from dpflow_core.runs.gpus import require_gpus
 from dpflow_core.runs.scale import EventCallback, RunHooks, ScaleResult, run_on_lab, slurm_config_name
 from dpflow_core.runs.settings import SmokeSettings, TrainSettings
 from dpflow_core.runs.smoke import ResumeCheckSize, SmokeRun
-from dpflow_core.runs.spec import RunSpec, default_run_name, resolve_config_name, smoke_spec
+from dpflow_core.runs.spec import GPU_CONFIG_NAME, RunSpec, default_run_name, resolve_config_name
 from dpflow_core.runs.state import active_or_new_run_name
 
 #: Opens what a front end adds to a run on one server (a Dagster Pipes session), given the server and the spec;
@@ -84,6 +84,30 @@ def _announce(on_event: EventCallback | None, spec: RunSpec, lab: LabServers, se
         on_event(f"{spec.kind} run {spec.name} ({lab.mode}, {len(servers)} server(s)) via {servers[0].config.describe()}")
 
 
+def smoke_spec(
+    name: str,
+    dataset_path: str,
+    frequency_hz: float,
+    settings: SmokeSettings | None = None,
+    *,
+    dataset_sha256: str | None = None,
+    config_name: str | None = None,
+) -> RunSpec:
+    """A smoke run (rule 6) of ``settings`` (:class:`~dpflow_core.runs.settings.SmokeSettings`; default its
+    defaults): one GPU (its ``gpu_ids``), offline logging, no resume, few steps, small batch, no checkpoints.
+    ``config_name``: the trainer config chosen for it (the recipe resolves ``auto``); default the settings' own,
+    :data:`GPU_CONFIG_NAME` when that is ``auto``."""
+    s = settings or SmokeSettings()
+    chosen = config_name or (GPU_CONFIG_NAME if s.config_name == "auto" else s.config_name)
+    return RunSpec(
+        name=name, kind="smoke", dataset_path=dataset_path, frequency_hz=frequency_hz, dataset_sha256=dataset_sha256,
+        config_name=chosen, epochs=s.epochs, max_train_steps=s.max_train_steps, max_val_steps=s.max_train_steps,
+        batch_size=s.batch_size, num_workers=s.num_workers, num_processes=1, gpu_ids=tuple(s.gpu_ids),
+        train_command=s.train_command, resume=False,
+        logging_mode="offline", extra_overrides=tuple(s.extra_overrides), save_checkpoints=False,
+    )
+
+
 def smoke_on_lab(
     servers: Sequence[GpuServer],
     lab: LabServers,
@@ -101,13 +125,9 @@ def smoke_on_lab(
     """
     server = servers[0]
     inventory = _checked_inventory(server, lab, "smoke", settings.gpu_ids)
-    spec = smoke_spec(
-        settings.run_name or default_run_name(dataset.sha256, "smoke"), dataset.remote_path, dataset.frequency_hz,
-        dataset_sha256=dataset.sha256, config_name=_config_name(server, lab, settings.config_name, inventory),
-        epochs=settings.epochs, max_train_steps=settings.max_train_steps, batch_size=settings.batch_size,
-        num_workers=settings.num_workers, train_command=settings.train_command,
-        extra_overrides=settings.extra_overrides, gpu_ids=settings.gpu_ids,
-    )
+    spec = smoke_spec(settings.run_name or default_run_name(dataset.sha256, "smoke"), dataset.remote_path,
+                      dataset.frequency_hz, settings, dataset_sha256=dataset.sha256,
+                      config_name=_config_name(server, lab, settings.config_name, inventory))
     _announce(on_event, spec, lab, servers)
     with _hooks(hooks, server, spec, lab) as run_hooks:
         result = run_on_lab(servers, lab, spec, _paths(dataset, servers), timeout_s=settings.timeout_s,

@@ -220,32 +220,6 @@ class RunSpec:
         return cls(**values)
 
 
-def smoke_spec(
-    name: str,
-    dataset_path: str,
-    frequency_hz: float,
-    *,
-    dataset_sha256: str | None = None,
-    config_name: str = GPU_CONFIG_NAME,
-    epochs: int = 1,
-    max_train_steps: int = 3,
-    batch_size: int = 4,
-    num_workers: int = 0,
-    train_command: str = DEFAULT_TRAIN_COMMAND,
-    extra_overrides: Sequence[str] = (),
-    gpu_ids: Sequence[int] = (),
-) -> RunSpec:
-    """A smoke run (rule 6): one GPU (``gpu_ids``: the one to use), offline logging, no resume, few steps,
-    small batch, no checkpoints."""
-    return RunSpec(
-        name=name, kind="smoke", dataset_path=dataset_path, frequency_hz=frequency_hz, dataset_sha256=dataset_sha256,
-        config_name=config_name, epochs=epochs, max_train_steps=max_train_steps, max_val_steps=max_train_steps,
-        batch_size=batch_size, num_workers=num_workers, num_processes=1, gpu_ids=tuple(gpu_ids),
-        train_command=train_command, resume=False,
-        logging_mode="offline", extra_overrides=tuple(extra_overrides), save_checkpoints=False,
-    )
-
-
 def dataset_frequency(server: GpuServer, dataset_path: str, timeout_s: float = 120.0) -> float:
     """The measured frequency (Hz) recorded in the dataset, read on the server.
 
