@@ -262,12 +262,11 @@ def write_episode(
 
     pose_valid = np.array([not any(a <= t_s[i] < b for a, b in spec.pose_invalid) for i in pose_idx], dtype=bool)
     camera_ts = np.array([frame_t_ns[i] for i, _ in camera], dtype=np.int64)
-    raw_path, vio_path, json_path = write_recording(
-        task_dir, stem, rng, spec, topics,
+    raw_path, vio_path, json_path = write_recording(task_dir, stem, rng, spec, topics, EpisodeStreams(
         camera_ts_ns=camera_ts, access_units=[u for _, (u, _k) in camera],
         gripper_ts_ns=g_t_ns, gripper_width_m=g_width, imu_ts_ns=i_t_ns, imu=None,
         pose_ts_ns=frame_t_ns[pose_idx], position_m=pos[pose_idx], quat_xyzw=quat[pose_idx], pose_valid=pose_valid,
-    )
+    ))
     return SampleEpisode(
         stem=stem,
         raw_mcap=raw_path,
@@ -282,33 +281,38 @@ def write_episode(
     )
 
 
-def write_recording(
-    task_dir: Path,
-    stem: str,
-    rng: np.random.Generator,
-    spec: SampleSpec,
-    topics: TopicMap,
-    *,
-    camera_ts_ns: np.ndarray,
-    access_units: list[bytes],
-    gripper_ts_ns: np.ndarray,
-    gripper_width_m: np.ndarray,
-    imu_ts_ns: np.ndarray,
-    imu: tuple[np.ndarray, np.ndarray] | None,
-    pose_ts_ns: np.ndarray,
-    position_m: np.ndarray,
-    quat_xyzw: np.ndarray,
-    pose_valid: np.ndarray,
-) -> tuple[Path, Path, Path]:
+@dataclass(frozen=True)
+class EpisodeStreams:
+    """The sampled streams of one episode, each with its own capture times (int64 ns): camera frames
+    (``access_units``: one H.264 Annex-B access unit per frame), gripper widths (m), IMU readings (``imu``:
+    ``(gyro (I, 3) rad/s, accel (I, 3) m/s^2)`` in the device frame, or None for sensor noise only), and the
+    VIO pose track (``position_m`` (P, 3), ``quat_xyzw`` (P, 4), ``pose_valid`` (P,) bool)."""
+
+    camera_ts_ns: np.ndarray
+    access_units: list
+    gripper_ts_ns: np.ndarray
+    gripper_width_m: np.ndarray
+    imu_ts_ns: np.ndarray
+    imu: tuple | None
+    pose_ts_ns: np.ndarray
+    position_m: np.ndarray
+    quat_xyzw: np.ndarray
+    pose_valid: np.ndarray
+
+
+def write_recording(task_dir: Path, stem: str, rng: np.random.Generator, spec: SampleSpec, topics: TopicMap,
+                    streams: EpisodeStreams) -> tuple[Path, Path, Path]:
     """Write the sampled streams of one episode as Matrix Studio does: ``<STEM>.mcap``, ``<STEM>_vio.mcap``
     (the same plus the pose track) and ``<STEM>_vio.json``; returns their paths.
 
-    Every stream keeps its own capture times (``*_ts_ns``, int64 ns in the header); ``log_time`` adds
-    an arrival delay drawn from ``rng``. ``access_units``: one H.264 Annex-B access unit per camera
-    frame. ``imu``: ``(gyro (I, 3) rad/s, accel (I, 3) m/s^2)`` in the device frame, or None for sensor
-    noise only (the random-motion samples have no consistent IMU). ``spec`` gives the rates, the image
+    Every stream of ``streams`` (:class:`EpisodeStreams`) keeps its own capture times (in the header);
+    ``log_time`` adds an arrival delay drawn from ``rng`` (the random-motion samples have no consistent IMU). ``spec`` gives the rates, the image
     size of ``camera_info``, ``pose_out_of_order`` and ``vio_status``.
     """
+    camera_ts_ns, access_units, gripper_ts_ns, gripper_width_m = (
+        streams.camera_ts_ns, streams.access_units, streams.gripper_ts_ns, streams.gripper_width_m)
+    imu_ts_ns, imu, pose_ts_ns, position_m, quat_xyzw, pose_valid = (
+        streams.imu_ts_ns, streams.imu, streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, streams.pose_valid)
     msgs = das_messages()
     raw: list[tuple[int, str, object]] = []
     for seq, (ts, data) in enumerate(zip(camera_ts_ns, access_units)):

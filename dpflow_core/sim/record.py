@@ -37,7 +37,7 @@ import numpy as np
 from scipy.spatial.transform import Rotation, Slerp
 
 from dpflow_core.files import write_text_atomic
-from dpflow_core.recordings.samples import SampleSpec, encode_h264, write_recording
+from dpflow_core.recordings.samples import EpisodeStreams, SampleSpec, encode_h264, write_recording
 from dpflow_core.recordings.topics import DAS_DEFAULT
 from dpflow_core.sim.demonstrator import Plan, plan
 from dpflow_core.sim.faults import FaultSpec, inject_faults, write_truth
@@ -178,12 +178,11 @@ def record_episode(task_dir: Path, stem: str, state: InitialState, spec: SimReco
     t_imu = np.arange(int(end * spec.imu_hz)) / spec.imu_hz
     sample = SampleSpec(seconds=end, fps=spec.fps, width=spec.width, height=spec.height, gop_size=spec.gop_size,
                         gripper_hz=spec.gripper_hz, imu_hz=spec.imu_hz)
-    write_recording(
-        task_dir, stem, rng, sample, DAS_DEFAULT,
+    write_recording(task_dir, stem, rng, sample, DAS_DEFAULT, EpisodeStreams(
         camera_ts_ns=ns(t_cam + spec.camera_latency_s), access_units=units,
         gripper_ts_ns=ns(t_grip), gripper_width_m=grip, imu_ts_ns=ns(t_imu), imu=imu_readings(hist, t_imu, rng),
         pose_ts_ns=ns(t_cam), position_m=vio_pos, quat_xyzw=vio_rot.as_quat(), pose_valid=np.ones(n, bool),
-    )
+    ))
     return {"stem": stem, "seed": state.seed, "seconds": round(end, 3), "frames": n}
 
 
