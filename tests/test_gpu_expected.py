@@ -233,10 +233,10 @@ def test_expect_gpu_defaults_and_settings(monkeypatch):
     from dpflow_core.cli.remote import server_config_from_options
     from dpflow_dagster.resources import gpu_server_from_env
 
-    assert server_config_from_options(host="gpu01.lab.example").gpu_expected is True  # SSH: on by default
-    assert server_config_from_options(host="gpu01.lab.example", expect_gpu=False).gpu_expected is False
-    assert server_config_from_options().gpu_expected is False  # local: off by default
-    assert server_config_from_options(expect_gpu=True, nvidia_smi="/opt/nv/nvidia-smi").nvidia_smi == "/opt/nv/nvidia-smi"
+    assert server_config_from_options({"host": "gpu01.lab.example"}).gpu_expected is True  # SSH: on by default
+    assert server_config_from_options({"host": "gpu01.lab.example", "expect_gpu": False}).gpu_expected is False
+    assert server_config_from_options({}).gpu_expected is False  # local: off by default
+    assert server_config_from_options({"expect_gpu": True, "nvidia_smi": "/opt/nv/nvidia-smi"}).nvidia_smi == "/opt/nv/nvidia-smi"
     monkeypatch.delenv("DPFLOW_SERVER_HOST", raising=False)
     monkeypatch.setenv("DPFLOW_SERVER_EXPECT_GPU", "true")  # lab.yaml server.expect_gpu: true
     assert gpu_server_from_env().server_config().gpu_expected is True

@@ -19,7 +19,7 @@ import inspect
 import json
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import typer
 
@@ -110,21 +110,22 @@ def server_config_from_lab(lab: Path, flags: dict) -> ServerConfig:
     return servers.servers[0]
 
 
-def server_config_from_options(
-    host: str | None = None,
-    port: int = 22,
-    user: str | None = None,
-    key: Path | None = None,
-    known_hosts: Path | None = None,
-    trust_on_first_use: bool = False,
-    data_root: str | None = None,
-    remote_repo: str | None = None,
-    python: str | None = None,
-    activate: str | None = None,
-    nvidia_smi: str | None = None,
-    expect_gpu: bool | None = None,
-) -> ServerConfig:
-    """The :class:`ServerConfig` the connection flags describe (local when ``host`` is None)."""
+def server_config_from_options(flags: Mapping[str, Any]) -> ServerConfig:
+    """The :class:`ServerConfig` the connection flags describe (local when ``host`` is None).
+
+    ``flags``: values of :data:`CONNECTION_OPTIONS` by name (a name left out takes the flag's default).
+
+    Raises:
+        ValueError: a name that is not a connection flag.
+    """
+    unknown = set(flags) - set(_CONNECTION_NAMES)
+    if unknown:
+        raise ValueError(f"not connection flags: {sorted(unknown)}")
+    get = {name: flags.get(name, _DEFAULTS.get(name)) for name in _CONNECTION_NAMES}
+    host, port, user, key, known_hosts = get["host"], get["port"], get["user"], get["key"], get["known_hosts"]
+    trust_on_first_use, data_root, remote_repo, python = (get["trust_on_first_use"], get["data_root"],
+                                                          get["remote_repo"], get["python"])
+    activate, nvidia_smi, expect_gpu = get["activate"], get["nvidia_smi"], get["expect_gpu"]
     if host is None:
         return ServerConfig.local(data_root=data_root, repo_path=remote_repo, python=python, activate=activate,
                                   nvidia_smi=nvidia_smi, expect_gpu=expect_gpu)
@@ -161,7 +162,7 @@ def connection_options(func):
     def wrapper(*args, **kwargs):
         flags = {name: kwargs.pop(name) for name in _CONNECTION_NAMES if name in kwargs}
         lab = kwargs.pop("lab", None)
-        config = server_config_from_lab(lab, flags) if lab is not None else server_config_from_options(**flags)
+        config = server_config_from_lab(lab, flags) if lab is not None else server_config_from_options(flags)
         return func(*args, server_config=config, **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=own + added, return_annotation=None)
