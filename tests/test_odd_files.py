@@ -83,3 +83,54 @@ def test_a_recording_vio_result_lists_but_the_folder_lacks_is_named(tmp_path):
     missing = [(r.stem, r.code) for r in m.rejected if r.code == "listed_but_missing"]
     assert missing == [("pick_place_0007", "listed_but_missing"), ("pick_place_0009", "listed_but_missing")]
     assert all(str(task) in r.reason for r in m.rejected if r.code == "listed_but_missing")
+
+
+def _summary_with(d, eps, victim, layout):
+    """vio_result.json of ``eps`` laid out by ``layout``: which stems go under which key."""
+    names = {e.stem: f"{e.stem}_vio.mcap" for e in eps}
+    ok = [names[s] for s in sorted(names) if s != victim]
+    doc = {"task_name": "pick_place"}
+    for key, which in layout.items():
+        doc[key] = which if not isinstance(which, str) else {"ok": ok, "all": sorted(names.values()),
+                                                             "victim": [names[victim]], "none": []}[which]
+    (d / "vio_result.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("layout,near_miss,conflict", [
+    # the trial's fault: the success list misspelt beside a correct failed list (it was read as "no success list")
+    ({"sucess_mcap_files": "all", "failed_mcap_files": "none"}, "'sucess_mcap_files' for 'success_mcap_files'", False),
+    ({"success_mcap_file": "all", "failed_mcap_files": "none"}, "'success_mcap_file' for 'success_mcap_files'", False),
+    # the failed list misspelt: the victim, listed there, is no longer silently a success, and the reject says where
+    ({"success_mcap_files": "ok", "faild_mcap_files": "victim"}, "'faild_mcap_files' for 'failed_mcap_files'", True),
+    ({"success_mcap_files": "ok", "failed_mcap_file": "victim"}, "'failed_mcap_file' for 'failed_mcap_files'", True),
+    # both spelt right and a third, misspelt copy beside them
+    ({"success_mcap_files": "all", "failed_mcap_files": "none", "sucess_mcap_files": "victim"},
+     "'sucess_mcap_files' for 'success_mcap_files'", False),
+])
+def test_a_misspelt_list_key_beside_a_correct_one_is_named(tmp_path, layout, near_miss, conflict):
+    """Issue 28 trial: a vio_result.json with one list key misspelt and the other right was read without a word."""
+    eps = write_small_task(tmp_path, episodes=3, seed=6)
+    d = tmp_path / "pick_place"
+    victim = eps[1].stem
+    _summary_with(d, eps, victim, layout)
+    m = pair_recordings(d)
+    bad = [r for r in m.rejected if r.code == "bad_task_summary"]
+    assert len(bad) == 1 and bad[0].stem == "" and bad[0].path == str(d / "vio_result.json"), m.rejected
+    assert near_miss in bad[0].reason and "not read" in bad[0].reason and "rename the key" in bad[0].reason
+    expected = sorted(e.stem for e in eps if not (conflict and e.stem == victim))
+    assert sorted(a.stem for a in m.accepted) == expected
+    if conflict:
+        (r,) = [r for r in m.rejected if r.code == "status_conflict"]
+        found = near_miss.split("'")[1]
+        assert r.stem == victim and f"it lists it under {found!r}" in r.reason, r.reason
+    assert len(m.rejected) == 1 + conflict
+
+
+@pytest.mark.parametrize("extra", [{"total_mcap_files": 3}, {"failed_count": 0}, {"notes": "ok"}])
+def test_keys_that_only_look_like_the_lists_are_no_near_miss(tmp_path, extra):
+    """A key close to a list key but holding no list (a count, a note) is not named."""
+    eps = write_small_task(tmp_path, episodes=2, seed=7)
+    d = tmp_path / "pick_place"
+    _summary_with(d, eps, eps[0].stem, {"success_mcap_files": "all", "failed_mcap_files": "none", **extra})
+    m = pair_recordings(d)
+    assert m.rejected == [] and len(m.accepted) == 2

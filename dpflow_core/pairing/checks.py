@@ -277,9 +277,12 @@ def _status_reject(cand: Candidate, vio_status: Any, task: str, summary: TaskSum
                 f"{vio_json.name} says success but vio_result.json lists {stem} in failed_mcap_files",
             )
         if summary.success is not None and stem not in summary.success:
+            where = [f"under {found!r} (misspelt {key!r}?)" for found, (key, stems) in summary.misspelt.items()
+                     if stem in stems]
             return PairingReject(
                 stem, str(summary.path), "status_conflict",
-                f"{vio_json.name} says success but vio_result.json does not list {stem} in success_mcap_files",
+                f"{vio_json.name} says success but vio_result.json does not list {stem} in success_mcap_files"
+                + (f"; it lists it {', '.join(where)}" if where else ""),
             )
     return None
 

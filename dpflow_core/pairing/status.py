@@ -159,7 +159,10 @@ class TaskSummary:
             be parsed, else None.
         success, failed: stems of ``success_mcap_files`` / ``failed_mcap_files`` (None when
             the list is absent).
-        bad_entries: list entries rejected (``other_task``, ``invalid_stem``).
+        bad_entries: list entries rejected (``other_task``, ``invalid_stem``), and misspelt list keys beside a
+            correct one (``bad_task_summary``).
+        error_code: the code of ``error``.
+        misspelt: a misspelt list key -> (the key it misspells, the stems it lists), not read.
     """
 
     path: Path
@@ -169,6 +172,7 @@ class TaskSummary:
     failed: set[str] | None = None
     bad_entries: list[PairingReject] = field(default_factory=list)
     error_code: str = "unparseable_status"
+    misspelt: dict[str, tuple[str, set[str]]] = field(default_factory=dict)
 
     @property
     def task_name(self) -> str | None:
@@ -179,6 +183,17 @@ class TaskSummary:
 _SUMMARY_KEYS = ("success_mcap_files", "failed_mcap_files")
 
 
+def near_miss_keys(data: dict) -> list[tuple[str, str]]:
+    """``(found, meant)`` for each key of a ``vio_result.json`` object that is not one of
+    ``success_mcap_files`` / ``failed_mcap_files`` but close to one (``difflib`` ratio 0.75 or more) and
+    holds a list, as the misspelt list would: ``('sucess_mcap_files', 'success_mcap_files')``."""
+    import difflib
+
+    others = [str(k) for k in data if k not in _SUMMARY_KEYS and isinstance(data[k], list)]
+    return [(found, key) for key in _SUMMARY_KEYS
+            for found in difflib.get_close_matches(key, others, n=1, cutoff=0.75)]
+
+
 def _layout_error(data: Any) -> str | None:
     """Why a parsed ``vio_result.json`` cannot be cross-checked (not an object, or neither list key,
     naming a key that looks like a misspelling of one), or None."""
@@ -187,13 +202,25 @@ def _layout_error(data: Any) -> str | None:
         return f"vio_result.json holds {what}, not an object with {' or '.join(_SUMMARY_KEYS)}"
     if any(k in data for k in _SUMMARY_KEYS):
         return None
-    import difflib
-
-    hints = [f"{found!r} for {key!r}" for key in _SUMMARY_KEYS
-             for found in difflib.get_close_matches(key, [str(k) for k in data], n=1, cutoff=0.75)]
+    hints = [f"{found!r} for {key!r}" for found, key in near_miss_keys(data)]
     keys = ", ".join(repr(k) for k in list(data)[:8]) or "none"
     return (f"vio_result.json has no {' or '.join(_SUMMARY_KEYS)} key (keys: {keys})"
             + (f"; misspelt? {', '.join(hints)}" if hints else ""))
+
+
+def _near_miss_rejects(summary: "TaskSummary", root: Path) -> None:
+    """Beside a correctly spelt list key, a near miss of the other (or of itself) is no list pairing reads:
+    named as ``bad_task_summary`` (the file, stem ``""``), with what the cross-check still uses; the stems
+    it lists are kept in ``summary.misspelt`` so a ``status_conflict`` can say where its stem was listed."""
+    for found, key in near_miss_keys(summary.data):
+        summary.misspelt[found] = (key, _stems_of_success_list(summary.data[found]) or set())
+        present = [k for k in _SUMMARY_KEYS if k in summary.data]
+        uses = f"the cross-check uses {' and '.join(present)} only" if present else "nothing is cross-checked"
+        summary.bad_entries.append(PairingReject(
+            "", str(summary.path), "bad_task_summary",
+            f"vio_result.json key {found!r} looks like a misspelling of {key!r} (misspelt? {found!r} for {key!r}): "
+            f"the {len(summary.data[found])} {'entry' if len(summary.data[found]) == 1 else 'entries'} under it "
+            f"{'is' if len(summary.data[found]) == 1 else 'are'} not read; {uses}; rename the key"))
 
 
 def read_task_summary(root: Path) -> TaskSummary | None:
@@ -221,5 +248,7 @@ def read_task_summary(root: Path) -> TaskSummary | None:
                 summary.success = stems
             else:
                 summary.failed = stems
+        if summary.error is None:
+            _near_miss_rejects(summary, root)
     return summary
 
