@@ -134,3 +134,42 @@ def test_keys_that_only_look_like_the_lists_are_no_near_miss(tmp_path, extra):
     _summary_with(d, eps, eps[0].stem, {"success_mcap_files": "all", "failed_mcap_files": "none", **extra})
     m = pair_recordings(d)
     assert m.rejected == [] and len(m.accepted) == 2
+
+
+@pytest.mark.parametrize("codec,bom", [("utf-16-le", b"\xff\xfe"), ("utf-16-be", b"\xfe\xff"),
+                                       ("utf-32-le", b"\xff\xfe\x00\x00"), ("utf-32-be", b"\x00\x00\xfe\xff")])
+@pytest.mark.parametrize("which", ["vio_json", "both"])
+def test_status_files_in_utf16_or_utf32_with_a_byte_order_mark_are_read(tmp_path, codec, bom, which):
+    """Issue 28 trial: a _vio.json saved by Notepad as "Unicode" (UTF-16 LE with a BOM) lost a good episode
+    to a codec error. Each status file is re-encoded with its own non-ASCII note, so the text is really read."""
+    eps = write_small_task(tmp_path, episodes=3, seed=8)
+    d = tmp_path / "pick_place"
+    victim = d / f"{eps[2].stem}_vio.json"
+    files = [victim] + ([d / "vio_result.json"] if which == "both" else [])
+    for p in files:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        doc["note"] = "prüfung 抓取"
+        p.write_bytes(bom + json.dumps(doc, ensure_ascii=False).encode(codec))
+    m = pair_recordings(d)
+    assert m.rejected == [] and sorted(a.stem for a in m.accepted) == sorted(e.stem for e in eps)
+    accepted = next(a for a in m.accepted if a.stem == eps[2].stem)
+    assert accepted.vio_status["status"] == "success" and accepted.vio_status["note"] == "prüfung 抓取"
+
+
+@pytest.mark.parametrize("encode,words", [
+    (lambda t: t.encode("utf-16-le"), "UTF-16 text without a byte-order mark"),
+    (lambda t: t.encode("utf-16-be"), "UTF-16 text without a byte-order mark"),
+    (lambda t: t.encode("utf-32-le"), "UTF-32 text without a byte-order mark"),
+    (lambda t: t.replace("success", "succèss").encode("latin-1"), "not UTF-8 text: byte 0xe8"),
+    (lambda t: b"\xff\xfe" + t.encode("utf-16-le")[:-1], "UTF-16 text (byte-order mark) that does not decode"),
+])
+def test_status_text_in_another_encoding_is_named_with_what_to_do(tmp_path, encode, words):
+    eps = write_small_task(tmp_path, episodes=2, seed=9)
+    d = tmp_path / "pick_place"
+    p = d / f"{eps[0].stem}_vio.json"
+    p.write_bytes(encode(p.read_text(encoding="utf-8")))
+    m = pair_recordings(d)
+    assert [a.stem for a in m.accepted] == [eps[1].stem]
+    (r,) = m.rejected
+    assert (r.stem, r.code) == (eps[0].stem, "unparseable_status")
+    assert words in r.reason and r.reason.endswith("save it as UTF-8"), r.reason

@@ -41,7 +41,7 @@ from dpflow_core.files import display_name, path_kind
 from dpflow_core.names import validate_stem
 from dpflow_core.pairing.manifest import ROLES, AcceptedEpisode, FileEntry, PairingReject
 from dpflow_core.pairing.naming import SUFFIX, Candidate, inside, retry_base
-from dpflow_core.pairing.status import TaskSummary, parse_vio_status, status_stems, status_value, unknown_status_reason
+from dpflow_core.pairing.status import TaskSummary, parse_vio_status, status_text, status_stems, status_value, unknown_status_reason
 from dpflow_core.recordings import inspect_recording
 from dpflow_core.recordings.stream_checks import status_count_problem
 from dpflow_core.recordings.topics import TopicMap
@@ -81,8 +81,8 @@ def check_candidate(
     vio_json = cand.files["vio_json"]
     try:
         vio_json_bytes = vio_json.read_bytes()
-        vio_status = json.loads(vio_json_bytes.decode("utf-8-sig"))  # a byte-order mark is no JSON
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        vio_status = json.loads(status_text(vio_json_bytes))  # UTF-8, or UTF-8/16/32 behind a byte-order mark
+    except (OSError, ValueError) as exc:
         return PairingReject(cand.stem, str(vio_json), "unparseable_status", f"cannot parse {vio_json.name}: {exc}")
 
     reject = _status_reject(cand, vio_status, task, summary)

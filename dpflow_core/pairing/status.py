@@ -6,6 +6,8 @@ defensively (:func:`parse_vio_status`): a string under ``status``, ``state``, ``
 boolean ``success``/``succeeded``/``ok``. Other layouts are ``unknown``, and the reject's
 reason says what was found and what is expected (:func:`unknown_status_reason`).
 
+Both are read as UTF-8, or UTF-8/16/32 behind a byte-order mark (:func:`status_text`).
+
 The task-level ``vio_result.json`` (:func:`read_task_summary`) may name the task
 (``task_name``) and list the files VIO finished (``success_mcap_files``) or failed
 (``failed_mcap_files``); pairing cross-checks each stem's own status against those lists.
@@ -13,6 +15,7 @@ The task-level ``vio_result.json`` (:func:`read_task_summary`) may name the task
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,12 +70,45 @@ def parse_vio_status(data: Any) -> str:
     return "unknown"
 
 
+#: Byte-order marks a Windows editor writes, longest first (UTF-32 LE begins with UTF-16 LE's).
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le", "UTF-32"), (codecs.BOM_UTF32_BE, "utf-32-be", "UTF-32"),
+         (codecs.BOM_UTF8, "utf-8", "UTF-8"), (codecs.BOM_UTF16_LE, "utf-16-le", "UTF-16"),
+         (codecs.BOM_UTF16_BE, "utf-16-be", "UTF-16"))
+
+
+def status_text(raw: bytes) -> str:
+    """The text of a status JSON file (``_vio.json``, ``vio_result.json``): UTF-8, or UTF-8, UTF-16 or
+    UTF-32 behind a byte-order mark (what Windows editors write: Notepad's "Unicode" is UTF-16 LE with a
+    BOM); the mark is not part of the text.
+
+    Raises:
+        ValueError: the bytes are none of these; the message names what they look like (UTF-16 or UTF-32
+            without a mark: NUL bytes between ASCII ones) and says to save the file as UTF-8.
+    """
+    for bom, codec, name in _BOMS:
+        if raw.startswith(bom):
+            try:
+                return raw[len(bom):].decode(codec)
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{name} text (byte-order mark) that does not decode: {exc.reason} at byte "
+                                 f"{exc.start + len(bom)}; save it as UTF-8") from None
+    if b"\x00" in raw[:4]:
+        width = "UTF-32" if raw[:4].count(0) >= 3 else "UTF-16"
+        raise ValueError(f"{width} text without a byte-order mark (NUL bytes between the characters); "
+                         "save it as UTF-8")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at {exc.start} ({exc.reason}); "
+                         "save it as UTF-8") from None
+
+
 def read_vio_status(path: Path) -> str:
     """:func:`parse_vio_status` of a ``_vio.json`` file, or ``"unparseable"`` when it cannot be
     read or parsed (it may still be being written)."""
     try:
-        return parse_vio_status(json.loads(path.read_text(encoding="utf-8-sig")))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return parse_vio_status(json.loads(status_text(path.read_bytes())))
+    except (OSError, ValueError):
         return "unparseable"
 
 
@@ -233,9 +269,8 @@ def read_task_summary(root: Path) -> TaskSummary | None:
         return None
     summary = TaskSummary(path)
     try:
-        # utf-8-sig: a byte-order mark (a Windows editor's) is not part of the JSON
-        summary.data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        summary.data = json.loads(status_text(path.read_bytes()))
+    except (OSError, ValueError) as exc:
         summary.error = f"cannot parse vio_result.json: {type(exc).__name__}: {exc}"
         return summary
     summary.error = _layout_error(summary.data)
