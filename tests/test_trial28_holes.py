@@ -101,6 +101,46 @@ def test_stamps_in_another_unit_are_named_as_such(clean, tmp_path, topic, div, u
     assert "clock_reversal" not in reason
 
 
+@pytest.mark.parametrize("topic,div,unit", [(T.camera, 10**6, "milliseconds"), (T.pose, 10**3, "microseconds"),
+                                            (T.gripper, 10**6, "milliseconds")])
+def test_stamps_in_another_unit_meet_the_same_reason_at_conversion(clean, tmp_path, topic, div, unit):
+    """Issue 28 trial, item 5: a hand-made manifest that never went through pairing, pointing at a recording
+    whose camera stamps are in ms, was rejected at conversion as "capture clock ran backwards". The reader now
+    names the unit with pairing's own sentence, and no row of that episode reaches the dataset."""
+    import hashlib
+    import json
+
+    from dpflow_core.conversion import ConversionSettings, convert
+    from dpflow_core.replay_buffer import ReplayBuffer
+
+    folder = task_copy(clean, tmp_path)
+    manifest = pair_recordings(folder).to_dict()  # all three accepted: then the file changes under it
+    victim = folder / "pick_0001_vio.mcap"
+    def fn(t, k, msg, log):
+        if t == topic:
+            msg.header.timestamp = int(msg.header.timestamp) // div
+        return log
+    rewrite(victim, fn)
+    entry = next(a for a in manifest["accepted"] if a["stem"] == "pick_0001")
+    entry["files"]["vio_mcap"].update(size_bytes=victim.stat().st_size,
+                                      sha256=hashlib.sha256(victim.read_bytes()).hexdigest())
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    paired = codes(pair_recordings(folder))["pick_0001"]
+    assert paired[0] == "timestamp_units"
+    with pytest.raises(RecordingError) as err:
+        read_streams(victim)
+    assert err.value.code == "timestamp_units" and f"look like {unit}" in err.value.reason
+    assert err.value.reason in paired[1]  # pairing's sentence (it may add "and 1 more problem")
+    result = convert(tmp_path / "manifest.json", tmp_path / "ds" / "dataset.npz", ConversionSettings(image_size=(32, 24), short_episode_policy="warn"),
+                     workers=1, cache=False)
+    (rej,) = result.rejected
+    assert (rej["stem"], rej["code"], rej["stage"]) == ("pick_0001", "timestamp_units", "conversion")
+    assert rej["reason"] == err.value.reason and "backwards" not in rej["reason"]
+    meta = json.loads(result.sidecar_path.read_text())
+    assert [e["stem"] for e in meta["episodes"]] == ["pick_0000", "pick_0002"]
+    assert len(ReplayBuffer(result.path).episode_ends) == 2
+
+
 @pytest.mark.parametrize("at,back_s", [(15, 0.6), (24, 0.3)])
 def test_whole_device_clock_going_back_is_a_reversal_never_interleaved(clean, tmp_path, at, back_s):
     ep = clean[2]

@@ -30,7 +30,8 @@ from dpflow_core.errors import RecordingError
 from dpflow_core.files import HashingReader
 from dpflow_core.recordings.plausibility import PlausibilityOptions, check_clock
 from dpflow_core.recordings.recording_report import Problem, RecordingReport  # noqa: F401  (re-exported)
-from dpflow_core.recordings.stream_checks import calibration_problems, frozen_clock, frozen_clock_reason, other_cameras
+from dpflow_core.recordings.stream_checks import (calibration_problems, frozen_clock, frozen_clock_reason, other_cameras,
+                                                 timestamp_units)
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -518,49 +519,14 @@ def _check_streams(report: RecordingReport, state: _Pass) -> None:
             ))
 
 
-#: A capture clock counting in another unit than ns advances this many times too fast or slow (a
-#: power of 1000) against the others; named by what its stamps then look like.
-_UNIT_NAMES = {-3: "microseconds", -6: "milliseconds", -9: "seconds", 3: "picoseconds"}
-
-
 def _check_units(report: RecordingReport, state: _Pass) -> set[str]:
     """Streams whose capture stamps run a power of 1000 too slow or fast against the other streams
-    (stamps in ms where ns are expected, formats.md section 1): ``timestamp_units``, an error on a
-    required topic, a warning on another; returns those topics.
-
-    Method: each stream's span of capture times against the median span of the other measured streams
-    (streams that start late or end early stay within a factor of 3 of it; a unit differs by 1000^k),
-    confirmed by its span of arrival (log) times when those advance."""
-    spans = {t: max(st.ts) - min(st.ts) for t, st in state.stats.items() if len(st.ts) > 1}
-    off: set[str] = set()
-    for topic, span in spans.items():
-        # The median of the *other* streams: with two of four streams off, its own span would pull it halfway.
-        others = [v for t, v in spans.items() if t != topic and v > 0]
-        if span <= 0 or not others:
-            continue
-        ref = float(np.median(others))
-        power = _power_of_1000(span / ref)
-        st = state.stats[topic]
-        log_span = max(st.log_times) - min(st.log_times)
-        # Where the arrival clock ticks, it must agree: two streams of four off leave the median between.
-        if power == 0 or (log_span > 0 and _power_of_1000(span / log_span) != power):
-            continue
-        against_log = f", {span / log_span:.3g} x its arrival times'" if log_span > 0 else ""
-        unit = _UNIT_NAMES.get(power, f"1e{-power} ns units")
-        others = [min(o.ts) for t, o in state.stats.items() if t != topic and t not in off and o.ts]
-        first = f"; first stamp {min(st.ts):.3g} ns against {float(np.median(others)):.3g} ns" if others else ""
-        off.add(topic)
-        (report.errors if topic in report.required else report.warnings).append(Problem("timestamp_units", (
-            f"{report.path.name}: {topic} capture stamps advance {span / ref:.3g} x as fast as the other streams'"
-            f"{against_log} (span {span / 1e9:.6g} s against {ref / 1e9:.6g} s{first}): they look like {unit}, "
-            "not nanoseconds; re-export the recording with header.timestamp in ns")))
-    return off
-
-
-def _power_of_1000(ratio: float) -> int:
-    """``3k`` when ``ratio`` is within a factor of 3 of ``1000^k`` (k != 0), else 0."""
-    power = 3 * round(math.log10(ratio) / 3)
-    return power if abs(math.log10(ratio) - power) <= 0.5 else 0
+    (:func:`~dpflow_core.recordings.stream_checks.timestamp_units`): ``timestamp_units``, an error on a
+    required topic, a warning on another; returns those topics."""
+    off = timestamp_units({t: (st.ts, st.log_times) for t, st in state.stats.items()}, report.path.name)
+    for topic, reason in off.items():
+        (report.errors if topic in report.required else report.warnings).append(Problem("timestamp_units", reason))
+    return set(off)
 
 
 def file_order_reversal(ts_ns: np.ndarray, log_ns: np.ndarray, limit_s: float | None = None,

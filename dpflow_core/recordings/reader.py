@@ -213,7 +213,8 @@ def _order_camera(ts: list[int], log_times: list[int], data: Sequence[bytes]) ->
 
 
 def _check_samples(path: Path, topics: TopicMap, camera, pose, gripper, pose_vals, grip_vals) -> None:
-    """What sorting by capture time would hide: a clock that went back in file order (rows from before
+    """Stamps in another unit than ns (``timestamp_units``, as pairing names them), and what sorting by
+    capture time would hide: a clock that went back in file order (rows from before
     and after would interleave), a capture clock that stepped against its arrival times
     (:func:`~dpflow_core.recordings.plausibility.check_clock` with its default ``clock_step_s``, as
     pairing judges it: every later sample would pair with the wrong ones of the other streams) and
@@ -222,9 +223,15 @@ def _check_samples(path: Path, topics: TopicMap, camera, pose, gripper, pose_val
     so that a hand-made manifest that never went through ``dpflow pair`` cannot skip it."""
     from dpflow_core.recordings.inspection import file_order_reversal
     from dpflow_core.recordings.plausibility import check_clock
-    from dpflow_core.recordings.stream_checks import frozen_clock, frozen_clock_reason
+    from dpflow_core.recordings.stream_checks import frozen_clock, frozen_clock_reason, timestamp_units
 
     t0 = min((min(ts) for ts, _lt in (camera, pose, gripper) if ts), default=0)
+    # First the unit, as pairing judges it: a clock in ms "runs backwards" against the others' ns only by accident.
+    off = timestamp_units({topics.camera: camera, topics.pose: pose, topics.gripper: gripper}, path.name)
+    if off:
+        topic, reason = next(iter(off.items()))
+        more = f" (and {len(off) - 1} more stream{'s' if len(off) > 2 else ''} so)" if len(off) > 1 else ""
+        raise RecordingError(reason + more, path, code="timestamp_units")
     for topic, (ts, lt) in ((topics.camera, camera), (topics.pose, pose), (topics.gripper, gripper)):
         frozen = frozen_clock(np.asarray(ts, dtype=np.int64), np.asarray(lt, dtype=np.int64))
         if frozen is not None:
@@ -273,7 +280,8 @@ def read_streams(path: str | Path, topics: TopicMap = DAS_DEFAULT, spool_path: s
     Raises:
         RecordingError: the file is missing, not a regular file (``unreadable``), empty,
             truncated or corrupt (with
-            the byte offset reached), a capture clock went back in file order (``clock_reversal``) or
+            the byte offset reached), a stream's capture stamps are in another unit than ns (``timestamp_units``),
+            a capture clock went back in file order (``clock_reversal``) or
             froze (``clock_frozen``: :func:`~dpflow_core.recordings.stream_checks.frozen_clock`),
             a valid pose or a gripper width is NaN/inf (``not_finite``), a channel uses a message encoding other
             than protobuf, required topics are missing ("not a Matrix Studio

@@ -1,5 +1,5 @@
 """What :func:`~dpflow_core.recordings.inspect_recording` checks beyond a stream's presence and order:
-a capture clock that froze, camera topics the dataset has no key for, a calibration no camera can have,
+a capture clock that froze or counts in another unit, camera topics the dataset has no key for, a calibration no camera can have,
 and a ``_vio.json`` whose counts disagree with the recording (the last one at pairing,
 :func:`dpflow_core.pairing.checks.check_candidate`).
 
@@ -56,6 +56,58 @@ def frozen_clock_reason(file_name: str, topic: str, frozen: tuple[int, int, int,
     return (f"{file_name}: {topic} capture clock frozen: {which} stamped {stamp} ns ({(stamp - t0_ns) / 1e9:.3f} s) "
             f"while they arrived over {span:.3f} s: the stream has no capture times to align by (a constant "
             "clock, not a reversal)")
+
+
+#: A capture clock counting in another unit than ns advances this many times too fast or slow (a
+#: power of 1000) against the others; named by what its stamps then look like.
+UNIT_NAMES = {-3: "microseconds", -6: "milliseconds", -9: "seconds", 3: "picoseconds"}
+
+
+def power_of_1000(ratio: float) -> int:
+    """``3k`` when ``ratio`` is within a factor of 3 of ``1000^k`` (k != 0), else 0."""
+    power = 3 * round(math.log10(ratio) / 3)
+    return power if abs(math.log10(ratio) - power) <= 0.5 else 0
+
+
+def timestamp_units(streams: Mapping[str, tuple[Sequence[int], Sequence[int]]], file_name: str) -> dict[str, str]:
+    """Streams whose capture stamps run a power of 1000 too slow or fast against the other streams (stamps
+    in ms where ns are expected, formats.md section 1), each with one sentence naming the file, the topic,
+    both spans and first stamps and the unit they look like. Pairing (:func:`~dpflow_core.recordings.inspect_recording`,
+    code ``timestamp_units``) and the reader (:func:`~dpflow_core.recordings.reader.read_streams`, so a
+    hand-made manifest meets the same reason at conversion) both ask this.
+
+    Method: each stream's span of capture times against the median span of the other streams with at least
+    two messages (streams that start late or end early stay within a factor of 3 of it; a unit differs by
+    1000^k), confirmed by its span of arrival (log) times when those advance.
+
+    Args:
+        streams: topic -> (capture times, arrival times), ns, file order.
+        file_name: the recording's name, for the sentences.
+    """
+    stats = {t: (np.asarray(ts, dtype=np.int64), np.asarray(lt, dtype=np.int64)) for t, (ts, lt) in streams.items()
+             if len(ts) > 1}
+    spans = {t: int(ts.max()) - int(ts.min()) for t, (ts, _lt) in stats.items()}
+    off: dict[str, str] = {}
+    for topic, span in spans.items():
+        # The median of the *other* streams: with two of four streams off, its own span would pull it halfway.
+        others = [v for t, v in spans.items() if t != topic and v > 0]
+        if span <= 0 or not others:
+            continue
+        ref = float(np.median(others))
+        power = power_of_1000(span / ref)
+        ts, lt = stats[topic]
+        log_span = int(lt.max()) - int(lt.min())
+        # Where the arrival clock ticks, it must agree: two streams of four off leave the median between.
+        if power == 0 or (log_span > 0 and power_of_1000(span / log_span) != power):
+            continue
+        against_log = f", {span / log_span:.3g} x its arrival times'" if log_span > 0 else ""
+        unit = UNIT_NAMES.get(power, f"1e{-power} ns units")
+        firsts = [int(o.min()) for t, (o, _lt) in stats.items() if t != topic and t not in off]
+        first = f"; first stamp {int(ts.min()):.3g} ns against {float(np.median(firsts)):.3g} ns" if firsts else ""
+        off[topic] = (f"{file_name}: {topic} capture stamps advance {span / ref:.3g} x as fast as the other streams'"
+                      f"{against_log} (span {span / 1e9:.6g} s against {ref / 1e9:.6g} s{first}): they look like {unit}, "
+                      "not nanoseconds; re-export the recording with header.timestamp in ns")
+    return off
 
 
 def other_cameras(schemas: Mapping[str, str], converted: str) -> list[str]:
