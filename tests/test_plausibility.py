@@ -18,7 +18,8 @@ from dpflow_core.pairing import pair_recordings
 from dpflow_core.recordings.plausibility import PlausibilityOptions, check_clock, check_gripper, check_pose
 from dpflow_core.recordings.samples import trajectory
 from dpflow_core.replay_buffer import ReplayBuffer
-from fault_fixtures import CAMERA, GRIPPER, POSE, clock_shift, gripper_values, interp_truth, pose_jump, pose_spikes, vio_freeze
+from fault_fixtures import (CAMERA, GRIPPER, POSE, clock_shift, gripper_values, interp_truth, pose_invalid_stretch, pose_jump,
+                            pose_spikes, vio_freeze)
 from recording_fixtures import refresh_vio_result, write_small_episode, write_small_task
 
 SIZE = (32, 24)
@@ -385,3 +386,68 @@ def test_dead_imu_reaches_the_dataset_as_a_warning_and_is_rejected_when_asked(tm
                   ConversionSettings(image_size=SIZE, plausibility={"policies": {"imu_dead": "reject"}}))
     assert res.n_episodes == 1 and [(r["stem"], r["code"]) for r in res.rejected] == [("dead_imu", "imu_dead")]
     assert "imu_dead: imu from" in res.rejected[0]["reason"] and "gyro constant at [0.0, 0.0, 0.0] rad/s" in res.rejected[0]["reason"]
+
+
+# --------------------------------------------------------------------------- invalid poses are no jump
+
+
+@pytest.mark.parametrize("start,stop,value", [(60, 80, (0, 0, 0)), (10, 30, (0, 0, 0)), (150, 200, (0, 0, 0)),
+                                              (100, 103, (5.0, -3.0, 1.0))])
+def test_an_invalid_stretch_is_not_judged_as_a_jump(start, stop, value):
+    """Issue 28 trial, item 6: pose_valid false with zero poses was reported as pose_jump "split"."""
+    ts, pos, quat, _ = _track(5)
+    bad = pos.copy()
+    bad[start:stop] = value
+    valid = np.ones(len(ts), bool)
+    valid[start:stop] = False
+    blind = check_pose(ts, bad, quat, int(ts[0]))
+    assert any(f.code == "pose_jump" for f in blind.findings)  # the garbage, judged as a pose, is a jump
+    v = check_pose(ts, bad, quat, int(ts[0]), valid=valid)
+    assert v.findings == [] and v.drop_ns == []
+    assert np.array_equal(v.position_m[valid], pos[valid]) and v.position_m.shape == pos.shape
+
+
+@pytest.fixture(scope="module")
+def invalid_task(tmp_path_factory):
+    base = tmp_path_factory.mktemp("invalid")
+    d = base / "pick_place"
+    eps = [write_small_episode(d, f"pick_place_{k:04d}", seed=80 + k, seconds=5.0) for k in range(3)]
+    refresh_vio_result(d)
+    stretches = {eps[0].stem: (40, 60, (0.0, 0.0, 0.0), False), eps[1].stem: (95, 110, (0.0, 0.0, 0.0), True)}
+    for e in eps[:2]:
+        start, stop, value, identity = stretches[e.stem]
+        pose_invalid_stretch(e.vio_mcap, start, stop, value, identity)
+    refresh_vio_result(d)
+    manifest = pair_recordings(d)
+    result = convert(manifest, base / "ds" / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1, cache=False)
+    return eps, stretches, manifest, result
+
+
+def test_an_invalid_stretch_is_pose_invalid_in_the_dataset_and_the_report(invalid_task):
+    from dpflow_core.report import episode_quality
+
+    eps, stretches, manifest, result = invalid_task
+    assert [a.stem for a in manifest.accepted] == [e.stem for e in eps]
+    rows: dict[str, list] = {}
+    for e, t, pos in _rows(result):
+        rows.setdefault(e["stem"], []).append((e, t, pos))
+    quality = {q.stem: q for q in episode_quality(manifest.to_dict())}
+    for ep in eps:
+        for e, t, pos in rows[ep.stem]:
+            codes = [f["code"] for f in e["plausibility"]["findings"]]
+            assert "pose_jump" not in codes and "vio_frozen" not in codes, codes
+            assert np.abs(pos - interp_truth(ep, t)).max() < 2e-3  # no row from the garbage
+        q = quality[ep.stem]
+        assert not any(f["code"] in ("pose_jump", "vio_frozen", "pose_spike") for f in q.findings), q.findings
+        if ep.stem not in stretches:
+            assert q.findings == ()
+            continue
+        start, stop, _, _ = stretches[ep.stem]
+        lo, hi = int(ep.pose_ts_ns[start - 1]), int(ep.pose_ts_ns[stop])
+        for _e, t, _pos in rows[ep.stem]:
+            assert not np.any((t > lo) & (t < hi))
+        (f,) = [f for f in q.findings if f["code"] == "pose_invalid"]
+        t0 = min(int(ep.camera_ts_ns[0]), int(ep.pose_ts_ns[0]), int(ep.gripper_ts_ns[0]))
+        assert f["value"] == stop - start and f["at_s"] == pytest.approx((int(ep.pose_ts_ns[start]) - t0) / 1e9, abs=1e-3)
+        assert any(r.startswith("pose_invalid: pose from ") and f"{stop - start} poses with pose_valid false" in r
+                   for r in q.outlier_reasons)

@@ -48,7 +48,9 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: 9: an offset at (or within one sample of) the search limit, or beaten beyond it, standing 0.15 R^2 above the
 #: scan's median, is not measured (``at_search_limit``, warning ``offset_at_search_limit``); a still camera's moving pose (``vio_drift``) and an
 #: entirely still episode (``episode_still``) found; positions in other units one finding (``pose_units``).
-CONVERTER_VERSION = "9"
+#: 10: the pose rules judge the valid poses only: a ``pose_valid == false`` stretch (VIO writes zeros there) is
+#: trimmed as ``pose_invalid``, no longer also split as a ``pose_jump`` to and from the garbage.
+CONVERTER_VERSION = "10"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
     "robot0_eef_pos",
@@ -253,8 +255,9 @@ def align_episode(
     first_decoded = int(cam.pkt_idx.min())
     clock = Timeline(path, streams, cam_ns)
     in_overlap = (cam_ns >= clock.overlap[0]) & (cam_ns <= clock.overlap[1])
-    verdict, findings = _check_plausibility(path, streams, clock.origin, settings.plausibility, cam_ns, cam.motion)
     pose_ok = streams.pose_valid & (streams.score >= settings.min_pose_score)
+    verdict, findings = _check_plausibility(path, streams, clock.origin, settings.plausibility, cam_ns, cam.motion,
+                                            pose_ok)
     lo, hi, invalid_info, coverage = keep_valid_poses(clock, in_overlap, pose_ok, settings, min_frames)
 
     kept_ns = cam_ns[lo:hi]
@@ -360,13 +363,16 @@ def _decode_camera_stream(path: Path, image_size: tuple[int, int] | None, topics
                    image_motion)
 
 
-def _check_plausibility(path: Path, streams: Any, origin: int, checks: Any, cam_ns: np.ndarray, motion: Any):
-    """The pose verdict (repaired track, spans to drop) and every plausibility finding of the pose, gripper,
+def _check_plausibility(path: Path, streams: Any, origin: int, checks: Any, cam_ns: np.ndarray, motion: Any,
+                        pose_ok: np.ndarray):
+    """The pose verdict (repaired track, spans to drop; the pose rules judge the ``pose_ok`` samples only: an
+    invalid stretch is trimmed as ``pose_invalid``) and every plausibility finding of the pose, gripper,
     orientation and IMU rules; :class:`ConversionError` with the class as code when one's policy rejects."""
     from dpflow_core.recordings.orientation import check_orientation
     from dpflow_core.recordings.plausibility import check_gripper, check_imu, check_pose, decide
 
-    verdict = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, origin, checks, cam_ns, motion)
+    verdict = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, origin, checks, cam_ns, motion,
+                         pose_ok)
     pose = (streams.pose_ts_ns, streams.position_m, streams.quat_xyzw)
     imu = (streams.imu_ts_ns, streams.gyro_rps, streams.accel_mps2)
     findings = verdict.findings + check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, *pose[:2], origin, checks)

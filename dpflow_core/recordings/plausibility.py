@@ -253,7 +253,8 @@ class PoseVerdict:
 
 def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray, t0_ns: int,
                opts: PlausibilityOptions = PlausibilityOptions(),
-               motion_ts_ns: np.ndarray | None = None, motion: np.ndarray | None = None) -> PoseVerdict:
+               motion_ts_ns: np.ndarray | None = None, motion: np.ndarray | None = None,
+               valid: np.ndarray | None = None) -> PoseVerdict:
     """Check a capture-ordered pose track: spikes, jumps, acceleration, frozen VIO.
 
     Args:
@@ -262,10 +263,20 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
         motion_ts_ns, motion: (K,) capture times and per-frame image change of the camera
             (:func:`frame_motion`); None when the frames were not decoded (frozen VIO is then
             judged by the pose alone and only warned).
+        valid: (M,) bool, the samples VIO vouches for (``pose_valid``, and the score); the rules judge those
+            only. An invalid stretch is ``pose_invalid`` (its own policy, ``invalid_pose_policy``), never a
+            jump to the garbage (often zeros) VIO writes while it has lost tracking. None: all valid.
 
     Returns:
-        The verdict (findings, repaired arrays, intervals to drop).
+        The verdict (findings, repaired arrays of all M samples, intervals to drop).
     """
+    if valid is not None and not np.all(valid):
+        idx = np.flatnonzero(np.asarray(valid, dtype=bool))
+        pos = np.array(position_m, dtype=np.float64)
+        quat = np.array(quat_xyzw, dtype=np.float64)
+        sub = check_pose(np.asarray(ts_ns, dtype=np.int64)[idx], pos[idx], quat[idx], t0_ns, opts, motion_ts_ns, motion)
+        pos[idx], quat[idx] = sub.position_m, sub.quat_xyzw
+        return PoseVerdict(sub.findings, pos, quat, sub.drop_ns)
     ts = np.asarray(ts_ns, dtype=np.int64)
     pos = np.array(position_m, dtype=np.float64)
     quat = np.array(quat_xyzw, dtype=np.float64)

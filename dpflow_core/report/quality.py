@@ -231,6 +231,17 @@ def _pose_gaps(ts_ns: np.ndarray, valid: np.ndarray, t0_ns: int) -> tuple[PoseGa
     return tuple(gaps)
 
 
+def invalid_findings(gaps: Sequence[PoseGap]) -> list[dict]:
+    """Each ``pose_valid == false`` stretch as a finding of the report (``code`` ``pose_invalid``, ``stream``,
+    ``at_s``, ``end_s``, ``value`` poses, ``reason``): what VIO holds there is no pose (often zeros), so the
+    plausibility rules never judge it as a jump; conversion trims or rejects it (``invalid_pose_policy``)."""
+    return [{"code": "pose_invalid", "stream": "pose", "at_s": round(g.start_s, 4), "end_s": round(g.end_s, 4),
+             "value": g.n_poses, "unit": "poses", "action": "trimmed",
+             "reason": (f"pose_invalid: pose from {g.start_s:.3f} to {g.end_s:.3f} s: {g.n_poses} poses with pose_valid "
+                        "false (VIO lost tracking; their values are no pose); conversion keeps the longest valid "
+                        "stretch (invalid_pose_policy trim) or rejects the episode")} for g in gaps]
+
+
 def decode_camera_strip(streams: EpisodeStreams, path: Path, n: int, image_motion: ImageMotion | None = None,
                         damaged: list[dict] | None = None) -> tuple[list[tuple[int, np.ndarray]], int | None, np.ndarray, np.ndarray]:
     """Decode the camera as conversion does and keep about ``n`` evenly spaced RGB frames.
@@ -360,7 +371,7 @@ def flag_outliers(episodes: Sequence[EpisodeQuality]) -> list[EpisodeQuality]:
             if abs(z[name]) > OUTLIER_Z:
                 unit = "" if name == "score_median" else " s"
                 reasons.append(f"{_METRIC_NAMES[name]} {x[i]:.3g}{unit} vs task median {med:.3g}{unit} (z={z[name]:+.1f})")
-        reasons.extend(f"implausible {f['reason']}" for f in e.findings)
+        reasons.extend(f"{'' if f['code'] == 'pose_invalid' else 'implausible '}{f['reason']}" for f in e.findings)
         reasons.extend(offset_flags.get(e.stem, []))
         for g in e.camera_gaps:
             reasons.append(f"camera hole {g['duration_s']:.2f} s after {g['at_s']:.2f} s "
@@ -442,13 +453,13 @@ def episode_quality(
         offsets = measure_offsets(image_motion, motion_ts, streams.pose_ts_ns, streams.quat_xyzw, streams.position_m,
                                   streams.pose_valid, streams.imu_ts_ns, streams.gyro_rps)
         findings = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, t0,
-                              motion_ts_ns=motion_ts, motion=motion).findings
+                              motion_ts_ns=motion_ts, motion=motion, valid=streams.pose_valid).findings
         findings += check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, streams.pose_ts_ns, streams.position_m, t0)
         findings += check_orientation(streams.pose_ts_ns, streams.quat_xyzw, streams.imu_ts_ns, streams.gyro_rps,
                                       streams.accel_mps2, t0, PlausibilityOptions().validate())
         findings += check_imu(streams.imu_ts_ns, streams.gyro_rps, streams.accel_mps2, streams.pose_ts_ns,
                               streams.position_m, streams.quat_xyzw, t0)
-        found = [f.to_dict() for f in findings] + damage_findings(damaged, t0) + [
+        found = invalid_findings(q.pose_gaps) + [f.to_dict() for f in findings] + damage_findings(damaged, t0) + [
             {**w, "action": "warned"} for w in pairing_warnings(entry) if w["code"] in PAIRING_FINDINGS]
         episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(found),
                                 camera_offset=offsets["camera_offset"], imu_offset=offsets["imu_offset"]))
