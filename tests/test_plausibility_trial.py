@@ -4,6 +4,7 @@ second camera, an absurd calibration, a frozen clock, a status file whose count 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -37,9 +38,9 @@ def shifted(tmp_path_factory):
     real = sim_record.write_recording
     try:
         for k, (stem, (pose_s, camera_s)) in enumerate(SHIFTS.items()):
-            def write(*args, _shift=pose_s, **kw):
-                kw["pose_ts_ns"] = kw["pose_ts_ns"] + int(round(_shift * 1e9))
-                return real(*args, **kw)
+            def write(task_dir, stem_, rng, spec, topics, streams, _shift=pose_s):
+                moved = dataclasses.replace(streams, pose_ts_ns=streams.pose_ts_ns + int(round(_shift * 1e9)))
+                return real(task_dir, stem_, rng, spec, topics, moved)
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(sim_record, "write_recording", write)
                 record_episode(task, stem, initial_state("pick_place", 7 + k),
