@@ -368,7 +368,6 @@ PENDING_PRIVATE_IMPORTS: set[str] = set()
 #: Functions too long or too wide, each waiting for another part of issue 30.
 PENDING_FUNCTIONS = {
     # one settings object per stage: the keyword arguments and the Typer options that map onto it
-    "dpflow_core.cli.view:view_cmd",
     # the networks' constructors take Diffusion Policy's Hydra config keys one by one
     "dpflow_core.train.policy:DiffusionUnetImagePolicy.__init__", "dpflow_core.train.vit:ViTEncoder.__init__",
 }

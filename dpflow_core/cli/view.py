@@ -9,27 +9,23 @@ from pathlib import Path
 import typer
 
 from dpflow_core.cli import app
+from dpflow_core.cli.options import settings_options
+from dpflow_core.view.settings import DatasetWindow
 
 
 @app.command("view")
+@settings_options(DatasetWindow)
 def view_cmd(
     source: Path = typer.Argument(None, help="A <STEM>_vio.mcap, a task folder, a dataset.npz, or an .rrd to serve."),
     out: Path = typer.Option(None, "-o", "--out", help="The .rrd to write, or a folder (default: the current folder)."),
-    episode: int = typer.Option(0, "--episode", help="Dataset episode to show (0-based)."),
-    every: int = typer.Option(1, "--every", help="Dataset views: log every K-th frame."),
-    anchor: int = typer.Option(None, "--anchor", help="Dataset views: the step whose sample is shown in detail (default: the middle one)."),
     predict: Path = typer.Option(None, "--predict", help="A checkpoint: show its predicted chunks against the recorded ones."),
-    max_samples: int = typer.Option(None, "--max-samples", help="--predict: at most this many evenly spaced anchors."),
     rollouts: Path = typer.Option(None, "--rollouts", help="A rollout folder (rollouts.json, trace_<seed>.npz) to show."),
     camera: str = typer.Option("jpeg", "--camera", help="Episodes: jpeg (decode frames) or video (H.264 as recorded)."),
-    n_obs_steps: int = typer.Option(None, "--n-obs-steps", help="Dataset views: To (default: the trainer's)."),
-    horizon: int = typer.Option(None, "--horizon", help="Dataset views: H (default: the trainer's)."),
-    obs_down_sample_steps: int = typer.Option(None, "--obs-down-sample-steps", help="Dataset views: observation stride."),
-    action_down_sample_steps: int = typer.Option(None, "--action-down-sample-steps", help="Dataset views: action stride."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing .rrd."),
     serve: bool = typer.Option(False, "--serve", help="Serve the recording with Rerun's web viewer on 127.0.0.1 until interrupted."),
     web_port: int = typer.Option(0, "--web-port", help="--serve: the viewer's HTTP port (0: a free one)."),
     grpc_port: int = typer.Option(0, "--grpc-port", help="--serve: the recording's gRPC port (0: a free one)."),
+    settings: DatasetWindow = None,
 ) -> None:
     """Write a Rerun recording (.rrd) of SOURCE, print its path, and optionally serve it on loopback."""
     from dpflow_core.view.rrd import ViewError
@@ -45,9 +41,8 @@ def view_cmd(
 
         paths = [view_rollouts(rollouts, out, overwrite=overwrite).path]
     elif source.suffix == ".npz":
-        spec_args = {k: v for k, v in (("n_obs_steps", n_obs_steps), ("horizon", horizon),
-                                       ("obs_down_sample_steps", obs_down_sample_steps),
-                                       ("action_down_sample_steps", action_down_sample_steps)) if v is not None}
+        spec_args = settings.window()
+        episode, every, anchor, max_samples = settings.episode, settings.every, settings.anchor, settings.max_samples
         if predict is not None:
             if spec_args:
                 raise typer.BadParameter("--predict uses the checkpoint's own horizon and strides")
