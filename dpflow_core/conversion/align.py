@@ -50,7 +50,8 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: entirely still episode (``episode_still``) found; positions in other units one finding (``pose_units``).
 #: 10: the pose rules judge the valid poses only: a ``pose_valid == false`` stretch (VIO writes zeros there) is
 #: trimmed as ``pose_invalid``, no longer also split as a ``pose_jump`` to and from the garbage; a track so far from the
-#: origin that the dataset's float32 resolves it coarser than 0.1 mm is refused (``pose_far_origin``).
+#: origin that the dataset's float32 resolves it coarser than 0.1 mm is refused (``pose_far_origin``); a frozen VIO
+#: is found where the camera changes 0.15 grey levels a frame (``frozen_motion``, was 1.0: above the world camera's).
 CONVERTER_VERSION = "10"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (

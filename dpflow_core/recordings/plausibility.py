@@ -99,7 +99,9 @@ class PlausibilityOptions:
         spike_min_rad: the same for the orientation, radians.
         frozen_min_s: a pose bit-constant (below ``frozen_eps``) for at least this long, s ...
         frozen_motion: ... while the camera image changes by at least this much per frame
-            (mean absolute change of the 8x8-block grey thumbnail, grey levels 0-255), is a frozen VIO.
+            (mean absolute change of the 8x8-block grey thumbnail, grey levels 0-255; median over the stretch), is
+            a frozen VIO. Measured: 1.2 s freezes of 16 simulated-world episodes 0.29 to 0.77, of a random-motion
+            sample 0.55; the world's own bit-constant pauses (a still hand, 0.43 s, 17 episodes) 0.016 to 0.080.
         gripper_range_m: (low, high) widths the device can report, metres.
         gripper_stuck_s: a width bit-constant for at least this long (s) while the pose moves
             ``moving_m`` is stuck; constant over the whole episode is ``gripper_dead``.
@@ -133,7 +135,7 @@ class PlausibilityOptions:
     spike_min_m: float = 0.03
     spike_min_rad: float = 0.3
     frozen_min_s: float = 0.3
-    frozen_motion: float = 1.0
+    frozen_motion: float = 0.15
     frozen_eps: float = 1e-7
     gripper_range_m: tuple[float, float] = (-0.005, 0.12)
     gripper_stuck_s: float = 1.0
