@@ -248,3 +248,18 @@ def test_a_failed_blocking_check_fails_the_run_with_dpflows_reason(tmp_path):
     error = run_failure.job_failure_data.error
     assert reason in error.message and "blocking asset check failed" not in error.message
     assert run.status == dg.DagsterRunStatus.FAILURE
+
+
+def test_dataset_npz_reads_the_manifest_from_disk_once(episodes, tmp_path, monkeypatch):
+    """Issue 30: the asset gathered the inputs to name the dataset's folder, then convert read the manifest again."""
+    import dpflow_core.pairing.manifest as manifest_module
+
+    reads = []
+    original = manifest_module.read_manifest_json
+    monkeypatch.setattr(manifest_module, "read_manifest_json", lambda path: reads.append(Path(path)) or original(path))
+    root, eps = episodes
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(_manifest(eps, root)))
+    res = materialize_task([_upstream(manifest, 2), dataset_npz], "pick", run_config=_run_config(tmp_path))
+    assert res.success and res.output_for_node("dataset_npz").n_episodes == 2
+    assert reads == [manifest]

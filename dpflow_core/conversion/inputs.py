@@ -104,7 +104,8 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
         manifest_or_paths: a ``Manifest`` (``dpflow_core.pairing``), a manifest
             dict (``{"manifest_version": 1, "root", "task", "accepted": [...],
             "rejected": [...]}``), a manifest JSON path, a task folder (paired on
-            the fly), or a list of these. Only ``accepted`` entries are converted;
+            the fly), or a list of these, or the :class:`ConversionInputs` gathered already (returned as it
+            is). Only ``accepted`` entries are converted;
             relative file paths are resolved against the manifest's ``root``.
 
     Raises:
@@ -116,6 +117,8 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
     is moved to ``rejected`` as ``duplicate_episode`` naming the first one and its manifest.
         PairingError: pairing a task folder or loading a manifest failed.
     """
+    if isinstance(manifest_or_paths, ConversionInputs):  # gathered already: the manifests are not read again
+        return manifest_or_paths
     items = list(manifest_or_paths) if isinstance(manifest_or_paths, (list, tuple)) else [manifest_or_paths]
     if not items:
         raise ConversionError("no input manifest or task folder given", code="bad_manifest")

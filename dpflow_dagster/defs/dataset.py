@@ -123,7 +123,8 @@ def dataset_npz(
         settings = ConversionSettings.from_config(config)
         inputs = load_inputs(manifest_path)
         out = dataset_path_in(output_dir, inputs, settings, paired.task)
-        result = convert(manifest_path, out, settings, workers=config.workers, reuse_existing=True, progress=progress)
+        # the manifest is read once: the inputs gathered for the dataset's path are what is converted
+        result = convert(inputs, out, settings, workers=config.workers, reuse_existing=True, progress=progress)
     except DpflowError as exc:
         raise dg.Failure(
             description=str(exc),
