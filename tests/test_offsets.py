@@ -4,6 +4,8 @@ world's known lags: MuJoCo renders each frame at its capture time, the camera st
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import numpy as np
@@ -50,9 +52,9 @@ def _record(root, task: str, episodes: dict) -> tuple[dict, ReplayBuffer]:
     real_write, real_demonstrate = sim_record.write_recording, sim_record.demonstrate
     try:
         for k, (stem, (lag, imu_shift, still)) in enumerate(episodes.items()):
-            def write(*args, _shift=imu_shift, **kw):
-                kw["imu_ts_ns"] = kw["imu_ts_ns"] + int(round(_shift * 1e9))
-                return real_write(*args, **kw)
+            def write(task_dir, stem_, rng, spec, topics, streams, _shift=imu_shift):
+                moved = dataclasses.replace(streams, imu_ts_ns=streams.imu_ts_ns + int(round(_shift * 1e9)))
+                return real_write(task_dir, stem_, rng, spec, topics, moved)
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(sim_record, "write_recording", write)
                 if still:
