@@ -18,6 +18,7 @@ Figures go to docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -44,9 +45,9 @@ def record(out: Path, task: str, k: int, lag: float, imu_shift: float, size: tup
     """One episode of ``task`` (seed 500 + k) with the camera ``lag`` s late and the IMU ``imu_shift`` s late."""
     real = sim_record.write_recording
 
-    def write(*args, **kw):
-        kw["imu_ts_ns"] = kw["imu_ts_ns"] + int(round(imu_shift * 1e9))
-        return real(*args, **kw)
+    def write(task_dir, stem, rng, spec, topics, streams):
+        moved = dataclasses.replace(streams, imu_ts_ns=streams.imu_ts_ns + int(round(imu_shift * 1e9)))
+        return real(task_dir, stem, rng, spec, topics, moved)
 
     task_dir = out / task
     task_dir.mkdir(parents=True, exist_ok=True)
