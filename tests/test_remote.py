@@ -212,6 +212,23 @@ def test_detached_run_records_exit_status(server, tmp_path, method):
     assert info.value.code == "already_started"
 
 
+@pytest.mark.parametrize("method", ["tmux", "setsid"])
+def test_a_run_launched_while_term_is_ignored_still_stops_on_term(server, tmp_path, method):
+    """An in-process Dagster materialisation leaves SIGTERM ignored in its process, and a shell cannot reset a
+    signal ignored on entry: the command must still get TERM's default action (exit 143), not need a KILL."""
+    import signal as sig
+
+    previous = sig.signal(sig.SIGTERM, sig.SIG_IGN)
+    try:
+        name = f"ignored-{method}-{uuid.uuid4().hex[:6]}"
+        proc = server.start_detached(name, ["sh", "-c", "sleep 60; echo never"], state_dir=str(tmp_path), method=method)
+    finally:
+        sig.signal(sig.SIGTERM, previous)
+    assert server.signal_group(proc.leader, "TERM") is True
+    status = server.wait_detached(proc, timeout_s=20, poll_s=0.1)
+    assert status.exit_code == 143 and not status.leader_alive and status.members == ()
+
+
 def test_detached_run_is_terminated_by_identity_only(server, tmp_path):
     name = f"sleeper-{uuid.uuid4().hex[:6]}"
     proc = server.start_detached(name, ["sh", "-c", "sleep 60; echo never"], state_dir=str(tmp_path), method="auto")

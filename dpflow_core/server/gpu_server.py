@@ -508,6 +508,10 @@ class GpuServer:
             # A handler (not ignore) so the command, which gets default dispositions,
             # receives TERM/INT/HUP while this shell survives to record the status.
             "trap 'true' HUP INT TERM",
+            # A signal ignored when this shell started cannot be trapped or reset (POSIX): a launch from a
+            # process that ignores TERM (an in-process Dagster materialisation does) would pass that on to the
+            # command, which a TERM then never stops. env --default-signal (coreutils 8.31+) resets them.
+            "defaults=''; env --default-signal=TERM true 2>/dev/null && defaults='env --default-signal=HUP,INT,TERM'",
         ]
         if cwd is not None:
             lines.append(
@@ -516,7 +520,7 @@ class GpuServer:
             )
         lines += [f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items()]
         lines += [
-            f"sh -c {shlex.quote(command_text)} < /dev/null >> {q['log_path']} 2>&1",
+            f"$defaults sh -c {shlex.quote(command_text)} < /dev/null >> {q['log_path']} 2>&1",
             "rc=$?",
             f"echo \"$rc\" > {q['exit_path']}.tmp && mv -f {q['exit_path']}.tmp {q['exit_path']}",
             "exit \"$rc\"",
