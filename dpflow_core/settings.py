@@ -30,3 +30,10 @@ def setting(default: Any, option: str, config: str | tuple[str, ...], help: str 
 def front_ends(cls: type) -> dict[str, dict[str, Any]]:
     """Per field of the settings dataclass ``cls``: its metadata (``option``, ``config``, ``help`` and the rest)."""
     return {f.name: dict(f.metadata) for f in dataclasses.fields(cls)}
+
+
+def fields_from_options(cls: type, values: Any) -> dict[str, Any]:
+    """The keyword arguments of settings class ``cls`` from a command's parameters ``values`` (a mapping), named as
+    the ``option`` flags (``--max-gap`` -> ``max_gap``); a parameter left out, or None, is left out (its default)."""
+    names = {f: m["option"].lstrip("-").replace("-", "_") for f, m in front_ends(cls).items()}
+    return {f: values[p] for f, p in names.items() if values.get(p) is not None}

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from dpflow_core.errors import ConversionError
-from dpflow_core.settings import front_ends, setting  # noqa: F401 (front_ends: re-exported for the front ends)
+from dpflow_core.settings import fields_from_options, front_ends, setting  # noqa: F401 (front_ends: re-exported for the front ends)
 
 if TYPE_CHECKING:
     from dpflow_core.recordings.plausibility import PlausibilityOptions
@@ -234,8 +234,7 @@ class ConversionSettings:
         Raises:
             ConversionError: ``bad_option`` (see the class).
         """
-        names = {f: m["option"].lstrip("-").replace("-", "_") for f, m in front_ends(cls).items()}
-        return cls(**{f: values[p] for f, p in names.items() if values.get(p) is not None})
+        return cls(**fields_from_options(cls, values))
 
     @classmethod
     def from_config(cls, config: Any) -> "ConversionSettings":

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dpflow_core.errors import RunError
-from dpflow_core.settings import front_ends, setting
+from dpflow_core.settings import fields_from_options, front_ends, setting
 
 #: How much lower than the best trivial predictor's each gated error must be (0.2: at least 20 % lower).
 DEFAULT_MARGIN = 0.2
@@ -72,8 +72,7 @@ class EvaluationSettings:
     @classmethod
     def from_options(cls, values: Mapping[str, Any]) -> "EvaluationSettings":
         """The settings from a command's parameters, named as the ``option`` flags; None takes the default."""
-        names = {f: m["option"].lstrip("-").replace("-", "_") for f, m in front_ends(cls).items()}
-        return cls(**{f: values[p] for f, p in names.items() if values.get(p) is not None})
+        return cls(**fields_from_options(cls, values))
 
     @classmethod
     def from_config(cls, config: Any) -> "EvaluationSettings":

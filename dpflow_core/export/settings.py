@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from dpflow_core.conversion.settings import INVALID_POSE_POLICIES, RATE_POLICIES
 from dpflow_core.errors import ConversionError
 from dpflow_core.export import FORMATS, V30_VERSION
-from dpflow_core.settings import front_ends, setting
+from dpflow_core.settings import fields_from_options, front_ends, setting
 
 #: How the end-effector rotation is written in the state and the action: ``rotvec`` (3, a rotation
 #: vector; what the dataset.npz holds) or ``rot6d`` (6, continuous, so that ``action - state`` per
@@ -109,8 +109,7 @@ class ExportSettings:
     def from_options(cls, values: Mapping[str, Any]) -> "ExportSettings":
         """The settings from a command's parameters, named as the ``option`` flags (``--format`` -> ``format``);
         a parameter left out, or None, takes the default."""
-        names = {f: m["option"].lstrip("-").replace("-", "_") for f, m in front_ends(cls).items()}
-        return cls(**{f: values[p] for f, p in names.items() if values.get(p) is not None})
+        return cls(**fields_from_options(cls, values))
 
     @classmethod
     def from_config(cls, config: Any) -> "ExportSettings":

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dpflow_core.settings import front_ends, setting
+from dpflow_core.settings import fields_from_options, front_ends, setting
 
 #: The baselines rolled out beside the policy on the same states: the scripted demonstrator, open-loop replay
 #: of a training demonstration, and holding still (:func:`dpflow_core.sim.rollout.rollout_baseline`).
@@ -66,8 +66,7 @@ class ClosedLoopSettings:
     @classmethod
     def from_options(cls, values: Mapping[str, Any]) -> "ClosedLoopSettings":
         """The settings from a command's parameters, named as the ``option`` flags; None takes the default."""
-        names = {f: m["option"].lstrip("-").replace("-", "_") for f, m in front_ends(cls).items()}
-        return cls(**{f: values[p] for f, p in names.items() if values.get(p) is not None})
+        return cls(**fields_from_options(cls, values))
 
     @classmethod
     def from_config(cls, config: Any) -> "ClosedLoopSettings":

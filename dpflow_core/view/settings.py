@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dpflow_core.settings import front_ends, setting
+from dpflow_core.settings import fields_from_options, setting
 
 
 @dataclass(frozen=True)
@@ -54,5 +54,4 @@ class DatasetWindow:
     @classmethod
     def from_options(cls, values: Mapping[str, Any]) -> "DatasetWindow":
         """The window from a command's parameters, named as the ``option`` flags; None takes the default."""
-        names = {f: m["option"].lstrip("-").replace("-", "_") for f, m in front_ends(cls).items()}
-        return cls(**{f: values[p] for f, p in names.items() if values.get(p) is not None})
+        return cls(**fields_from_options(cls, values))
