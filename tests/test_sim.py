@@ -63,6 +63,39 @@ def test_grasp_rule_geometry():
     assert grasp_holds(centre + [0, 0, 0.012], 0.4, block) == (False, "too_high")
 
 
+@pytest.mark.parametrize("turn_deg,across_m,along_m", [(20.0, 0.015, 0.01), (-25.0, -0.014, -0.015), (160.0, 0.01, 0.0)])
+def test_closing_fingers_square_the_block_and_centre_it_between_them(turn_deg, across_m, along_m):
+    """A grasp the rule lets through, misaligned and off the fingers' mid-plane, leaves the block with its long
+    axis on the gripper's x axis (a half turn kept a half turn) and its centre between the fingers, the offset
+    along them kept; carried off and let go, it rests with the gripper's heading."""
+    world = new_world("pick_place", 16, 16)
+    g_yaw = 0.3
+    block_yaw = g_yaw + math.radians(turn_deg)
+    c, s = math.cos(g_yaw), math.sin(g_yaw)
+    x_axis, y_axis = np.array([c, s]), np.array([-s, c])  # the gripper's forward and closing directions
+    tcp = np.array([0.02, -0.01, BLOCK_HALF[2]])
+    block_xy = tcp[:2] + along_m * x_axis + across_m * y_axis
+    reset_world(world, replace(initial_state("pick_place", 0), gripper_pos=tuple(tcp), gripper_yaw=g_yaw,
+                               blocks=(((float(block_xy[0]), float(block_xy[1])), block_yaw),)))
+    rot = Rotation.from_euler("z", g_yaw).as_rotvec()
+    for _ in range(60):
+        world.step(tcp, rot, 0.0, 1 / CONTROL_HZ)
+    held = world.holding
+    assert held is not None, world.grasp_attempts
+    d = held.pos[:2] - world.gripper.pos[:2]
+    assert d @ y_axis == pytest.approx(0.0, abs=1e-9)  # centred between the fingers
+    assert d @ x_axis == pytest.approx(along_m, abs=1e-9)  # nothing pushed it along them
+    half_turns = 1 if abs(turn_deg) > 90 else 0
+    assert math.remainder(held.yaw - g_yaw - half_turns * math.pi, 2 * math.pi) == pytest.approx(0.0, abs=1e-9)
+    place = np.array([-0.05, 0.06, BLOCK_HALF[2] + 0.004])
+    for target, opening in ((place + [0, 0, 0.05], 0.0), (place, 0.0), (place, 0.08)):
+        for _ in range(150):
+            world.step(target, rot, opening, 1 / CONTROL_HZ)
+    assert world.holding is None
+    assert math.remainder(world.blocks[0].yaw - g_yaw - half_turns * math.pi, 2 * math.pi) == pytest.approx(0, abs=1e-9)
+    assert world.blocks[0].pos[:2] == pytest.approx(place[:2] + along_m * x_axis, abs=1e-6)
+
+
 def _base_pixels(img: np.ndarray) -> int:
     """Pixels of the blue base (rgba 0.15 0.3 0.85 under the headlight) in a wrist image."""
     r, b = img[..., 0].astype(int), img[..., 2].astype(int)

@@ -9,9 +9,11 @@ simplification of grasping: when the fingers close, :func:`grasp_holds` decides
 from the geometry whether a real parallel gripper would hold the block (the
 fingertips low enough, the block between them, its long axis across the
 closing direction within :data:`GRASP_YAW_TOL_RAD`, the block's width across
-the fingers at most :data:`MAX_OPENING_M`); if it holds, the block is welded to
-the gripper until the fingers open again, and then rests on whatever is below
-it. A badly aimed grasp closes the fingers on nothing.
+the fingers at most :data:`MAX_OPENING_M`); if it holds, the fingers square it up
+and centre it between them as real ones do (:func:`squared_grasp`: its long axis
+onto the gripper's, its centre onto the fingers' mid-plane, the offset along the
+fingers kept), and it is welded there until the fingers open again, and then
+rests on whatever is below it. A badly aimed grasp closes the fingers on nothing.
 
 Frames (all right-handed, metres, radians):
 
@@ -196,6 +198,27 @@ def grasp_holds(tcp_pos: np.ndarray, tcp_yaw: float, block: Block) -> tuple[bool
     return True, ""
 
 
+def squared_grasp(block_in_tcp: np.ndarray) -> np.ndarray:
+    """Where closing parallel fingers leave a block they hold, in the TCP frame (4 x 4 float64, m).
+
+    ``block_in_tcp`` is the block's pose in the TCP frame when the fingers touch it. Two fingers closing
+    along the TCP's ``y`` axis push the block until both faces lie flat against them: its long axis
+    turns onto the TCP's ``x`` axis (by the smaller angle, so a half turn of the block stays a half
+    turn) and its centre comes onto the TCP's ``x``-``z`` plane (``y = 0``). Nothing pushes along the
+    fingers' faces, so the offset along ``x`` and the height stay as they were. This is what
+    :func:`grasp_holds` lets through (misaligned up to :data:`GRASP_YAW_TOL_RAD`, across up to
+    :data:`GRASP_ACROSS_TOL_M`): without it a block held 20 mm across would lie inside a finger.
+    """
+    m = np.array(block_in_tcp, dtype=np.float64)
+    rel_yaw = float(np.arctan2(m[1, 0], m[0, 0]))
+    turn = rel_yaw - wrap_half_turn(rel_yaw)  # 0 or a half turn
+    c, s = np.cos(turn), np.sin(turn)
+    out = np.eye(4)
+    out[:3, :3] = [[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]
+    out[:3, 3] = [m[0, 3], 0.0, m[2, 3]]
+    return out
+
+
 def pose_mat(pos: np.ndarray, rotvec: np.ndarray) -> np.ndarray:
     """(4, 4) float64 pose from a position (m) and a rotation vector (rad)."""
     m = np.eye(4)
@@ -318,7 +341,10 @@ class GripperWorld:
             if holding:
                 b = holding[0]
                 b.held = True
-                b.grasp_in_tcp = np.linalg.inv(pose_mat(g.pos, g.rotvec)) @ pose_mat(b.pos, [0, 0, b.yaw])
+                touching = np.linalg.inv(pose_mat(g.pos, g.rotvec)) @ pose_mat(b.pos, [0, 0, b.yaw])
+                b.grasp_in_tcp = squared_grasp(touching)
+                m = pose_mat(g.pos, g.rotvec) @ b.grasp_in_tcp
+                b.pos, b.yaw = m[:3, 3].copy(), float(np.arctan2(m[1, 0], m[0, 0]))
                 g.opening = width
                 self.ever_held = True
                 self.grasp_attempts.append("held")
