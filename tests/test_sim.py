@@ -345,6 +345,27 @@ def test_the_world_says_where_success_is():
     assert success(world, "pick_place")
     block = world.blocks[0]
     assert np.all(np.abs(block.pos[:2] - np.array(state.pad_xy)) <= 0.035) and world.holding is None
+    from dpflow_core.sim.tasks import placement
+
+    got = placement(world, "pick_place")
+    assert got["on_target"] is True and got["xy_m"] == pytest.approx(np.linalg.norm(block.pos[:2] - state.pad_xy), abs=1e-4)
+
+
+@pytest.mark.parametrize("dx,dy,turn_deg,on_base", [(0.008, 0.0, 25.0, True), (0.0, -0.02, 190.0, True), (0.0, 0.05, 0.0, False)])
+def test_placement_says_how_far_a_stacked_block_is_from_its_base(dx, dy, turn_deg, on_base):
+    """The figures behind a wrong place, against a block put down by hand at a known offset and turn."""
+    from dpflow_core.sim.tasks import placement
+
+    world = new_world("stack", 16, 16)
+    reset_world(world, initial_state("stack", EVAL_SEED_BASE + 3))
+    base = world.blocks[1]
+    block = Block(np.array([base.pos[0] + dx, base.pos[1] + dy, 0.08]), base.yaw + math.radians(turn_deg))
+    world.blocks[0] = block
+    block.pos[2] = world._rest_height(block)
+    got = placement(world, "stack")
+    assert got["xy_m"] == pytest.approx(math.hypot(dx, dy), abs=1e-4)
+    assert got["yaw_rad"] == pytest.approx(math.radians(abs(math.remainder(turn_deg, 180.0))), abs=1e-3)
+    assert got["on_target"] is on_base
 
 
 class _DemonstratorPolicy(_ProbePolicy):

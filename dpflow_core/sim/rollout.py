@@ -46,6 +46,7 @@ from dpflow_core.sim.tasks import (
     failure_mode,
     initial_state,
     new_world,
+    placement,
     reset_world,
     success,
 )
@@ -69,8 +70,9 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 class RolloutRecord:
     """One episode: its ``seed``, ``success``, ``failure_mode`` (None on success), ``time_to_success_s``
     (None on failure), ``duration_s`` simulated, ``decisions`` (policy calls), ``grasp_attempts``
-    (``held`` or why a grasp failed), the ``latency`` settings applied (s) and ``predict_s`` (mean wall
-    time of one policy call on this machine)."""
+    (``held`` or why a grasp failed), the ``latency`` settings applied (s), ``predict_s`` (mean wall
+    time of one policy call on this machine) and ``placement``, where the block ended against its target
+    (:func:`~dpflow_core.sim.tasks.placement`: ``xy_m``, ``yaw_rad`` for ``stack``, ``on_target``)."""
 
     seed: int
     success: bool
@@ -81,6 +83,7 @@ class RolloutRecord:
     grasp_attempts: list[str]
     latency: dict[str, float]
     predict_s: float | None = None
+    placement: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,7 @@ def _record(seed, ep, t_ok, decisions, latency, predict_s=None) -> RolloutRecord
     return RolloutRecord(
         int(seed), t_ok is not None, None if t_ok is not None else failure_mode(ep.world, ep.task),
         None if t_ok is None else round(float(t_ok), 3), round(float(ep.world.time_s), 3), decisions,
-        list(ep.world.grasp_attempts), latency, predict_s,
+        list(ep.world.grasp_attempts), latency, predict_s, placement(ep.world, ep.task),
     )
 
 

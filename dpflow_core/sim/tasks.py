@@ -122,6 +122,21 @@ def placed(world: GripperWorld, task: str) -> bool:
     return on_top and aligned and float(np.linalg.norm(block.pos[:2] - base.pos[:2])) <= STACK_XY_TOL_M
 
 
+def placement(world: GripperWorld, task: str) -> dict[str, float | bool]:
+    """Where the block is against where ``task`` wants it, in the world's current state (the figures behind
+    a ``wrong_place``): ``xy_m`` the distance (m) of its centre from the target's (the pad's, or the base's
+    for ``stack``), ``yaw_rad`` (``stack``) its long axis against the base's, modulo a half turn, and
+    ``on_target`` whether it rests on the pad's or the base's top. Rounded to 0.1 mm and 0.001 rad."""
+    block = world.blocks[0]
+    if task == "pick_place":
+        on = bool(abs(block.pos[2] - BLOCK_HALF[2]) < 1e-6 and np.all(np.abs(block.pos[:2] - world.pad_pos[:2]) <= PAD_HALF))
+        return {"xy_m": round(float(np.linalg.norm(block.pos[:2] - world.pad_pos[:2])), 4), "on_target": on}
+    base = world.blocks[1]
+    return {"xy_m": round(float(np.linalg.norm(block.pos[:2] - base.pos[:2])), 4),
+            "yaw_rad": round(abs(wrap_half_turn(block.yaw - base.yaw)), 3),
+            "on_target": bool(abs(block.pos[2] - (base.pos[2] + 2 * BLOCK_HALF[2])) < 1e-6)}
+
+
 def success(world: GripperWorld, task: str) -> bool:
     """The task's success rule (module docstring), in the world's current state."""
     return world.holding is None and placed(world, task) and world.gripper.pos[2] >= RETREAT_Z_M
