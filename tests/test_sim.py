@@ -96,6 +96,27 @@ def test_closing_fingers_square_the_block_and_centre_it_between_them(turn_deg, a
     assert world.blocks[0].pos[:2] == pytest.approx(place[:2] + along_m * x_axis, abs=1e-6)
 
 
+def test_stack_needs_no_turn_near_a_quarter_turn():
+    """Over training and held-out seeds the base lies within MAX_YAW_TO_TURN_RAD of the block, modulo a half
+    turn, and the demonstrator's place heading lines the block up with the base by that turn."""
+    from dpflow_core.sim.tasks import MAX_YAW_TO_TURN_RAD
+    from dpflow_core.sim.world import wrap_half_turn
+
+    turns = []
+    for seed in [*range(200), *range(EVAL_SEED_BASE, EVAL_SEED_BASE + 200)]:
+        state = initial_state("stack", seed)
+        (_, block_yaw), (_, base_yaw) = state.blocks
+        turns.append(abs(wrap_half_turn(base_yaw - block_yaw)))
+    assert max(turns) <= MAX_YAW_TO_TURN_RAD + 1e-12
+    assert max(turns) > MAX_YAW_TO_TURN_RAD - math.radians(5)  # the range is used, not collapsed
+    state = initial_state("stack", 11)
+    world = new_world("stack", 16, 16)
+    reset_world(world, state)
+    _execute(world, plan(state))
+    assert success(world, "stack")
+    assert abs(wrap_half_turn(world.blocks[0].yaw - world.blocks[1].yaw)) < math.radians(3)
+
+
 def _base_pixels(img: np.ndarray) -> int:
     """Pixels of the blue base (rgba 0.15 0.3 0.85 under the headlight) in a wrist image."""
     r, b = img[..., 0].astype(int), img[..., 2].astype(int)
