@@ -10,7 +10,9 @@ batch ``--batch-size``), interleaved round after round, each measurement in a fr
   two effects);
 * ``new``: ``training.noise_samples_per_obs=K``, ``training.torch_threads``, a data worker
   (``dataloader.num_workers``, persistent) so that loading overlaps the step;
-* ``--sweep-k 1,2,4,8,16``: the new path at each K (how K was chosen).
+* ``--sweep-k 1,2,4,8,16``: the new path at each K (how K was chosen);
+* ``--beside-no-camera``: each measurement runs beside the same training without the camera, started
+  at the same time, as the README main job trains its two policies on the machine's cores.
 
 A measurement runs ``--warmup`` steps, then ``--steps`` timed steps through
 :meth:`dpflow_core.train.workspace.Workspace.train_step` (forward, backward, AdamW, LR schedule,
@@ -20,6 +22,7 @@ and after (the machine is shared).
 
     .venv/bin/python bench/train_throughput.py --json
     .venv/bin/python bench/train_throughput.py --k 8 --threads 1 --rounds 3 --sweep-k 1,2,4,8,16
+    .venv/bin/python bench/train_throughput.py --config sim --k 1 --workers 0 --beside-no-camera --json
 
 ``--json`` prints ``{"baseline_samples_per_s", "samples_per_s", "ratio", ...}`` on stdout.
 """
@@ -123,23 +126,33 @@ def measure(config: str, overrides: list[str], steps: int, warmup: int) -> dict[
         }
 
 
-def run_child(spec: dict[str, Any], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """:func:`measure` of ``spec`` (config, overrides, steps, warmup) in a fresh process: its own
-    thread pool and device state, nothing left from an earlier variant."""
+def run_children(specs: list[dict[str, Any]], timeout_s: float, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """:func:`measure` of each spec (config, overrides, steps, warmup) in a fresh process of its own (its own
+    thread pool and device state, nothing left from an earlier variant), all of them at once: one spec is
+    one training alone, two are two trainings side by side on the same cores."""
     env = dict(os.environ if env is None else env, TQDM_DISABLE="1")
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.pop(name, None)  # the thread count is the variant's own setting
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
-        cwd=REPO,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"measurement {spec['name']} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+             for spec in specs]
+    out = []
+    for spec, proc in zip(specs, procs):
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(f"measurement {spec['name']} failed:\n{stderr[-3000:]}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def run_child(spec: dict[str, Any], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """:func:`measure` of ``spec`` in a fresh process (:func:`run_children` of one)."""
+    return run_children([spec], timeout_s, env)[0]
 
 
 def variants(args, dataset: str) -> list[dict[str, Any]]:
@@ -147,7 +160,8 @@ def variants(args, dataset: str) -> list[dict[str, Any]]:
     new_speed = [f"training.torch_threads={args.threads}"]
     new_loader = [f"dataloader.num_workers={args.workers}", f"dataloader.persistent_workers={args.workers > 0}"]
     out = [
-        {"name": "baseline", "overrides": base},
+        # today's settings spelled out: a config group may set its own threads or K since
+        {"name": "baseline", "overrides": base + ["training.torch_threads=null", "training.noise_samples_per_obs=1"]},
         {"name": "threads_only", "overrides": base + new_speed},
         {"name": "new", "overrides": base + new_speed + new_loader + [f"training.noise_samples_per_obs={args.k}"]},
     ]
@@ -177,6 +191,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "dpflow-bench-throughput")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--beside-no-camera", action="store_true",
+                        help="run each measurement beside the same training without the camera (task.rgb_keys=[]), "
+                             "as the README main job trains its camera and no-camera policies")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -191,7 +208,13 @@ def main() -> None:
     for r in range(args.rounds):
         for v in variants(args, str(dataset)):
             spec = {**v, "config": args.config, "steps": args.steps, "warmup": args.warmup}
-            m = run_child(spec, args.timeout)
+            if args.beside_no_camera:
+                # the README main job's pair: the same training without the camera, started with it
+                blind = {**spec, "name": v["name"] + " (no camera)", "overrides": [*v["overrides"], "task.rgb_keys=[]"]}
+                m, m_blind = run_children([spec, blind], args.timeout)
+                m["no_camera_step_time_s_median"] = m_blind["step_time_s_median"]
+            else:
+                m = run_child(spec, args.timeout)
             results.setdefault(v["name"], []).append(m)
             if not args.json:
                 print(
@@ -207,6 +230,8 @@ def main() -> None:
         "samples_per_s_rounds": [round(m["samples_per_s"], 1) for m in ms],
         "data_time_s_mean": statistics.fmean(m["data_time_s_mean"] for m in ms),
         "step_time_s_median": statistics.median(m["step_time_s_median"] for m in ms),
+        **({"no_camera_step_time_s_median": statistics.median(m["no_camera_step_time_s_median"] for m in ms)}
+           if "no_camera_step_time_s_median" in ms[0] else {}),
         **{key: ms[0][key] for key in ("noise_samples_per_obs", "torch_threads", "num_workers", "batch_size")},
     } for name, ms in results.items()}
     base, new = summary["baseline"]["samples_per_s"], summary["new"]["samples_per_s"]
@@ -219,6 +244,7 @@ def main() -> None:
         "image_size": args.image_size,
         "batch_size": args.batch_size,
         "cpu_count": os.cpu_count(),
+        "beside_no_camera": args.beside_no_camera,
         "loadavg_before": load_before,
         "loadavg_after": _loadavg(),
         "variants": summary,
