@@ -62,6 +62,29 @@ def test_single_sample_spikes_are_repaired_with_provenance(index, offset):
     assert v.drop_ns == []
 
 
+@pytest.mark.parametrize("start,count,offset", [(40, 3, (0.04, 0, 0)), (101, 5, (0, -0.06, 0.02)), (180, 7, (0, 0, 0.05)),
+                                                (12, 4, (0.3, 0.1, 0))])
+def test_an_alternating_glitch_is_dropped_not_repaired_onto_itself(start, count, offset):
+    """Every other sample off by the same offset: each looks like a spike between neighbours that agree, but
+    those neighbours are glitched too. Repairing each would move the good samples onto the glitch (40 mm off in
+    a new user's trial); the run is one pose_glitch and its span is dropped, every kept sample untouched."""
+    ts, pos, quat, _ = _track(7)
+    bad = pos.copy()
+    glitched = np.arange(start, start + 2 * count - 1, 2)  # count glitched samples, a good one between each
+    bad[glitched] += offset
+    v = check_pose(ts, bad, quat, int(ts[0]))
+    glitches = [f for f in v.findings if f.code == "pose_glitch"]
+    assert len(glitches) == 1 and not any(f.code == "pose_spike" for f in v.findings), v.findings
+    g = glitches[0]
+    assert g.action != "repaired" and g.value == pytest.approx(np.linalg.norm(offset), rel=0.05)
+    assert g.detail["samples"] >= 2 * count - 2  # the glitched samples and the good ones between them
+    assert np.array_equal(v.position_m, bad)  # nothing moved
+    lo, hi = min(a for a, _ in v.drop_ns), max(b for _, b in v.drop_ns)
+    kept = (ts < lo) | (ts > hi)
+    assert lo <= ts[glitched[0]] and hi >= ts[glitched[-1]] and not kept[glitched].any()
+    assert np.abs(v.position_m[kept] - pos[kept]).max() < 1e-12  # no kept row is off the true track
+
+
 @pytest.mark.parametrize("index,offset", [(60, (0.3, 0, 0)), (150, (0, 0, -1.0)), (30, (0.12, 0.05, 0))])
 def test_jumps_cut_the_track_between_the_two_samples(index, offset):
     ts, pos, quat, _ = _track(5)

@@ -52,7 +52,9 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: trimmed as ``pose_invalid``, no longer also split as a ``pose_jump`` to and from the garbage; a track so far from the
 #: origin that the dataset's float32 resolves it coarser than 0.1 mm is refused (``pose_far_origin``); a frozen VIO
 #: is found where the camera changes 0.15 grey levels a frame (``frozen_motion``, was 1.0: above the world camera's).
-CONVERTER_VERSION = "10"
+#: 11: two or more consecutive pose spikes are one ``pose_glitch``, their span dropped: version 10 repaired each
+#: against neighbours that were glitched too, moving the good samples of an alternating glitch onto it.
+CONVERTER_VERSION = "11"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
     "robot0_eef_pos",

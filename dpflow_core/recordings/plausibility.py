@@ -17,6 +17,9 @@ class (``code``)          rule                                            defaul
                           (the dataset's) resolves them coarser than
                           0.1 mm (beyond about 1 km: a UTM-like frame)
 ``pose_spike``            one sample off the line through its neighbours  repair             repair, split, reject, warn
+``pose_glitch``           two or more consecutive samples each off the    split              split, reject, warn
+                          line through its neighbours (an alternating or
+                          repeated glitch: no neighbour to repair from)
 ``pose_jump``             speed between two samples above the limit       split              split, reject, warn
 ``rotation_jump``         angular speed between two samples above limit   split              split, reject, warn
 ``pose_acceleration``     acceleration above the limit (not at a jump)    warn               warn, reject
@@ -62,6 +65,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "pose_units": ("reject", "warn"),
     "pose_far_origin": ("reject", "warn"),
     "pose_spike": ("repair", "split", "reject", "warn"),
+    "pose_glitch": ("split", "reject", "warn"),
     "pose_jump": ("split", "reject", "warn"),
     "rotation_jump": ("split", "reject", "warn"),
     "pose_acceleration": ("warn", "reject"),
@@ -312,6 +316,20 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
     rot_dev = np.minimum(_angles(quat[1:-1], quat[:-2]), _angles(quat[1:-1], quat[2:]))
     rot_across = _angles(quat[:-2], quat[2:])
     spike = ((dev > opts.spike_min_m) & (across < dev / 3)) | ((rot_dev > opts.spike_min_rad) & (rot_across < rot_dev / 3))
+    # A spike beside another is no single outlier: each was judged against a neighbour that is itself off
+    # (x, x + d, x, x + d ... flags every sample), so repairing them would move the good samples onto the
+    # glitch. Such a run is a glitch of its own, dropped whole (or rejected) instead.
+    beside = np.zeros_like(spike)
+    beside[1:] |= spike[:-1]
+    beside[:-1] |= spike[1:]
+    for a, b in _runs(spike & beside):
+        first, last = a + 1, b  # pose indices of the run (spike[k] judges sample k + 1)
+        f = new_finding(opts, "pose_glitch", "pose", rel(ts[first]), rel(ts[last]), float(dev[a:b].max()),
+                        opts.spike_min_m, "m", samples=int(b - a), rotation_rad=round(float(rot_dev[a:b].max()), 5))
+        if f.policy == "split":  # the neighbours too: beside a glitch they may be off by less than spike_min_m
+            drop.append((int(ts[max(first - 2, 0)]), int(ts[min(last + 2, m - 1)])))
+        findings.append(f)
+    spike &= ~beside
     for i in np.flatnonzero(spike) + 1:
         f = new_finding(opts, "pose_spike", "pose", rel(ts[i]), rel(ts[i]), max(dev[i - 1], 0.0), opts.spike_min_m, "m",
                      rotation_rad=round(float(rot_dev[i - 1]), 5), original_position_m=pos[i].round(6).tolist())
