@@ -62,6 +62,25 @@ def test_single_sample_spikes_are_repaired_with_provenance(index, offset):
     assert v.drop_ns == []
 
 
+@pytest.mark.parametrize("pose_hz,camera_hz,flagged", [(5.0, 30.0, True), (12.0, 30.0, True), (10.0, 60.0, True),
+                                                     (15.0, 30.0, False), (30.0, 30.0, False), (10.0, 10.0, False),
+                                                     (200.0, 30.0, False)])
+def test_a_pose_track_much_slower_than_the_camera_is_named(pose_hz, camera_hz, flagged):
+    """A VIO sampled under half as often as the camera (each frame's pose interpolated across more than two frame
+    intervals) is pose_rate_low with both rates; at half the camera's rate or faster nothing is said."""
+    ts, pos, quat, _ = _track(8, seconds=6.0, hz=pose_hz)
+    cam_ts = np.round(np.arange(int(6.0 * camera_hz)) * 1e9 / camera_hz).astype(np.int64) + 1_000_000
+    motion = np.full(len(cam_ts), 0.5)
+    v = check_pose(ts, pos, quat, 0, motion_ts_ns=cam_ts, motion=motion)
+    slow = [f for f in v.findings if f.code == "pose_rate_low"]
+    if not flagged:
+        assert slow == []
+        return
+    assert len(slow) == 1 and slow[0].action == "rejected"
+    assert slow[0].value == pytest.approx(pose_hz, rel=0.02) and slow[0].detail["camera_hz"] == pytest.approx(camera_hz, rel=1e-3)
+    assert slow[0].limit == pytest.approx(camera_hz / 2, rel=1e-3)
+
+
 @pytest.mark.parametrize("start,count,offset", [(40, 3, (0.04, 0, 0)), (101, 5, (0, -0.06, 0.02)), (180, 7, (0, 0, 0.05)),
                                                 (12, 4, (0.3, 0.1, 0))])
 def test_an_alternating_glitch_is_dropped_not_repaired_onto_itself(start, count, offset):
@@ -268,6 +287,35 @@ def test_no_bad_row_reaches_the_dataset(faulty):
     # the clean episode: untouched
     (e, t, pos), = by_stem[eps[6].stem]
     assert e["plausibility"]["findings"] == [] and np.abs(pos - interp_truth(eps[6], t)).max() < 2e-3
+
+
+def test_a_slow_pose_track_is_refused_and_an_alternating_glitch_cut_out_end_to_end(tmp_path):
+    """Through pairing and conversion: a VIO track thinned to every sixth pose (5 Hz beside the 30 Hz camera) is
+    rejected as pose_rate_low naming both rates; an episode whose poses 40-46 alternate 4 cm off keeps no row
+    from the glitch and every kept row on the true track."""
+    from fault_fixtures import _rewrite
+
+    d = tmp_path / "pick_place"
+    eps = [write_small_episode(d, f"pick_place_{k:04d}", seed=80 + k, seconds=5.0) for k in range(3)]
+    _rewrite(eps[0].vio_mcap, (POSE,), lambda topic, k, msg, rec: [(rec.log_time, rec.data, rec.publish_time)] if k % 6 == 0 else [])
+    pose_spikes(eps[1].vio_mcap, {k: (0.04, 0.0, 0.0) for k in (40, 42, 44, 46)})
+    refresh_vio_result(d)
+    manifest = pair_recordings(d)
+    result = convert(manifest, tmp_path / "ds" / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1, cache=False)
+    rej = {r["stem"]: r for r in result.rejected}
+    assert rej[eps[0].stem]["code"] == "pose_rate_low", result.rejected
+    assert "pose from" in rej[eps[0].stem]["reason"] and "(limit 15" in rej[eps[0].stem]["reason"]
+    rows = {}
+    for e, t, pos in _rows(result):
+        rows.setdefault(e["stem"], []).append((e, t, pos))
+    lo, hi = int(eps[1].pose_ts_ns[40]), int(eps[1].pose_ts_ns[46])
+    codes = [f["code"] for piece in rows[eps[1].stem] for f in piece[0]["plausibility"]["findings"]]
+    assert "pose_glitch" in codes and "pose_spike" not in codes, codes
+    for e, t, pos in rows[eps[1].stem]:
+        assert not np.any((t >= lo) & (t <= hi))
+        assert np.abs(pos - interp_truth(eps[1], t)).max() < 2e-3
+    (e, t, pos), = rows[eps[2].stem]
+    assert e["plausibility"]["findings"] == []
 
 
 def test_quality_report_lists_the_findings_per_episode(faulty, tmp_path):

@@ -53,7 +53,8 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: origin that the dataset's float32 resolves it coarser than 0.1 mm is refused (``pose_far_origin``); a frozen VIO
 #: is found where the camera changes 0.15 grey levels a frame (``frozen_motion``, was 1.0: above the world camera's).
 #: 11: two or more consecutive pose spikes are one ``pose_glitch``, their span dropped: version 10 repaired each
-#: against neighbours that were glitched too, moving the good samples of an alternating glitch onto it.
+#: against neighbours that were glitched too, moving the good samples of an alternating glitch onto it; a pose
+#: track sampled under half as often as the camera is refused (``pose_rate_low``).
 CONVERTER_VERSION = "11"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (

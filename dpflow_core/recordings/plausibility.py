@@ -16,6 +16,9 @@ class (``code``)          rule                                            defaul
 ``pose_far_origin``       coordinates so far from the origin that float32 reject             reject, warn
                           (the dataset's) resolves them coarser than
                           0.1 mm (beyond about 1 km: a UTM-like frame)
+``pose_rate_low``         the pose sampled under half as often as the     reject             reject, warn
+                          camera (each frame's pose interpolated across
+                          more than two frame intervals)
 ``pose_spike``            one sample off the line through its neighbours  repair             repair, split, reject, warn
 ``pose_glitch``           two or more consecutive samples each off the    split              split, reject, warn
                           line through its neighbours (an alternating or
@@ -64,6 +67,7 @@ import numpy as np
 POLICIES: dict[str, tuple[str, ...]] = {
     "pose_units": ("reject", "warn"),
     "pose_far_origin": ("reject", "warn"),
+    "pose_rate_low": ("reject", "warn"),
     "pose_spike": ("repair", "split", "reject", "warn"),
     "pose_glitch": ("split", "reject", "warn"),
     "pose_jump": ("split", "reject", "warn"),
@@ -98,6 +102,10 @@ class PlausibilityOptions:
             track's largest coordinate) the dataset may store a position at: 1e-4 holds up to 1024 m from the
             origin; beyond it the track is ``pose_far_origin`` (a UTM-like origin 500 km away: 3 cm steps).
         max_accel_mps2: largest acceleration of the camera, m/s^2 (a hand: well under 30).
+        min_pose_rate_fraction: the pose track's median rate must be at least this fraction of the camera's
+            (``pose_rate_low``): at 0.5 a frame's pose is interpolated across at most two frame intervals. A
+            hand accelerating at 3 m/s^2 leaves a linear interpolation a * dt^2 / 8 off: 15 mm between 5 Hz
+            samples, 1.7 mm at 15 Hz.
         spike_min_m: a sample this far (m) from the interpolation of its neighbours, while the
             neighbours are within a third of that of each other, is a single-sample outlier.
         spike_min_rad: the same for the orientation, radians.
@@ -136,6 +144,7 @@ class PlausibilityOptions:
     max_accel_mps2: float = 60.0
     max_extent_m: float = 20.0
     max_position_resolution_m: float = 1e-4
+    min_pose_rate_fraction: float = 0.5
     spike_min_m: float = 0.03
     spike_min_rad: float = 0.3
     frozen_min_s: float = 0.3
@@ -306,6 +315,9 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
     far = _far_origin(ts, pos, rel, opts)
     if far is not None:  # the rules below still hold (float64 here); the dataset's float32 would not
         findings.append(far)
+    slow = _rate_low(ts, motion_ts_ns, rel, opts)
+    if slow is not None:
+        findings.append(slow)
 
     # Single-sample outliers: far from the line through both neighbours, which agree with each other.
     dt = np.diff(ts).astype(np.float64)
@@ -475,6 +487,20 @@ def _far_origin(ts: np.ndarray, pos: np.ndarray, rel, opts: PlausibilityOptions)
                        why=f"{axis} reaches {pos[k]:.6g} m: the dataset's float32 positions resolve only {step * 1e3:.3g} mm "
                            "there (a world frame far from the origin, e.g. UTM); re-origin the track near the "
                            "workspace (subtract its first pose) before converting")
+
+
+def _rate_low(ts: np.ndarray, camera_ts_ns: np.ndarray | None, rel, opts: PlausibilityOptions) -> Finding | None:
+    """``pose_rate_low`` when the pose's median rate is under ``min_pose_rate_fraction`` of the camera's."""
+    if camera_ts_ns is None or len(camera_ts_ns) < 3:
+        return None
+    pose_hz = 1e9 / float(np.median(np.diff(ts)))
+    camera_hz = 1e9 / float(np.median(np.diff(np.asarray(camera_ts_ns, np.int64))))
+    if pose_hz >= opts.min_pose_rate_fraction * camera_hz:
+        return None
+    return new_finding(opts, "pose_rate_low", "pose", rel(ts[0]), rel(ts[-1]), pose_hz,
+                       opts.min_pose_rate_fraction * camera_hz, "Hz", camera_hz=round(camera_hz, 3),
+                       why=f"the camera runs at {camera_hz:.3g} Hz: each frame's pose would be interpolated across "
+                           f"{camera_hz / pose_hz:.1f} frame intervals, smoothing the hand's motion out of the actions")
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
