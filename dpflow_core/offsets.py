@@ -82,6 +82,8 @@ class OffsetOptions:
         max_samples: at most this many pairs are tracked (every k-th beyond), bounding the cost.
         thumb_width: width (pixels) of the grey frames tracked.
         flag_threshold_s: an episode whose offset differs from the task's median by more is flagged.
+        skew_windows, skew_min_window_s: :func:`clock_skew` measures the offset in this many windows of the
+            episode, each at least this long (s), fewer when the episode is short (3 at least).
     """
 
     search_s: float = 0.4
@@ -96,6 +98,8 @@ class OffsetOptions:
     max_samples: int = 1800
     thumb_width: int = 48
     flag_threshold_s: float = 0.02
+    skew_windows: int = 4
+    skew_min_window_s: float = 2.4
 
 
 DEFAULT_OPTIONS = OffsetOptions()
@@ -429,6 +433,57 @@ def imu_offset(imu_ts_ns: np.ndarray, gyro_rps: np.ndarray, pose_ts_ns: np.ndarr
     return _estimate("imu", target, regressors, rms, opts, pose_step)
 
 
+def clock_skew(estimate_in, pose_ts_ns: np.ndarray, pose_ok: np.ndarray | None, stream: str,
+               options: OffsetOptions = DEFAULT_OPTIONS) -> dict[str, Any]:
+    """How fast a stream's clock runs against the pose clock, from its offset measured in windows of the episode.
+
+    Two clocks that tick at different rates (a pose clock 3 % fast) give an offset that grows along the
+    episode: each frame is paired with a pose further off the later it is. The episode is cut into
+    :attr:`OffsetOptions.skew_windows` windows of equal time (each at least
+    :attr:`OffsetOptions.skew_min_window_s` long, else fewer); the offset is measured in each
+    (``estimate_in(pose_ok)``: :func:`camera_offset` or :func:`imu_offset` with the poses of one window)
+    and a line fitted through the measured ones (least squares).
+
+    Args:
+        estimate_in: ``(pose mask (M,) bool, start ns, end ns)`` -> :class:`OffsetEstimate` of the stream's samples
+            between the two stamps, on the poses of the mask (the window and ``search_s`` either side).
+        pose_ts_ns: (M,) int64 pose stamps; pose_ok: (M,) bool usable poses (None: all).
+        stream: ``camera`` or ``imu`` (named in the result).
+
+    Returns:
+        ``{"stream", "status", "skew", "windows"}``: ``skew`` the slope, seconds of offset per second of pose
+        clock (+0.03: the stream's offset grows 30 ms a second, its clock 3 % fast against the pose's; a pose
+        clock 3 % fast gives -0.03), None
+        unless at least 3 windows were measured (``status`` ``measured``, else ``not_measurable`` and
+        ``reason``); ``windows``: ``[start_s, end_s, offset_s or None]`` from the pose track's start.
+    """
+    ts = np.asarray(pose_ts_ns, np.int64)
+    ok = np.ones(len(ts), bool) if pose_ok is None else np.asarray(pose_ok, bool)
+    out: dict[str, Any] = {"stream": stream, "status": "not_measurable", "skew": None, "windows": []}
+    if not ok.any():
+        return {**out, "reason": "no usable poses"}
+    t = (ts - int(ts[0])) / 1e9
+    lo, hi = float(t[ok][0]), float(t[ok][-1])
+    n = min(options.skew_windows, int((hi - lo) / options.skew_min_window_s + 1e-6))
+    if n < 3:
+        return {**out, "reason": f"{hi - lo:.1f} s of poses: fewer than 3 windows of {options.skew_min_window_s:g} s"}
+    edges = np.linspace(lo, hi, n + 1)
+    mids, offs = [], []
+    for a, b in zip(edges[:-1], edges[1:]):
+        # the poses around the window too, so that its samples' spans, shifted by up to search_s, stay inside
+        near = ok & (t >= a - options.search_s - 0.05) & (t <= b + options.search_s + 0.05)
+        est = estimate_in(near, int(ts[0]) + int(a * 1e9), int(ts[0]) + int(b * 1e9))
+        out["windows"].append([round(float(a), 3), round(float(b), 3),
+                               None if est.offset_s is None else round(float(est.offset_s), 4)])
+        if est.status == "measured":
+            mids.append((a + b) / 2)
+            offs.append(float(est.offset_s))
+    if len(offs) < 3:
+        return {**out, "reason": f"{len(offs)} of {n} windows measured, fewer than 3"}
+    slope = float(np.polyfit(mids, offs, 1)[0])
+    return {**out, "status": "measured", "skew": round(slope, 5)}
+
+
 # --------------------------------------------------------------------------- recordings
 
 
@@ -437,7 +492,8 @@ def measure_offsets(motion: ImageMotion, frame_ts_ns: np.ndarray, pose_ts_ns: np
                     gyro_rps: np.ndarray | None = None, options: OffsetOptions = DEFAULT_OPTIONS) -> dict[str, Any]:
     """Both offsets of one recording, as the keys of its ``dataset.json`` episode entry:
     ``camera_offset_s`` and ``imu_offset_s`` (seconds or None) with ``camera_offset`` and
-    ``imu_offset`` (:meth:`OffsetEstimate.to_dict`) beside them.
+    ``imu_offset`` (:meth:`OffsetEstimate.to_dict`) beside them, and each stream's clock rate against the
+    pose clock, ``camera_clock_skew`` and ``imu_clock_skew`` (:func:`clock_skew`).
 
     Args:
         motion: has seen every frame whose stamp is in ``frame_ts_ns`` ((K,) int64 ns), in order.
@@ -446,12 +502,26 @@ def measure_offsets(motion: ImageMotion, frame_ts_ns: np.ndarray, pose_ts_ns: np
             (``imu_offset`` is then ``absent``).
         options: thresholds and grids.
     """
-    cam = camera_offset(frame_ts_ns, *motion.result(), pose_ts_ns, quat_xyzw, position_m, pose_ok, options).to_dict()
+    pairs, features = motion.result()
+    cam = camera_offset(frame_ts_ns, pairs, features, pose_ts_ns, quat_xyzw, position_m, pose_ok, options).to_dict()
+    frame_ts = np.asarray(frame_ts_ns, np.int64)
+
+    def camera_in(ok: np.ndarray, a_ns: int, b_ns: int) -> OffsetEstimate:
+        inside = (frame_ts[pairs[:, 0]] >= a_ns) & (frame_ts[pairs[:, 1]] <= b_ns) if len(pairs) else np.zeros(0, bool)
+        return camera_offset(frame_ts, pairs[inside], features[inside], pose_ts_ns, quat_xyzw, position_m, ok, options)
+
+    cam_skew = clock_skew(camera_in, pose_ts_ns, pose_ok, "camera", options)
     if imu_ts_ns is None or gyro_rps is None:
         imu = OffsetEstimate("imu", "absent", reason="the recording has no IMU messages").to_dict()
+        imu_skew = {"stream": "imu", "status": "absent", "skew": None, "windows": []}
     else:
         imu = imu_offset(imu_ts_ns, gyro_rps, pose_ts_ns, quat_xyzw, pose_ok, options).to_dict()
-    return {"camera_offset_s": cam["offset_s"], "camera_offset": cam, "imu_offset_s": imu["offset_s"], "imu_offset": imu}
+        pose_ts = np.asarray(pose_ts_ns, np.int64)
+        imu_skew = clock_skew(lambda ok, a_ns, b_ns: imu_offset(imu_ts_ns, gyro_rps, pose_ts_ns, quat_xyzw,
+                                                                ok & (pose_ts >= a_ns) & (pose_ts <= b_ns), options),
+                              pose_ts_ns, pose_ok, "imu", options)
+    return {"camera_offset_s": cam["offset_s"], "camera_offset": cam, "imu_offset_s": imu["offset_s"], "imu_offset": imu,
+            "camera_clock_skew": cam_skew, "imu_clock_skew": imu_skew}
 
 
 # --------------------------------------------------------------------------- task level

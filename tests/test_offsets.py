@@ -182,3 +182,63 @@ def test_latencies_stay_non_negative_for_an_early_camera():
     early = {"offsets": task_offsets([{"stem": "a", "camera_offset_s": -0.2, "camera_offset": {"status": "measured"}}])}
     camera, robot, gripper = obs_latencies_s(task, early)
     assert (camera - robot, camera - gripper) == pytest.approx((0.325, 0.305)) and min(camera, robot, gripper) >= 0
+
+
+def _scaled(ts: np.ndarray, rate: float) -> np.ndarray:
+    """Stamps of a clock running ``rate`` times as fast as the true one, from the stream's first stamp."""
+    t0 = int(ts[0])
+    return (t0 + np.round((ts.astype(np.int64) - t0) * rate)).astype(np.int64)
+
+
+#: stem -> (which clock runs off, its rate); the honest one is the control.
+SKEWED = {"pick_place_0000": (None, 1.0), "pick_place_0001": ("pose", 1.03), "pick_place_0002": ("camera", 0.99),
+          "pick_place_0003": ("imu", 1.02)}
+
+
+def test_a_clock_running_fast_or_slow_against_the_pose_clock_is_refused(tmp_path):
+    """A pose clock 3 % fast, a camera clock 1 % slow or an IMU clock 2 % fast (every stamp of that stream
+    scaled from its first, arrival times untouched) converted without a word before: each frame late in the
+    episode met a pose 0.1-0.3 s off. The offset, measured in windows of the episode, now drifts by the clock's
+    error and the episode is rejected as clock_skew with the drift (within 30 %: 79-93 % of it measured); the honest
+    episode measures under 0.2 %."""
+    task_dir = tmp_path / "pick_place"
+    task_dir.mkdir()
+    world = new_world("pick_place", 64, 64)
+    real_write = sim_record.write_recording
+    try:
+        for k, (stem, (clock, rate)) in enumerate(SKEWED.items()):
+            def write(task_dir, stem_, rng, spec, topics, streams, _clock=clock, _rate=rate):
+                if _clock is not None:
+                    name = f"{_clock}_ts_ns"
+                    streams = dataclasses.replace(streams, **{name: _scaled(getattr(streams, name), _rate)})
+                return real_write(task_dir, stem_, rng, spec, topics, streams)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(sim_record, "write_recording", write)
+                record_episode(task_dir, stem, initial_state("pick_place", 40 + k), SimRecordingSpec(width=64, height=64),
+                               world)
+    finally:
+        world.close()
+    (task_dir / "vio_result.json").write_text(json.dumps({
+        "task_name": "pick_place", "success_mcap_files": [f"{s}_vio.mcap" for s in SKEWED], "failed_mcap_files": []}))
+    manifest = pair_recordings(task_dir)
+    assert len(manifest.accepted) == len(SKEWED), manifest.rejected
+    result = convert(manifest, tmp_path / "ds.npz", ConversionSettings(image_size=(64, 64)), cache=False, workers=1)
+    rejected = {r["stem"]: r for r in result.rejected}
+    assert set(rejected) == {"pick_place_0001", "pick_place_0002", "pick_place_0003"}, result.rejected
+    for stem, (clock, rate) in SKEWED.items():
+        if clock is None:
+            continue
+        r = rejected[stem]
+        stream = "camera" if clock == "pose" else clock  # a fast pose clock shows in the camera's offset first
+        assert r["code"] == "clock_skew" and f"clock_skew: {stream} from" in r["reason"], r["reason"]
+        # the drift measured: the stream's clock against the pose clock's, per second
+        expected = rate - 1.0 if clock != "pose" else 1.0 / rate - 1.0
+        import re
+
+        m = re.search(r"drifts ([+-][\d.]+) ms a second", r["reason"])
+        # measured 79-93 % of the true drift here (each window's offset is a fit over a drifting stretch)
+        assert m and float(m[1]) / 1e3 == pytest.approx(expected, rel=0.3), (stem, r["reason"])
+    meta = json.loads(result.sidecar_path.read_text())
+    (honest,) = meta["episodes"]
+    skew = honest["camera_clock_skew"]
+    assert skew["status"] == "measured" and abs(skew["skew"]) < 0.002, skew

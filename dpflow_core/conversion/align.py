@@ -54,7 +54,8 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: is found where the camera changes 0.15 grey levels a frame (``frozen_motion``, was 1.0: above the world camera's).
 #: 11: two or more consecutive pose spikes are one ``pose_glitch``, their span dropped: version 10 repaired each
 #: against neighbours that were glitched too, moving the good samples of an alternating glitch onto it; a pose
-#: track sampled under half as often as the camera is refused (``pose_rate_low``).
+#: track sampled under half as often as the camera is refused (``pose_rate_low``), and a camera or IMU clock that
+#: runs fast or slow against the pose clock (``clock_skew``, each episode's drift in ``camera_clock_skew``).
 CONVERTER_VERSION = "11"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
@@ -286,6 +287,8 @@ def align_episode(
         usable &= (pose_t <= a) | (pose_t >= b)
     offsets = measure_offsets(cam.image_motion, cam_ns, pose_t, verdict.quat_xyzw, verdict.position_m, usable,
                               streams.imu_ts_ns, streams.gyro_rps)
+    skewed = _clock_skew_findings(path, offsets, clock.origin, int(pose_t[0]), settings.plausibility, findings)
+    plaus_info["findings"] = plaus_info.get("findings", []) + [f.to_dict() for f in skewed]
     report = {
         "stem": stem,
         "path": str(path),
@@ -366,6 +369,19 @@ def _decode_camera_stream(path: Path, image_size: tuple[int, int] | None, topics
             streams.camera_packets.close()
     return _Camera(streams, frames, pkt_idx, errors, frame_range, prefix_crc32, motion, cam_ns, damaged, n_packets,
                    image_motion)
+
+
+def _clock_skew_findings(path: Path, offsets: dict, origin: int, pose_t0_ns: int, checks: Any, findings: list) -> list:
+    """``clock_skew`` findings of the offsets' drift; :class:`ConversionError` when the class's policy rejects."""
+    from dpflow_core.recordings.plausibility import check_clock_skew, decide
+
+    skewed = check_clock_skew([offsets["camera_clock_skew"], offsets["imu_clock_skew"]], origin, pose_t0_ns, checks)
+    rejected = decide(skewed)
+    if rejected is not None:
+        others = [f.describe() for f in findings + skewed if f is not rejected]
+        raise ConversionError(f"{rejected.describe()} (policy {rejected.code}={rejected.policy})"
+                              + (f"; also: {'; '.join(others[:5])}" if others else ""), path, code=rejected.code)
+    return skewed
 
 
 def _check_plausibility(path: Path, streams: Any, origin: int, checks: Any, cam_ns: np.ndarray, motion: Any,

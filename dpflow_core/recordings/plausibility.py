@@ -34,6 +34,9 @@ class (``code``)          rule                                            defaul
 ``gripper_out_of_range``  a width outside the device's range              reject             reject, warn
 ``clock_step``            a stream's clock jumps forward against arrival  reject             reject, warn
 ``clock_reversal``        a stream's clock runs backwards                 reject             reject, warn
+``clock_skew``            a stream's clock runs faster or slower than the reject             reject, warn
+                          pose clock (its offset, measured in windows,
+                          drifts: :func:`dpflow_core.offsets.clock_skew`)
 ``quaternion_convention`` the pose's rotations disagree with the IMU's    reject             reject, warn
                           gyro or gravity, another reading agrees
                           (:mod:`dpflow_core.recordings.orientation`)
@@ -81,6 +84,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "gripper_out_of_range": ("reject", "warn"),
     "clock_step": ("reject", "warn"),
     "clock_reversal": ("reject", "warn"),
+    "clock_skew": ("reject", "warn"),
     "quaternion_convention": ("reject", "warn"),
     "imu_dead": ("warn", "reject"),
     "imu_not_finite": ("warn", "reject"),
@@ -127,6 +131,8 @@ class PlausibilityOptions:
         still_min_s: a camera still for at least this long (s) may not see its pose move (``vio_drift``).
         clock_step_s: a change of a stream's capture-minus-arrival offset by more than this (s),
             persisting over the next samples, is a clock step (forward) or reversal (backward).
+        max_clock_skew: largest drift of a stream's offset against the pose clock, seconds per second
+            (``clock_skew``; 0.005: 5 ms a second, 0.1 s over a 20 s episode).
         convention_window_s: window (s) over which the pose's rotation and the gyro's integral (and
             the mean specific force and the up axis) are compared (:mod:`dpflow_core.recordings.orientation`).
         convention_min_residual, convention_ratio: the declared quaternion reading disagrees with the
@@ -157,6 +163,7 @@ class PlausibilityOptions:
     still_motion: float = 0.1
     still_min_s: float = 1.0
     clock_step_s: float = 0.1
+    max_clock_skew: float = 0.005
     convention_window_s: float = 0.25
     convention_min_residual: float = 0.02
     convention_ratio: float = 10.0
@@ -668,6 +675,28 @@ def frame_motion(rgb: np.ndarray, prev: np.ndarray | None) -> tuple[float, np.nd
     g = rgb[: by * (h // by), : bx * (w // bx)].astype(np.float32).mean(axis=2)
     thumb = g.reshape(h // by, by, w // bx, bx).mean(axis=(1, 3))
     return (0.0 if prev is None else float(np.mean(np.abs(thumb - prev)))), thumb
+
+
+def check_clock_skew(skews: list[dict], t0_ns: int, pose_t0_ns: int, opts: PlausibilityOptions = PlausibilityOptions()
+                     ) -> list[Finding]:
+    """``clock_skew`` findings from :func:`dpflow_core.offsets.clock_skew` results: each stream whose measured
+    drift against the pose clock exceeds ``max_clock_skew`` (s/s); ``t0_ns`` the episode start, ``pose_t0_ns``
+    the pose track's first stamp (the windows' origin)."""
+    out = []
+    for sk in skews:
+        if sk.get("status") != "measured" or abs(sk["skew"]) <= opts.max_clock_skew:
+            continue
+        shift = (int(pose_t0_ns) - int(t0_ns)) / 1e9
+        (a, _, first), (_, b, last) = sk["windows"][0], sk["windows"][-1]
+        faster = "fast" if sk["skew"] > 0 else "slow"
+        out.append(new_finding(
+            opts, "clock_skew", sk["stream"], a + shift, b + shift, abs(sk["skew"]), opts.max_clock_skew, "s/s",
+            skew=sk["skew"], windows=sk["windows"],
+            why=f"its offset against the pose clock drifts {sk['skew'] * 1e3:+.1f} ms a second "
+                f"({first if first is not None else '?'} s in the first window, {last if last is not None else '?'} s in "
+                f"the last): its clock runs {abs(sk['skew']) * 100:.2g} % {faster} against the pose's, so frames "
+                "late in the episode meet the wrong poses"))
+    return out
 
 
 def decide(findings: list[Finding]) -> Finding | None:
