@@ -195,34 +195,41 @@ SKEWED = {"pick_place_0000": (None, 1.0), "pick_place_0001": ("pose", 1.03), "pi
           "pick_place_0003": ("imu", 1.02)}
 
 
+def _record_edited(tmp_path, edits: dict, first_seed: int):
+    """World episodes (one per stem of ``edits``, seeds from ``first_seed``) whose streams pass through their edit
+    (None: untouched) before they are written; paired and converted at 64 x 64 without the cache."""
+    task_dir = tmp_path / "pick_place"
+    task_dir.mkdir()
+    world = new_world("pick_place", 64, 64)
+    real_write = sim_record.write_recording
+    try:
+        for k, (stem, edit) in enumerate(edits.items()):
+            def write(task_dir, stem_, rng, spec, topics, streams, _edit=edit):
+                return real_write(task_dir, stem_, rng, spec, topics, streams if _edit is None else _edit(streams))
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(sim_record, "write_recording", write)
+                record_episode(task_dir, stem, initial_state("pick_place", first_seed + k),
+                               SimRecordingSpec(width=64, height=64), world)
+    finally:
+        world.close()
+    (task_dir / "vio_result.json").write_text(json.dumps({
+        "task_name": "pick_place", "success_mcap_files": [f"{s}_vio.mcap" for s in edits], "failed_mcap_files": []}))
+    manifest = pair_recordings(task_dir)
+    assert len(manifest.accepted) == len(edits), manifest.rejected
+    return convert(manifest, tmp_path / "ds.npz", ConversionSettings(image_size=(64, 64)), cache=False, workers=1)
+
+
 def test_a_clock_running_fast_or_slow_against_the_pose_clock_is_refused(tmp_path):
     """A pose clock 3 % fast, a camera clock 1 % slow or an IMU clock 2 % fast (every stamp of that stream
     scaled from its first, arrival times untouched) converted without a word before: each frame late in the
     episode met a pose 0.1-0.3 s off. The offset, measured in windows of the episode, now drifts by the clock's
     error and the episode is rejected as clock_skew with the drift (within 30 %: 79-93 % of it measured); the honest
     episode measures under 0.2 %."""
-    task_dir = tmp_path / "pick_place"
-    task_dir.mkdir()
-    world = new_world("pick_place", 64, 64)
-    real_write = sim_record.write_recording
-    try:
-        for k, (stem, (clock, rate)) in enumerate(SKEWED.items()):
-            def write(task_dir, stem_, rng, spec, topics, streams, _clock=clock, _rate=rate):
-                if _clock is not None:
-                    name = f"{_clock}_ts_ns"
-                    streams = dataclasses.replace(streams, **{name: _scaled(getattr(streams, name), _rate)})
-                return real_write(task_dir, stem_, rng, spec, topics, streams)
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(sim_record, "write_recording", write)
-                record_episode(task_dir, stem, initial_state("pick_place", 40 + k), SimRecordingSpec(width=64, height=64),
-                               world)
-    finally:
-        world.close()
-    (task_dir / "vio_result.json").write_text(json.dumps({
-        "task_name": "pick_place", "success_mcap_files": [f"{s}_vio.mcap" for s in SKEWED], "failed_mcap_files": []}))
-    manifest = pair_recordings(task_dir)
-    assert len(manifest.accepted) == len(SKEWED), manifest.rejected
-    result = convert(manifest, tmp_path / "ds.npz", ConversionSettings(image_size=(64, 64)), cache=False, workers=1)
+    def skew(clock, rate):
+        name = f"{clock}_ts_ns"
+        return None if clock is None else lambda st: dataclasses.replace(st, **{name: _scaled(getattr(st, name), rate)})
+
+    result = _record_edited(tmp_path, {stem: skew(*spec) for stem, spec in SKEWED.items()}, 40)
     rejected = {r["stem"]: r for r in result.rejected}
     assert set(rejected) == {"pick_place_0001", "pick_place_0002", "pick_place_0003"}, result.rejected
     for stem, (clock, rate) in SKEWED.items():
@@ -242,3 +249,23 @@ def test_a_clock_running_fast_or_slow_against_the_pose_clock_is_refused(tmp_path
     (honest,) = meta["episodes"]
     skew = honest["camera_clock_skew"]
     assert skew["status"] == "measured" and abs(skew["skew"]) < 0.002, skew
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_positions_mirrored_in_one_axis_are_refused(tmp_path, axis):
+    """Positions written with one world axis flipped while the rotations are right (a left-handed export) parse,
+    pair and train: the accelerometer says which axis is backwards, and the episode is rejected as pose_mirrored
+    naming it; the untouched episodes beside it convert with no such finding."""
+    flip = np.ones(3)
+    flip[axis] = -1.0
+    name = "xyz"[axis]
+    edits = {"pick_place_0000": None, "pick_place_0001": lambda st: dataclasses.replace(st, position_m=st.position_m * flip),
+             "pick_place_0002": None}
+    result = _record_edited(tmp_path, edits, 60 + 3 * axis)
+    (r,) = result.rejected
+    assert r["stem"] == "pick_place_0001" and r["code"] == "pose_mirrored", result.rejected
+    assert f"the positions read {name} mirrored leave" in r["reason"], r["reason"]
+    meta = json.loads(result.sidecar_path.read_text())
+    assert sorted(e["stem"] for e in meta["episodes"]) == ["pick_place_0000", "pick_place_0002"]
+    for e in meta["episodes"]:
+        assert not any(f["code"] == "pose_mirrored" for f in e["plausibility"]["findings"])

@@ -55,7 +55,8 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: 11: two or more consecutive pose spikes are one ``pose_glitch``, their span dropped: version 10 repaired each
 #: against neighbours that were glitched too, moving the good samples of an alternating glitch onto it; a pose
 #: track sampled under half as often as the camera is refused (``pose_rate_low``), and a camera or IMU clock that
-#: runs fast or slow against the pose clock (``clock_skew``, each episode's drift in ``camera_clock_skew``).
+#: runs fast or slow against the pose clock (``clock_skew``, each episode's drift in ``camera_clock_skew``), and
+#: positions mirrored in one world axis against the accelerometer (``pose_mirrored``).
 CONVERTER_VERSION = "11"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
@@ -389,7 +390,7 @@ def _check_plausibility(path: Path, streams: Any, origin: int, checks: Any, cam_
     """The pose verdict (repaired track, spans to drop; the pose rules judge the ``pose_ok`` samples only: an
     invalid stretch is trimmed as ``pose_invalid``) and every plausibility finding of the pose, gripper,
     orientation and IMU rules; :class:`ConversionError` with the class as code when one's policy rejects."""
-    from dpflow_core.recordings.orientation import check_orientation
+    from dpflow_core.recordings.orientation import check_orientation, check_translation
     from dpflow_core.recordings.plausibility import check_gripper, check_imu, check_pose, decide
 
     verdict = check_pose(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, origin, checks, cam_ns, motion,
@@ -398,6 +399,7 @@ def _check_plausibility(path: Path, streams: Any, origin: int, checks: Any, cam_
     imu = (streams.imu_ts_ns, streams.gyro_rps, streams.accel_mps2)
     findings = verdict.findings + check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, *pose[:2], origin, checks)
     findings += check_orientation(pose[0], pose[2], *imu, origin, checks) + check_imu(*imu, *pose, origin, checks)
+    findings += check_translation(pose[0], pose[1], pose[2], imu[0], imu[2], origin, checks)
     rejected = decide(findings)
     if rejected is not None:
         others = [f.describe() for f in findings if f is not rejected]

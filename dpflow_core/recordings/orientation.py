@@ -149,3 +149,77 @@ def check_orientation(pose_ts_ns, quat_xyzw, imu_ts_ns, gyro_rps, accel_mps2, t0
                                 "IMU's axes, signs or units may be wrong, or the poses",
                             residuals={s: {n: round(v, 5) for n, v in f.items()} for s, f in res.items()})]
     return []
+
+
+# --------------------------------------------------------------------------- positions against the accelerometer
+
+#: Readings of the stored positions: as declared, or one world axis mirrored (a left-handed export).
+POSITION_READINGS = {"declared": (1.0, 1.0, 1.0), "x mirrored": (-1.0, 1.0, 1.0), "y mirrored": (1.0, -1.0, 1.0),
+                     "z mirrored": (1.0, 1.0, -1.0)}
+GRAVITY_MPS2 = 9.81
+
+
+def translation_residuals(pose_ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray, imu_ts_ns: np.ndarray,
+                          accel_mps2: np.ndarray, window_s: float = 0.25) -> dict[str, float]:
+    """Residual of each position reading (:data:`POSITION_READINGS`) against the accelerometer.
+
+    Over each window of about ``window_s`` the pose track's mean acceleration (its velocity, by central
+    differences, at the window's ends), less gravity and turned into the camera frame by the window's middle
+    rotation, is the specific force the device felt; the accelerometer's mean over the same window must equal
+    it up to one fixed IMU-to-camera rotation (fitted as in :func:`procrustes_residual`). A track whose
+    positions are mirrored in one world axis, while its rotations are right, gets that axis' accelerations
+    backwards: gravity still fits, the hand's own accelerations do not.
+
+    Args: as :func:`orientation_residuals` (``accel_mps2`` (I, 3) m/s^2, ``position_m`` (M, 3) m).
+
+    Returns:
+        ``{reading: residual}``, empty when fewer than 6 windows lie inside the IMU's span.
+    """
+    from scipy.spatial.transform import Rotation
+
+    t = (np.asarray(pose_ts_ns, np.int64) - int(pose_ts_ns[0])) / 1e9
+    ti = (np.asarray(imu_ts_ns, np.int64) - int(pose_ts_ns[0])) / 1e9
+    if len(t) < 8 or len(ti) < 4:
+        return {}
+    step = max(1, int(round(window_s / float(np.median(np.diff(t))))))
+    edges = np.arange(1, len(t) - 1, step)  # central differences need a sample either side
+    ia, ib = edges[:-1], edges[1:]
+    inside = (t[ia] >= ti[0]) & (t[ib] <= ti[-1])
+    ia, ib = ia[inside], ib[inside]
+    if len(ia) < 6:
+        return {}
+    felt = _window_integrals(ti, np.asarray(accel_mps2, np.float64), t[ia], t[ib]) / (t[ib] - t[ia])[:, None]
+    turn = Rotation.from_quat(np.asarray(quat_xyzw, np.float64))[(ia + ib) // 2].inv()
+    out = {}
+    for name, signs in POSITION_READINGS.items():
+        v = np.gradient(np.asarray(position_m, np.float64) * np.array(signs), t, axis=0)
+        accel = (v[ib] - v[ia]) / (t[ib] - t[ia])[:, None]
+        out[name] = procrustes_residual(turn.apply(accel + [0.0, 0.0, GRAVITY_MPS2]), felt)
+    return out
+
+
+def check_translation(pose_ts_ns, position_m, quat_xyzw, imu_ts_ns, accel_mps2, t0_ns: int, opts) -> list:
+    """``pose_mirrored`` findings of one episode: the declared positions leave more than ``mirror_min_residual``
+    of the accelerometer unexplained and a mirrored reading ``mirror_ratio`` times less. No accelerometer, or
+    one no reading explains (noise, another device's IMU): no finding."""
+    from dpflow_core.recordings.plausibility import new_finding
+
+    if imu_ts_ns is None or accel_mps2 is None:
+        return []
+    finite = np.isfinite(np.asarray(accel_mps2, np.float64)).all(axis=1)
+    if finite.sum() < 4:
+        return []
+    res = translation_residuals(pose_ts_ns, position_m, quat_xyzw, np.asarray(imu_ts_ns)[finite],
+                                np.asarray(accel_mps2)[finite], opts.convention_window_s)
+    if not res:
+        return []
+    declared = res["declared"]
+    best = min((n for n in res if n != "declared"), key=res.get)
+    if declared > opts.mirror_min_residual and declared > opts.mirror_ratio * res[best]:
+        a, b = (int(pose_ts_ns[0]) - t0_ns) / 1e9, (int(pose_ts_ns[-1]) - t0_ns) / 1e9
+        return [new_finding(opts, "pose_mirrored", "pose vs IMU accelerometer", a, b, declared,
+                            opts.mirror_min_residual, "share unexplained", fits=best,
+                            why=f"the positions read {best} leave {res[best]:.3g}: the track's world frame looks "
+                                "left-handed (one axis of the positions flipped while the rotations are right)",
+                            residuals={n: round(v, 6) for n, v in res.items()})]
+    return []

@@ -22,8 +22,9 @@ from dpflow_core.names import validate_name
 from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, measure_offsets, task_offsets
 from dpflow_core.pairing.manifest import pairing_warnings, read_manifest_json
 from dpflow_core.recordings import EpisodeStreams, read_streams
-from dpflow_core.recordings.orientation import check_orientation
-from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_imu, check_pose
+from dpflow_core.recordings.orientation import check_orientation, check_translation
+from dpflow_core.recordings.plausibility import (PlausibilityOptions, check_clock_skew, check_gripper, check_imu,
+                                                 check_pose)
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 from dpflow_core.report.preview import PreviewData, draw_preview
 
@@ -459,6 +460,10 @@ def episode_quality(
                                       streams.accel_mps2, t0, PlausibilityOptions().validate())
         findings += check_imu(streams.imu_ts_ns, streams.gyro_rps, streams.accel_mps2, streams.pose_ts_ns,
                               streams.position_m, streams.quat_xyzw, t0)
+        findings += check_translation(streams.pose_ts_ns, streams.position_m, streams.quat_xyzw, streams.imu_ts_ns,
+                                      streams.accel_mps2, t0, PlausibilityOptions().validate())
+        pose_t0 = int(streams.pose_ts_ns[0]) if len(streams.pose_ts_ns) else t0
+        findings += check_clock_skew([offsets["camera_clock_skew"], offsets["imu_clock_skew"]], t0, pose_t0)
         found = invalid_findings(q.pose_gaps) + [f.to_dict() for f in findings] + damage_findings(damaged, t0) + [
             {**w, "action": "warned"} for w in pairing_warnings(entry) if w["code"] in PAIRING_FINDINGS]
         episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(found),
