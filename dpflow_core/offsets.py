@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -505,10 +505,12 @@ def measure_offsets(motion: ImageMotion, frame_ts_ns: np.ndarray, pose_ts_ns: np
     pairs, features = motion.result()
     cam = camera_offset(frame_ts_ns, pairs, features, pose_ts_ns, quat_xyzw, position_m, pose_ok, options).to_dict()
     frame_ts = np.asarray(frame_ts_ns, np.int64)
+    # a window's offset is a fit over a stretch that may drift: grids twice as coarse halve the cost
+    win = replace(options, coarse_step_s=2 * options.coarse_step_s, fine_step_s=2 * options.fine_step_s)
 
     def camera_in(ok: np.ndarray, a_ns: int, b_ns: int) -> OffsetEstimate:
         inside = (frame_ts[pairs[:, 0]] >= a_ns) & (frame_ts[pairs[:, 1]] <= b_ns) if len(pairs) else np.zeros(0, bool)
-        return camera_offset(frame_ts, pairs[inside], features[inside], pose_ts_ns, quat_xyzw, position_m, ok, options)
+        return camera_offset(frame_ts, pairs[inside], features[inside], pose_ts_ns, quat_xyzw, position_m, ok, win)
 
     cam_skew = clock_skew(camera_in, pose_ts_ns, pose_ok, "camera", options)
     if imu_ts_ns is None or gyro_rps is None:
@@ -518,7 +520,7 @@ def measure_offsets(motion: ImageMotion, frame_ts_ns: np.ndarray, pose_ts_ns: np
         imu = imu_offset(imu_ts_ns, gyro_rps, pose_ts_ns, quat_xyzw, pose_ok, options).to_dict()
         pose_ts = np.asarray(pose_ts_ns, np.int64)
         imu_skew = clock_skew(lambda ok, a_ns, b_ns: imu_offset(imu_ts_ns, gyro_rps, pose_ts_ns, quat_xyzw,
-                                                                ok & (pose_ts >= a_ns) & (pose_ts <= b_ns), options),
+                                                                ok & (pose_ts >= a_ns) & (pose_ts <= b_ns), win),
                               pose_ts_ns, pose_ok, "imu", options)
     return {"camera_offset_s": cam["offset_s"], "camera_offset": cam, "imu_offset_s": imu["offset_s"], "imu_offset": imu,
             "camera_clock_skew": cam_skew, "imu_clock_skew": imu_skew}
