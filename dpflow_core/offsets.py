@@ -484,6 +484,32 @@ def clock_skew(estimate_in, pose_ts_ns: np.ndarray, pose_ok: np.ndarray | None, 
     return {**out, "status": "measured", "skew": round(slope, 5)}
 
 
+def check_clock_skew(skews: list[dict], t0_ns: int, pose_t0_ns: int, opts: Any = None) -> list:
+    """``clock_skew`` findings from :func:`dpflow_core.offsets.clock_skew` results: each stream whose measured
+    drift against the pose clock exceeds ``max_clock_skew`` (s/s); ``t0_ns`` the episode start, ``pose_t0_ns``
+    the pose track's first stamp (the windows' origin); ``opts`` a
+    :class:`~dpflow_core.recordings.plausibility.PlausibilityOptions` (None: the defaults)."""
+    from dpflow_core.recordings.plausibility import PlausibilityOptions, new_finding
+
+    opts = PlausibilityOptions() if opts is None else opts
+    out = []
+    for sk in skews:
+        if sk.get("status") != "measured" or abs(sk["skew"]) <= opts.max_clock_skew:
+            continue
+        shift = (int(pose_t0_ns) - int(t0_ns)) / 1e9
+        (a, _, first), (_, b, last) = sk["windows"][0], sk["windows"][-1]
+        faster = "fast" if sk["skew"] > 0 else "slow"
+        out.append(new_finding(
+            opts, "clock_skew", sk["stream"], a + shift, b + shift, abs(sk["skew"]), opts.max_clock_skew, "s/s",
+            skew=sk["skew"], windows=sk["windows"],
+            why=f"its offset against the pose clock drifts {sk['skew'] * 1e3:+.1f} ms a second "
+                f"({first if first is not None else '?'} s in the first window, {last if last is not None else '?'} s in "
+                f"the last): its clock runs {abs(sk['skew']) * 100:.2g} % {faster} against the pose's, so frames "
+                "late in the episode meet the wrong poses"))
+    return out
+
+
+
 # --------------------------------------------------------------------------- recordings
 
 

@@ -374,7 +374,8 @@ def _decode_camera_stream(path: Path, image_size: tuple[int, int] | None, topics
 
 def _clock_skew_findings(path: Path, offsets: dict, origin: int, pose_t0_ns: int, checks: Any, findings: list) -> list:
     """``clock_skew`` findings of the offsets' drift; :class:`ConversionError` when the class's policy rejects."""
-    from dpflow_core.recordings.plausibility import check_clock_skew, decide
+    from dpflow_core.offsets import check_clock_skew
+    from dpflow_core.recordings.plausibility import decide
 
     skewed = check_clock_skew([offsets["camera_clock_skew"], offsets["imu_clock_skew"]], origin, pose_t0_ns, checks)
     rejected = decide(skewed)

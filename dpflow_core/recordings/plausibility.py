@@ -687,28 +687,6 @@ def frame_motion(rgb: np.ndarray, prev: np.ndarray | None) -> tuple[float, np.nd
     return (0.0 if prev is None else float(np.mean(np.abs(thumb - prev)))), thumb
 
 
-def check_clock_skew(skews: list[dict], t0_ns: int, pose_t0_ns: int, opts: PlausibilityOptions = PlausibilityOptions()
-                     ) -> list[Finding]:
-    """``clock_skew`` findings from :func:`dpflow_core.offsets.clock_skew` results: each stream whose measured
-    drift against the pose clock exceeds ``max_clock_skew`` (s/s); ``t0_ns`` the episode start, ``pose_t0_ns``
-    the pose track's first stamp (the windows' origin)."""
-    out = []
-    for sk in skews:
-        if sk.get("status") != "measured" or abs(sk["skew"]) <= opts.max_clock_skew:
-            continue
-        shift = (int(pose_t0_ns) - int(t0_ns)) / 1e9
-        (a, _, first), (_, b, last) = sk["windows"][0], sk["windows"][-1]
-        faster = "fast" if sk["skew"] > 0 else "slow"
-        out.append(new_finding(
-            opts, "clock_skew", sk["stream"], a + shift, b + shift, abs(sk["skew"]), opts.max_clock_skew, "s/s",
-            skew=sk["skew"], windows=sk["windows"],
-            why=f"its offset against the pose clock drifts {sk['skew'] * 1e3:+.1f} ms a second "
-                f"({first if first is not None else '?'} s in the first window, {last if last is not None else '?'} s in "
-                f"the last): its clock runs {abs(sk['skew']) * 100:.2g} % {faster} against the pose's, so frames "
-                "late in the episode meet the wrong poses"))
-    return out
-
-
 def decide(findings: list[Finding]) -> Finding | None:
     """The first finding whose policy rejects the episode, or None."""
     return next((f for f in findings if f.action == "rejected"), None)

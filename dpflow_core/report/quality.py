@@ -19,12 +19,11 @@ from dpflow_core.conversion.settings import DEFAULT_MAX_GAP_S
 from dpflow_core.conversion.decode import damage_findings
 from dpflow_core.errors import DpflowError, InvalidNameError, PairingError, RecordingError
 from dpflow_core.names import validate_name
-from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, measure_offsets, task_offsets
+from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, check_clock_skew, measure_offsets, task_offsets
 from dpflow_core.pairing.manifest import pairing_warnings, read_manifest_json
 from dpflow_core.recordings import EpisodeStreams, read_streams
 from dpflow_core.recordings.orientation import check_orientation, check_translation
-from dpflow_core.recordings.plausibility import (PlausibilityOptions, check_clock_skew, check_gripper, check_imu,
-                                                 check_pose)
+from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_imu, check_pose
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 from dpflow_core.report.preview import PreviewData, draw_preview
 
