@@ -2,7 +2,7 @@
 # Create .venv-openpi-client, the robot-computer side of `dpflow serve`: the unmodified
 # openpi-client package from PyPI, in a virtual environment of its own because it requires
 # numpy<2 (the project runs numpy 2) and imports typing_extensions without declaring it.
-# tests/test_serve.py connects with it; examples/robot_client.py runs in it. A no-op when this
+# tests/core/serving/test_serve.py connects with it; examples/robot_client.py runs in it. A no-op when this
 # file is unchanged since the environment was made.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -14,6 +14,17 @@ from typing import NamedTuple
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+
+#: The test modules live in folders that mirror the packages (tests/core/runs/, tests/orchestration/, ...),
+#: the helper modules here in tests/ (on ``sys.path`` through this conftest under pytest's default
+#: ``prepend`` import mode). Some modules import shared pieces from a module of another folder by its
+#: name (``from test_runs import FAKE_TRAINER`` in tests/core/test_checkpoints.py): pytest puts only each
+#: collected module's own folder on ``sys.path``, so every folder of test modules is put there, last, and
+#: such a module also runs alone. Test module names are unique across the folders (no ``__init__.py``).
+for _folder in sorted({p.parent for p in TESTS.rglob("test_*.py")} - {TESTS}):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 #: One intra-op thread for torch (OpenMP, MKL) in this process and every trainer the tests start. The
 #: suite runs two pytest-xdist workers on a 2-core machine, each often beside a trainer subprocess:

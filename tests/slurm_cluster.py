@@ -13,7 +13,7 @@ Usage in a test module::
     from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 
 A second kind, :func:`start_cluster` with ``limits=True`` (fixture ``slurm_limits_cluster`` in
-``tests/test_slurm_endings.py``), makes Slurm end jobs the ways a real cluster does: memory is a
+``tests/core/runs/test_slurm_endings.py``), makes Slurm end jobs the ways a real cluster does: memory is a
 consumable resource enforced by ``task/cgroup`` (``ConstrainRAMSpace``: the kernel's cgroup OOM
 killer, which Slurm reports as ``OUT_OF_MEMORY``), and a partition ``urgent`` of a higher
 ``PriorityTier`` pre-empts ``debug`` jobs (``PreemptType=preempt/partition_prio``,
