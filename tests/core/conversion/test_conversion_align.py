@@ -17,6 +17,7 @@ from dpflow_core.conversion import ConversionSettings, align_episode
 from dpflow_core.recordings.schemas import das_messages
 from dpflow_core.errors import ConversionError, RecordingError
 from dpflow_core.recordings.topics import DAS_DEFAULT
+from dpflow_core.recordings.plausibility import PlausibilityOptions
 
 SPEC = samples.SampleSpec(seconds=3.0, width=160, height=120, gop_size=15)
 SIZE = (96, 72)
@@ -175,7 +176,8 @@ def test_known_colour_patches_stay_rgb(tmp_path):
 
 
 def test_slerp_and_linear_interpolation_between_sparse_poses(tmp_path):
-    """Poses at 10 Hz, frames at 30 Hz: constant-rate rotation and linear motion are recovered exactly."""
+    """Poses at 10 Hz, frames at 30 Hz: constant-rate rotation and linear motion are recovered exactly (a pose
+    track this sparse is pose_rate_low, refused by default: warned here, and the warning recorded)."""
     n, fps = 60, 30.0
     t0 = 1_767_000_000_000_000_000
     frame_ns = t0 + np.round(np.arange(n) * 1e9 / fps).astype(np.int64) + 5_000_000
@@ -191,7 +193,11 @@ def test_slerp_and_linear_interpolation_between_sparse_poses(tmp_path):
     frames = [np.full((120, 160, 3), 128, np.uint8)] * n
     path = _write_vio(tmp_path / "s_vio.mcap", frames, frame_ns, pose_ns, pos, quat, np.ones(len(ps), bool),
                       grip_ns, grip)
-    a = align_episode(path, ConversionSettings(image_size=SIZE))
+    with pytest.raises(ConversionError, match=r"pose_rate_low: pose from .*: 10 Hz \(limit 15 Hz\)"):
+        align_episode(path, ConversionSettings(image_size=SIZE))
+    warn = PlausibilityOptions(policies={"pose_rate_low": "warn"})
+    a = align_episode(path, ConversionSettings(image_size=SIZE, plausibility=warn))
+    assert "pose_rate_low" in [f["code"] for f in a.report["plausibility"]["findings"]]
     fs = (a.camera_ts_ns - t0) / 1e9
     assert a.camera_ts_ns[0] == frame_ns[0] and len(a) == n
     np.testing.assert_allclose(a.eef_pos, np.array([0.4, 0.0, 0.3]) + np.outer(fs, vel), atol=1e-6)

@@ -114,18 +114,19 @@ def _inputs() -> ConversionInputs:
 
 
 @pytest.mark.parametrize("options, key", [
-    ({}, "c89e3b0fa44a524e4685bd6adaefc2e214146ec80ccdf9f281637a051e2e2f01"),
+    ({}, "6318303fd9b6d0da0bbcc0ce820271567a0fb43f0a7699a89e998f853c25dc3d"),
     (dict(image_size=(32, 24), max_gap_s=1, gap_policy="reject", min_segment_frames=20),
-     "57c274df24dfefba5c6c8c0b40467f7e3885821c5d6226d1cce94e6cf627b269"),
+     "325de13dd5ac0f2b23dcb0cc2a142341e1998251a1221774937023caa4706ec1"),
     (dict(image_size=(64, 48), rate_policy="group", frequency_tolerance=0.1, min_overlap_fraction=0.3,
-          invalid_pose_policy="reject"), "e9f98551adc4a6f21a334ddc8a93eb144c554c50252f4e02e66359822c08012d"),
+          invalid_pose_policy="reject"), "f210c75ba2147b0169062b0470f3fa1232c61e6301df07587464d57613b24c58"),
     (dict(image_size=(32, 24), plausibility={"max_speed_mps": 4.0, "policies": {"gripper_dead": "warn"}},
-          short_episode_policy="warn"), "8fe88b9e03dfdbfea2a7541bd1e3554ccf2aa0562065898ff484fb7d1a916ad9"),
+          short_episode_policy="warn"), "22753a0c22b540c996677352f2b16b12b29385fac5b956301763c4da2a1c35fb"),
 ])
 def test_dataset_keys_are_those_of_the_loose_options(options, key):
     """The keys (and so the reuse of existing datasets) of the options as they were passed one by one before the
     settings object: computed with the previous code and pinned here; re-pinned at converter 8 with the IMU's
-    plausibility classes, and at each later version (the version and the options are part of every key, so both
+    plausibility classes, and at each later version (11: the pose_rate_low, pose_glitch, pose_mirrored and clock_skew
+    options; the version and the options are part of every key, so both
     change them by design)."""
     assert dataset_key(_inputs(), ConversionSettings(**options)) == key
 
@@ -134,12 +135,12 @@ def test_an_alignment_job_carries_the_settings_and_its_cache_key_is_unchanged():
     entry = _inputs().episodes[0]
     settings = ConversionSettings(image_size=(32, 24))
     job = alignment_job(entry, settings, DAS_DEFAULT, True)
-    assert episode_key(job) == "ade3de61261def60ace1aab037a94eb8bfb9407b4ff9ec4ded257e177ffbe1b1"
+    assert episode_key(job) == "5703b81a716a77d5f98e6719464c91b5cc8136096748da43367344cb72a938ca"
     odd = ConversionSettings(image_size=(32, 24), invalid_pose_policy="reject", min_overlap_fraction=0.3, max_gap_s=1.0,
                              gap_policy="reject", min_segment_frames=20, min_pose_score=0.5,
                              plausibility={"max_speed_mps": 4.0}, short_episode_policy="warn")
     odd_job = alignment_job(entry, odd, DAS_DEFAULT, False)
-    assert episode_key(odd_job) == "363ff8f71d430da60a41a7a436f334bd1c9992803ae52fe47f60d1a456cd26fb"
+    assert episode_key(odd_job) == "0ec72c102c30373387aaac263c64f267c9d90c7801150a87a06861d0ac03b796"
     # what the worker reads back: the alignment settings, the rate ones at their defaults
     assert settings_of_job(job) == settings
     assert settings_of_job(odd_job) == odd
