@@ -267,3 +267,31 @@ def test_a_nan_in_the_motion_is_not_measurable_never_a_traceback():
         return x
     est = _estimate("camera", target, regressors, 1.0, OffsetOptions())
     assert est.status == "not_measurable" and "NaN/inf" in est.reason
+
+
+def test_a_stretch_cut_out_is_no_rate_mismatch_but_a_wrong_header_rate_is(tmp_path):
+    """A curated trim cuts a stretch out of every stream: messages over the span fell by a third, and each
+    stream was reported 'measured 20 Hz, header expects 30 Hz' (a new user's curation trial). The rate is now the
+    sampling rate (median interval); a header that really expects another rate is still named with both."""
+    from fault_fixtures import CAMERA, GRIPPER, IMU, POSE, _rewrite, edit_messages
+    from recording_fixtures import write_small_episode
+
+    ep = write_small_episode(tmp_path / "pick", "pick_0000", seed=5, seconds=4.5)
+    t0 = int(ep.camera_ts_ns[0])
+    cut = (t0 + 1_500_000_000, t0 + 3_000_000_000)
+
+    def emit(topic, k, msg, rec):
+        inside = cut[0] <= int(msg.header.timestamp) <= cut[1]
+        return [] if inside else [(rec.log_time, rec.data, rec.publish_time)]
+
+    _rewrite(ep.vio_mcap, (CAMERA, POSE, GRIPPER, IMU), emit)
+    report = inspect_recording(ep.vio_mcap)
+    assert report.rates_hz[CAMERA] < 25  # messages over the span: a third fewer
+    assert not [w for w in report.warnings if w.code == "rate_mismatch"], report.warnings
+
+    def header_60(topic, k, msg):
+        msg.header.expect_hz = 60.0
+
+    edit_messages(ep.vio_mcap, (CAMERA,), header_60)
+    (w,) = [w for w in inspect_recording(ep.vio_mcap).warnings if w.code == "rate_mismatch"]
+    assert f"{CAMERA} sampled at 30.0" in w.reason and "header expects 60 Hz" in w.reason
