@@ -40,6 +40,8 @@ class EpisodeInput:
         sha256: its SHA-256 recorded in the manifest (None when absent).
         files: the manifest's ``files`` entry ({role: {path, size_bytes, sha256}}).
         pairing_warnings: what pairing tolerated (:func:`~dpflow_core.pairing.manifest.pairing_warnings`).
+        curation: the curation decision of a curated manifest's entry (``validation["curation"]``: decision,
+            decided_by, score, flags, and a label's note), None for an uncurated one.
     """
 
     stem: str
@@ -48,6 +50,7 @@ class EpisodeInput:
     sha256: str | None
     files: dict
     pairing_warnings: tuple = ()
+    curation: dict | None = None
 
 
 @dataclass
@@ -169,8 +172,9 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
                 continue
             for _what, h in hashes:
                 by_content[h] = (stem, source)
+            curation = (entry.get("validation") or {}).get("curation") if isinstance(entry.get("validation"), dict) else None
             episodes.append(EpisodeInput(stem, p, vio.get("size_bytes"), vio.get("sha256"), dict(entry.get("files") or {}),
-                                         tuple(pairing_warnings(entry))))
+                                         tuple(pairing_warnings(entry)), curation if isinstance(curation, dict) else None))
         for r in m.get("rejected") or []:
             rejected.append({"stem": r.get("stem"), "stage": "pairing", "path": r.get("path"),
                              "code": r.get("code"), "reason": r.get("reason")})

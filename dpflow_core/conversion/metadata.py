@@ -72,6 +72,8 @@ def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict
             "cached": r["cached"],
             "convert_seconds": round(r["seconds"], 3),
             "worker_peak_rss_mb": round(r["peak_rss_mb"], 1),
+            # a curated manifest's decision (a person's keep or the automatic one) travels into the dataset
+            **({"curation": by_stem[r["stem"]].curation} if by_stem[r["stem"]].curation else {}),
         })
         start += r["n"]
     offsets = task_offsets(episodes)

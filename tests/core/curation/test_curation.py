@@ -149,6 +149,11 @@ def test_label_overrides_and_reaches_the_dataset_lineage(world_task, tmp_path):
     auto_lineage = {r["stem"]: r for r in json.loads(auto_ds.sidecar_path.read_text())["rejected"]}
     assert auto_lineage[bad]["code"] == DROP_CODE and good[0] not in auto_lineage
     assert lab_ds.sha256 != auto_ds.sha256 and lab_ds.n_episodes == auto_ds.n_episodes
+    # a person's keep reaches the dataset too, beside every automatic decision (a new user found it stopped
+    # at the curated manifest)
+    decided = {e["stem"]: e["curation"] for e in json.loads(lab_ds.sidecar_path.read_text())["episodes"]}
+    assert decided[bad]["decided_by"] == "label" and decided[bad]["label"]["note"] == "dropped on purpose"
+    assert {decided[s]["decided_by"] for s in good[1:] if s in decided} == {"auto"}
     with pytest.raises(CurationError, match="already there"):
         curate(small, tmp_path / "labelled", labels=labels_path)
     labels_path.write_text(json.dumps({"nope_0000": "drop"}))
