@@ -414,6 +414,8 @@ def imu_offset(imu_ts_ns: np.ndarray, gyro_rps: np.ndarray, pose_ts_ns: np.ndarr
     imu_s, gyro = imu_s[order], np.asarray(gyro_rps, np.float64)[order]
     keep = np.concatenate([[True], np.diff(imu_s) > 0]) & np.isfinite(gyro).all(axis=1)  # NaN: imu_not_finite
     imu_s, gyro = imu_s[keep], gyro[keep]
+    if len(imu_s) < 3:
+        return OffsetEstimate("imu", "not_measurable", reason=f"{len(imu_s)} finite IMU samples at distinct times")
     integral = np.vstack([np.zeros((1, 3)), np.cumsum((gyro[1:] + gyro[:-1]) / 2 * np.diff(imu_s)[:, None], axis=0)])
     cum = _body_increments(pose_s, quat, None)
     a, b = pose_s[:-1], pose_s[1:]
