@@ -443,7 +443,7 @@ def clock_skew(estimate_in, pose_ts_ns: np.ndarray, pose_ok: np.ndarray | None, 
     episode: each frame is paired with a pose further off the later it is. The episode is cut into
     :attr:`OffsetOptions.skew_windows` windows of equal time (each at least
     :attr:`OffsetOptions.skew_min_window_s` long, else fewer); the offset is measured in each
-    (``estimate_in(pose_ok)``: :func:`camera_offset` or :func:`imu_offset` with the poses of one window)
+    (``estimate_in``: :func:`camera_offset` or :func:`imu_offset` on the samples of one window)
     and a line fitted through the measured ones (least squares).
 
     Args:
@@ -494,11 +494,11 @@ def check_clock_skew(skews: list[dict], t0_ns: int, pose_t0_ns: int, opts: Any =
     from dpflow_core.recordings.plausibility import PlausibilityOptions, new_finding
 
     opts = PlausibilityOptions() if opts is None else opts
+    shift = (int(pose_t0_ns) - int(t0_ns)) / 1e9
     out = []
     for sk in skews:
         if sk.get("status") != "measured" or abs(sk["skew"]) <= opts.max_clock_skew:
             continue
-        shift = (int(pose_t0_ns) - int(t0_ns)) / 1e9
         (a, _, first), (_, b, last) = sk["windows"][0], sk["windows"][-1]
         faster = "fast" if sk["skew"] > 0 else "slow"
         out.append(new_finding(
@@ -509,7 +509,6 @@ def check_clock_skew(skews: list[dict], t0_ns: int, pose_t0_ns: int, opts: Any =
                 f"the last): its clock runs {abs(sk['skew']) * 100:.2g} % {faster} against the pose's, so frames "
                 "late in the episode meet the wrong poses"))
     return out
-
 
 
 # --------------------------------------------------------------------------- recordings

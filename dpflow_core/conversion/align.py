@@ -378,12 +378,17 @@ def _clock_skew_findings(path: Path, offsets: dict, origin: int, pose_t0_ns: int
     from dpflow_core.recordings.plausibility import decide
 
     skewed = check_clock_skew([offsets["camera_clock_skew"], offsets["imu_clock_skew"]], origin, pose_t0_ns, checks)
-    rejected = decide(skewed)
+    _refuse_rejected(path, decide(skewed), findings + skewed)
+    return skewed
+
+
+def _refuse_rejected(path: Path, rejected: Any, findings: list) -> None:
+    """:class:`ConversionError` with the class as code when a finding's policy rejects (``rejected``, from
+    ``plausibility.decide``), naming up to five of the other ``findings``; nothing when ``rejected`` is None."""
     if rejected is not None:
-        others = [f.describe() for f in findings + skewed if f is not rejected]
+        others = [f.describe() for f in findings if f is not rejected]
         raise ConversionError(f"{rejected.describe()} (policy {rejected.code}={rejected.policy})"
                               + (f"; also: {'; '.join(others[:5])}" if others else ""), path, code=rejected.code)
-    return skewed
 
 
 def _check_plausibility(path: Path, streams: Any, origin: int, checks: Any, cam_ns: np.ndarray, motion: Any,
@@ -401,11 +406,7 @@ def _check_plausibility(path: Path, streams: Any, origin: int, checks: Any, cam_
     findings = verdict.findings + check_gripper(streams.gripper_ts_ns, streams.gripper_width_m, *pose[:2], origin, checks)
     findings += check_orientation(pose[0], pose[2], *imu, origin, checks) + check_imu(*imu, *pose, origin, checks)
     findings += check_translation(pose[0], pose[1], pose[2], imu[0], imu[2], origin, checks)
-    rejected = decide(findings)
-    if rejected is not None:
-        others = [f.describe() for f in findings if f is not rejected]
-        raise ConversionError(f"{rejected.describe()} (policy {rejected.code}={rejected.policy})"
-                              + (f"; also: {'; '.join(others[:5])}" if others else ""), path, code=rejected.code)
+    _refuse_rejected(path, decide(findings), findings)
     return verdict, findings
 
 

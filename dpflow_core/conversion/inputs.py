@@ -172,7 +172,8 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
                 continue
             for _what, h in hashes:
                 by_content[h] = (stem, source)
-            curation = (entry.get("validation") or {}).get("curation") if isinstance(entry.get("validation"), dict) else None
+            validation = entry.get("validation")
+            curation = validation.get("curation") if isinstance(validation, dict) else None
             episodes.append(EpisodeInput(stem, p, vio.get("size_bytes"), vio.get("sha256"), dict(entry.get("files") or {}),
                                          tuple(pairing_warnings(entry)), curation if isinstance(curation, dict) else None))
         for r in m.get("rejected") or []:

@@ -495,14 +495,14 @@ def _check_streams(report: RecordingReport, state: _Pass) -> None:
                 f.code, f"{path.name}: {topic} capture clock {what} by {abs(f.value):.3f} s at {f.at_s:.3f} s "
                         f"(message {f.detail['message_index']}; capture minus arrival time changed by more than "
                         f"{f.limit:g} s): the stream cannot be aligned with the others after it"))
+        sampling_hz = 1e9 / float(np.median(np.diff(uniq))) if len(uniq) > 1 else 0.0
         if steps:
             # The span holds the step: a rate measured over it is no rate, so none is reported.
-            report.rates_hz[topic] = 1e9 / float(np.median(np.diff(uniq))) if len(uniq) > 1 else 0.0
+            report.rates_hz[topic] = sampling_hz
         if st.expect_hz:
             report.expected_hz[topic] = st.expect_hz
             # the sampling rate (the median interval), not messages over the span: a stretch cut out of the
             # recording (a curated trim) or a dropped frame is a gap, reported as one, not another rate
-            sampling_hz = 1e9 / float(np.median(np.diff(uniq))) if len(uniq) > 1 else 0.0
             if not steps and topic not in off_unit and sampling_hz and abs(sampling_hz / st.expect_hz - 1) > RATE_TOLERANCE:
                 report.warnings.append(Problem(
                     "rate_mismatch",

@@ -72,7 +72,8 @@ class RolloutRecord:
     (None on failure), ``duration_s`` simulated, ``decisions`` (policy calls), ``grasp_attempts``
     (``held`` or why a grasp failed), the ``latency`` settings applied (s), ``predict_s`` (mean wall
     time of one policy call on this machine) and ``placement``, where the block ended against its target
-    (:func:`~dpflow_core.sim.tasks.placement`: ``xy_m``, ``yaw_rad`` for ``stack``, ``on_target``)."""
+    (:func:`~dpflow_core.sim.tasks.placement`: ``xy_m``, ``yaw_rad`` for ``stack``, ``on_target``; to 0.1 mm
+    and 0.1 mrad)."""
 
     seed: int
     success: bool
@@ -209,7 +210,8 @@ def _record(seed, ep, t_ok, decisions, latency, predict_s=None) -> RolloutRecord
     return RolloutRecord(
         int(seed), t_ok is not None, None if t_ok is not None else failure_mode(ep.world, ep.task),
         None if t_ok is None else round(float(t_ok), 3), round(float(ep.world.time_s), 3), decisions,
-        list(ep.world.grasp_attempts), latency, predict_s, placement(ep.world, ep.task),
+        list(ep.world.grasp_attempts), latency, predict_s,
+        {k: round(v, 4) if isinstance(v, float) else v for k, v in placement(ep.world, ep.task).items()},
     )
 
 

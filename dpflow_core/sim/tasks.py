@@ -117,31 +117,28 @@ def reset_world(world: GripperWorld, state: InitialState) -> None:
     world.reset(state.gripper_pos, state.gripper_yaw, [(np.array(xy), yaw) for xy, yaw in state.blocks], state.pad_xy)
 
 
-def placed(world: GripperWorld, task: str) -> bool:
-    """Whether the block rests where ``task`` wants it (held or not)."""
-    block = world.blocks[0]
-    if task == "pick_place":
-        on_table = abs(block.pos[2] - BLOCK_HALF[2]) < 1e-6
-        return on_table and bool(np.all(np.abs(block.pos[:2] - world.pad_pos[:2]) <= PAD_HALF))
-    base = world.blocks[1]
-    on_top = abs(block.pos[2] - (base.pos[2] + 2 * BLOCK_HALF[2])) < 1e-6
-    aligned = abs(wrap_half_turn(block.yaw - base.yaw)) <= STACK_YAW_TOL_RAD
-    return on_top and aligned and float(np.linalg.norm(block.pos[:2] - base.pos[:2])) <= STACK_XY_TOL_M
-
-
 def placement(world: GripperWorld, task: str) -> dict[str, float | bool]:
     """Where the block is against where ``task`` wants it, in the world's current state (the figures behind
     a ``wrong_place``): ``xy_m`` the distance (m) of its centre from the target's (the pad's, or the base's
     for ``stack``), ``yaw_rad`` (``stack``) its long axis against the base's, modulo a half turn, and
-    ``on_target`` whether it rests on the pad's or the base's top. Rounded to 0.1 mm and 0.001 rad."""
+    ``on_target`` whether it rests on the pad (its centre inside it) or on the base's top."""
     block = world.blocks[0]
     if task == "pick_place":
-        on = bool(abs(block.pos[2] - BLOCK_HALF[2]) < 1e-6 and np.all(np.abs(block.pos[:2] - world.pad_pos[:2]) <= PAD_HALF))
-        return {"xy_m": round(float(np.linalg.norm(block.pos[:2] - world.pad_pos[:2])), 4), "on_target": on}
+        on = abs(block.pos[2] - BLOCK_HALF[2]) < 1e-6 and np.all(np.abs(block.pos[:2] - world.pad_pos[:2]) <= PAD_HALF)
+        return {"xy_m": float(np.linalg.norm(block.pos[:2] - world.pad_pos[:2])), "on_target": bool(on)}
     base = world.blocks[1]
-    return {"xy_m": round(float(np.linalg.norm(block.pos[:2] - base.pos[:2])), 4),
-            "yaw_rad": round(abs(wrap_half_turn(block.yaw - base.yaw)), 3),
+    return {"xy_m": float(np.linalg.norm(block.pos[:2] - base.pos[:2])),
+            "yaw_rad": abs(wrap_half_turn(block.yaw - base.yaw)),
             "on_target": bool(abs(block.pos[2] - (base.pos[2] + 2 * BLOCK_HALF[2])) < 1e-6)}
+
+
+def placed(world: GripperWorld, task: str) -> bool:
+    """Whether the block rests where ``task`` wants it (held or not): on the pad, or on the base within
+    :data:`STACK_XY_TOL_M` and :data:`STACK_YAW_TOL_RAD`."""
+    p = placement(world, task)
+    if task == "pick_place":
+        return p["on_target"]
+    return p["on_target"] and p["yaw_rad"] <= STACK_YAW_TOL_RAD and p["xy_m"] <= STACK_XY_TOL_M
 
 
 def success(world: GripperWorld, task: str) -> bool:

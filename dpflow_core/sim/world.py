@@ -212,9 +212,8 @@ def squared_grasp(block_in_tcp: np.ndarray) -> np.ndarray:
     m = np.array(block_in_tcp, dtype=np.float64)
     rel_yaw = float(np.arctan2(m[1, 0], m[0, 0]))
     turn = rel_yaw - wrap_half_turn(rel_yaw)  # 0 or a half turn
-    c, s = np.cos(turn), np.sin(turn)
     out = np.eye(4)
-    out[:3, :3] = [[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]
+    out[:3, :3] = Rotation.from_euler("z", turn).as_matrix()
     out[:3, 3] = [m[0, 3], 0.0, m[2, 3]]
     return out
 
