@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,9 +158,37 @@ def regrasp(p: Plan, rng: np.random.Generator) -> tuple[Plan, dict]:
 _PLAN_FAULTS = {"idle": idle, "wrong_target": wrong_target, "dropped": dropped, "regrasp": regrasp}
 
 
+def _placed_kinds(bad_at: list[int], kinds: list[str]) -> tuple[dict[int, str], list[dict]]:
+    """``{job index: kind}`` with every duplicate at a job that has an earlier good one to repeat, and the
+    duplicates that could not be placed so (``[{"kind", "reason"}]``; their jobs stay good).
+
+    Only the bad jobs before the first good one lack a source; a duplicate drawn there trades its kind
+    with a later bad job's non-duplicate kind (no random draw: the other placements stay as drawn)."""
+    kind_of = dict(zip(bad_at, kinds))
+    first_good = next((i for i, j in enumerate(bad_at) if i != j), len(bad_at))
+    later = [i for i in bad_at[first_good:] if kind_of[i] != "duplicate"]
+    lost = []
+    for i in bad_at[:first_good]:
+        if kind_of[i] != "duplicate":
+            continue
+        if later:
+            j = later.pop()
+            kind_of[i], kind_of[j] = kind_of[j], kind_of[i]
+        else:
+            del kind_of[i]
+            lost.append({"kind": "duplicate", "reason": f"job {i} has no earlier good episode to repeat "
+                                                        "and no other bad job could take its place"})
+    return kind_of, lost
+
+
 def inject_faults(jobs: list[tuple[str, InitialState, Plan | None]], faults: FaultSpec,
                   ) -> tuple[list[tuple[str, InitialState, Plan | None]], dict]:
     """Make ``faults.bad_fraction`` of ``jobs`` bad demonstrations.
+
+    The ``round(bad_fraction * len(jobs))`` bad jobs take the kinds in turn (``faults.kinds`` round
+    robin, then shuffled), so every kind is written once there are at least as many bad jobs as kinds
+    (5 of 25 at 0.2: one of each). A duplicate needs an earlier good episode to repeat: one drawn
+    before the first good job trades its kind with a later bad job.
 
     Args:
         jobs: ``(stem, initial state, track or None)`` per episode, in recording order (None: the
@@ -168,9 +197,11 @@ def inject_faults(jobs: list[tuple[str, InitialState, Plan | None]], faults: Fau
 
     Returns:
         ``(jobs, truth)``: the jobs with the bad ones' states and tracks replaced, and the content of
-        :data:`TRUTH_FILE` (``{"bad_fraction", "kinds", "seed", "episodes": [{stem, bad, kind,
-        details}]}``). A duplicate copies an earlier good episode (``details.source``); when the first
-        job would be one, it gets another kind.
+        :data:`TRUTH_FILE` (``{"bad_fraction", "kinds", "seed", "written": {kind: count},
+        "not_written": [{"kind", "reason"}], "episodes": [{stem, bad, kind, details}]}``). A duplicate
+        copies an earlier good episode (``details.source``). ``not_written`` names every requested kind
+        that has no episode (too few bad jobs, or no source for a duplicate); each also gives a
+        :class:`UserWarning`.
 
     Raises:
         ValueError: ``faults`` is invalid (:meth:`FaultSpec.validate`).
@@ -181,30 +212,28 @@ def inject_faults(jobs: list[tuple[str, InitialState, Plan | None]], faults: Fau
     bad_at = sorted(int(i) for i in rng.choice(len(jobs), n_bad, replace=False))
     kinds = [faults.kinds[i % len(faults.kinds)] for i in range(n_bad)]
     rng.shuffle(kinds)
+    kind_of, not_written = _placed_kinds(bad_at, kinds)
     out, truth = list(jobs), []
-    kind_of = dict(zip(bad_at, kinds))
-    if kind_of.get(0) == "duplicate":
-        kind_of[0] = next((k for k in faults.kinds if k != "duplicate"), None)
-        if kind_of[0] is None:
-            del kind_of[0]
     for i, (stem, state, track) in enumerate(jobs):
         kind = kind_of.get(i)
         details: dict = {}
         if kind == "duplicate":
-            sources = [j for j in range(i) if j not in kind_of]
-            if not sources:
-                kind = None
-            else:
-                src = int(rng.choice(sources))
-                src_stem, src_state, src_track = jobs[src]
-                out[i] = (stem, dataclasses.replace(src_state, seed=state.seed), src_track or plan(src_state))
-                details = {"source": src_stem}
+            src = int(rng.choice([j for j in range(i) if j not in kind_of]))
+            src_stem, src_state, src_track = jobs[src]
+            out[i] = (stem, dataclasses.replace(src_state, seed=state.seed), src_track or plan(src_state))
+            details = {"source": src_stem}
         elif kind is not None:
             faulty, details = _PLAN_FAULTS[kind](track or plan(state), rng)
             out[i] = (stem, state, faulty)
         truth.append({"stem": stem, "bad": kind is not None, "kind": kind, "details": details})
+    written = {k: sum(t["kind"] == k for t in truth) for k in dict.fromkeys(faults.kinds)}
+    not_written += [{"kind": k, "reason": f"{n_bad} bad of {len(jobs)} episodes ({faults.bad_fraction:g}) "
+                                          f"for {len(set(faults.kinds))} kinds"}
+                    for k, n in written.items() if n == 0 and k not in {x["kind"] for x in not_written}]
+    for miss in not_written:
+        warnings.warn(f"fault kind {miss['kind']!r} not written: {miss['reason']}", stacklevel=2)
     return out, {"bad_fraction": faults.bad_fraction, "kinds": list(faults.kinds), "seed": faults.seed,
-                 "episodes": truth}
+                 "written": written, "not_written": not_written, "episodes": truth}
 
 
 def write_truth(task_dir: str | Path, truth: dict) -> Path:
