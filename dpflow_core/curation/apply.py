@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from dpflow_core.curation.features import episode_features
-from dpflow_core.curation.score import CurationSettings, auto_decision, score_episodes
+from dpflow_core.curation.score import CurationSettings, auto_decision, idle_stretches, score_episodes
 from dpflow_core.errors import DpflowError
 from dpflow_core.files import atomic_output, sha256_file, write_text_atomic
 from dpflow_core.recordings import inspect_recording
@@ -231,7 +231,7 @@ def curate(manifest: str | Path | Manifest, out_dir: str | Path, settings: Curat
             if decision == "trim":
                 half = settings.idle_keep_s / 2
                 cuts = [(f.start_ns + int((s0 + half) * 1e9), f.start_ns + int((s1 - half) * 1e9))
-                        for s0, s1 in f.still if s1 - s0 >= settings.min_idle_s]
+                        for s0, s1 in idle_stretches(f, settings)]
                 dst = out / "trimmed" / a.vio_mcap.name
                 if dst.exists() and overwrite:
                     dst.unlink()

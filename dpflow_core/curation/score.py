@@ -12,7 +12,7 @@ check               figure                                                      
 ==================  ===========================================================  =========
 ``idle``            longest still stretch (s) against ``min_idle_s``             trim
 ``duplicate``       RMS distance (m) of the track to an earlier episode's        drop
-``length``          modified z-score of the duration less idle against length_z  drop
+``length``          modified z-score of the time in motion against ``length_z``   drop
 ``repeated_grasp``  closings of the fingers beyond the task's usual number       drop
 ``approach_loops``  descents after a rise beyond the task's usual number         drop
 ``release_height``  how far the release height departs from the usual (m, z)     drop
@@ -22,6 +22,11 @@ check               figure                                                      
 An episode whose only flag is ``idle`` is kept with its still stretches trimmed; any other
 flag drops it (``auto`` decisions; a person's label overrides them,
 :mod:`~dpflow_core.curation.apply`).
+
+The two checks on time never count the same seconds: ``idle`` looks at the still stretches,
+``length`` at the time in motion (the duration less every still stretch, whatever its length).
+So ``min_idle_s`` decides only whether a stillness is trimmed; raising it keeps a pause shorter
+than the limit in the recording, and never turns it into a ``length`` drop.
 """
 
 from __future__ import annotations
@@ -134,14 +139,30 @@ def _duplicates(eps: list[EpisodeFeatures], s: CurationSettings) -> dict[int, tu
     return found
 
 
+def stretch_s(start_s: float, end_s: float) -> float:
+    """Length (s) of a still stretch ``[start_s, end_s]`` of grid times: both end samples included."""
+    return end_s - start_s + 1.0 / GRID_HZ
+
+
+def idle_stretches(e: EpisodeFeatures, settings: CurationSettings) -> list[list[float]]:
+    """The still stretches ``[start_s, end_s]`` of ``e`` that are idle: :func:`stretch_s` at least
+    ``settings.min_idle_s`` (the ones the ``idle`` check counts and trimming cuts)."""
+    return [[a, b] for a, b in e.still if stretch_s(a, b) >= settings.min_idle_s]
+
+
+def moving_s(e: EpisodeFeatures) -> float:
+    """The time in motion (s): ``e.duration_s`` less every still stretch (whatever ``min_idle_s``)."""
+    return max(e.duration_s - sum(stretch_s(a, b) for a, b in e.still), 0.0)
+
+
 def score_episodes(eps: list[EpisodeFeatures], settings: CurationSettings) -> list[list[Flag]]:
     """The flags of each episode of ``eps`` (one task's), in the order given."""
     s = settings.validate()
     flags: list[list[Flag]] = [[] for _ in eps]
     for i, e in enumerate(eps):
-        longest = max((b - a + 1.0 / GRID_HZ for a, b in e.still), default=0.0)
-        if longest >= s.min_idle_s:
-            n = sum(1 for a, b in e.still if b - a + 1.0 / GRID_HZ >= s.min_idle_s)
+        idle = idle_stretches(e, s)
+        if idle:
+            longest, n = max(stretch_s(a, b) for a, b in idle), len(idle)
             flags[i].append(Flag("idle", longest, s.min_idle_s,
                                  f"stands still for {longest:.1f} s (limit {s.min_idle_s:g} s; {n} such stretch"
                                  f"{'es' if n > 1 else ''})"))
@@ -150,15 +171,15 @@ def score_episodes(eps: list[EpisodeFeatures], settings: CurationSettings) -> li
                              f"repeats episode {eps[j].stem!r}: tracks {rms * 1000:.2f} mm RMS apart over "
                              f"{min(eps[i].duration_s, eps[j].duration_s):.1f} s (limit {s.duplicate_rms_m * 1000:g} mm)", below=True))
     if len(eps) >= 5:
-        # idle time is the idle check's: without it an idle episode is trimmed, not dropped for its length
-        active = np.array([e.duration_s - sum(b - a for a, b in e.still if b - a + 1.0 / GRID_HZ >= s.min_idle_s)
-                           for e in eps])
+        # still time is the idle check's, whatever min_idle_s: a pause is trimmed or kept, never a length drop
+        active = np.array([moving_s(e) for e in eps])
         z = modified_z(np.log(np.maximum(active, 1e-3)))
         med = float(np.median(active))
         for i in range(len(eps)):
             if abs(z[i]) >= s.length_z:
                 flags[i].append(Flag("length", abs(float(z[i])), s.length_z,
-                                     f"lasts {active[i]:.1f} s (idle stretches aside) against a median of {med:.1f} s "
+                                     f"moves for {active[i]:.1f} s (of {eps[i].duration_s:.1f} s; still stretches aside) against a median of "
+                                     f"{med:.1f} s "
                                      f"(modified z {z[i]:+.1f}, limit {s.length_z:g})"))
     for check, key, what in (("repeated_grasp", lambda e: len(e.closings_s), "closes the fingers"),
                              ("approach_loops", lambda e: e.approach_loops, "comes down after a rise")):
