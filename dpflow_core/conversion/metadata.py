@@ -17,6 +17,25 @@ from dpflow_core.offsets import offset_warnings, task_offsets
 METADATA_VERSION = 1
 
 
+def derived_from(curation: dict | None) -> dict:
+    """``{"derived_from": {...}}`` for an input that is a trimmed copy (a curated manifest's
+    ``validation["curation"]["trim"]``, :func:`dpflow_core.curation.apply.trim_recording`), else ``{}``.
+
+    The record names what the copy was made from and which of its stretches it holds: ``role``
+    (``vio_mcap``), ``path``, ``size_bytes`` and ``sha256`` of the source recording, ``by``
+    (``dpflow curate``), ``cut_s`` (``[start_s, end_s)`` stretches left out) and ``kept_s`` (the spans kept),
+    both in seconds from the source's first camera frame.
+    """
+    trim = (curation or {}).get("trim")
+    if not isinstance(trim, dict) or "source" not in trim:
+        return {}
+    return {"derived_from": {
+        "role": "vio_mcap", "path": trim["source"], "size_bytes": trim.get("source_size_bytes"),
+        "sha256": trim.get("source_sha256"), "by": "dpflow curate (idle stretches trimmed)",
+        "cut_s": [[c.get("start_s"), c.get("end_s")] for c in trim.get("cuts", [])], "kept_s": trim.get("kept_s"),
+    }}
+
+
 def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict, key: str, frequency_hz: float,
                      members: list, stamp, stale: list[str]) -> dict:
     """The dataset's metadata document (layout: docs/formats.md), with the run-only and the hash fields
@@ -98,7 +117,8 @@ def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict
         "inputs": {
             "manifests": inputs.manifests,
             "root": inputs.root,
-            "episodes": [{"stem": stem, "files": by_stem[stem].files} for stem in dict.fromkeys(r["stem"] for r in ok)],
+            "episodes": [{"stem": stem, "files": by_stem[stem].files, **derived_from(by_stem[stem].curation)}
+                         for stem in dict.fromkeys(r["stem"] for r in ok)],
         },
         "rejected": rejected,
         "options": options,

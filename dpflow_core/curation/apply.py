@@ -16,7 +16,8 @@ overrule any decision, and writes two things into its output folder:
 Trimming never edits a recording: the kept messages of ``<STEM>_vio.mcap`` are copied,
 byte for byte, into ``trimmed/<STEM>_vio.mcap`` without those captured inside each cut
 (every topic; the manifest entry then points at the copy, with its own size and SHA-256,
-and records the source file, its SHA-256 and each cut). A camera stream is H.264: a frame
+and records the source file, its size and SHA-256, each cut and the kept spans of the
+source's timeline, ``kept_s``; the dataset's lineage lists the copy as derived from it). A camera stream is H.264: a frame
 after a cut must not reference one inside it, so each cut ends at the last key frame
 (IDR access unit) inside the idle stretch. Conversion then sees a camera hole longer than
 its ``max_gap_s`` and splits the episode there: nothing is interpolated across the cut.
@@ -107,8 +108,9 @@ def trim_recording(src: str | Path, dst: str | Path, cuts_ns: list[tuple[int, in
         camera_topic: the H.264 camera topic.
 
     Returns:
-        Provenance: ``{"source", "source_sha256", "sha256", "size_bytes", "cuts": [{start_ns, end_ns,
-        requested_end_ns, messages: {topic: n}}], "skipped": [...]}``.
+        Provenance: ``{"source", "source_sha256", "source_size_bytes", "sha256", "size_bytes", "cuts":
+        [{start_ns, end_ns, requested_end_ns, messages: {topic: n}}], "skipped": [...]}`` (sizes in bytes).
+        A cut removes the messages captured in ``[start_ns, end_ns)``.
 
     Raises:
         FileExistsError: ``dst`` exists. RecordingError / McapError: ``src`` cannot be read.
@@ -151,8 +153,22 @@ def trim_recording(src: str | Path, dst: str | Path, cuts_ns: list[tuple[int, in
             writer.add_message(channels[channel.id], message.log_time, message.data, message.publish_time,
                                message.sequence)
         writer.finish()
-    return {"source": str(src), "source_sha256": sha256_file(src), "sha256": sha256_file(dst),
-            "size_bytes": dst.stat().st_size, "cuts": cuts, "skipped": skipped}
+    return {"source": str(src), "source_sha256": sha256_file(src), "source_size_bytes": src.stat().st_size,
+            "sha256": sha256_file(dst), "size_bytes": dst.stat().st_size, "cuts": cuts, "skipped": skipped}
+
+
+def kept_spans(cuts: list[dict], duration_s: float) -> list[list[float]]:
+    """The ``[start_s, end_s)`` spans of a recording's timeline (s from its first camera frame, 0 to
+    ``duration_s``) that a trimmed copy keeps: the complement of the made ``cuts`` (``start_s``,
+    ``end_s`` each, as :func:`curate` records them). Empty spans are left out."""
+    spans, t = [], 0.0
+    for c in sorted(cuts, key=lambda c: c["start_s"]):
+        if c["start_s"] > t:
+            spans.append([t, c["start_s"]])
+        t = max(t, c["end_s"])
+    if duration_s >= t:
+        spans.append([t, round(duration_s, 3)])
+    return spans
 
 
 @dataclass
@@ -240,6 +256,7 @@ def curate(manifest: str | Path | Manifest, out_dir: str | Path, settings: Curat
                     c["start_s"] = round((c["start_ns"] - f.start_ns) / 1e9, 3)
                     c["end_s"] = None if c["end_ns"] is None else round((c["end_ns"] - f.start_ns) / 1e9, 3)
                     c["reason"] = f"idle: still for {(c['requested_end_ns'] - c['start_ns']) / 1e9 + settings.idle_keep_s:.1f} s"
+                trim["kept_s"] = kept_spans(trim["cuts"], f.duration_s)
                 entry["trim"] = trim
                 files["vio_mcap"] = FileEntry(dst.absolute(), trim["size_bytes"], trim["sha256"])
             validation = dict(a.validation)

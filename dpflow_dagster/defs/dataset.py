@@ -80,9 +80,11 @@ def _inputs_table(meta: dict) -> str:
     for item in meta.get("inputs", {}).get("episodes", []):
         ep = episodes.get(item["stem"], {})
         sha = (item.get("files", {}).get("vio_mcap") or {}).get("sha256") or ""
+        source = item.get("derived_from")  # a curated, trimmed copy: say so, and of which recording
+        copy = f" (trimmed copy of `{source.get('sha256', '')}`)" if source else ""
         rows.append(
             f"| {_md(item['stem'])} | {ep.get('length', '')} | {ep.get('frequency_hz', 0):.2f} "
-            f"| {ep.get('trimmed_s', {}).get('total', '')} | `{sha}` |"
+            f"| {ep.get('trimmed_s', {}).get('total', '')} | `{sha}`{copy} |"
         )
     return "\n".join(rows)
 
