@@ -173,20 +173,18 @@ class DiffusionUnetImagePolicy(nn.Module):
     Args:
         shape_meta: ``{"rgb": {key: [H, W, 3]}, "lowdim": {key: D}, "action_dim": Da}``
             (see :func:`dpflow_core.train.data.shape_meta`).
-        normalizer_stats: statistics per low-dimensional field and ``"action"``.
-        normalizer_modes: per field, ``range`` | ``gaussian`` | ``identity`` per dimension
-            (:func:`~dpflow_core.train.data.normalizer_modes`); None: ``range`` everywhere.
+        normalizer: the :class:`LinearNormalizer` of every low-dimensional field and ``"action"`` (its
+            statistics and per-dimension modes, :func:`~dpflow_core.train.data.normalizer_modes`).
         horizon: H, actions predicted per call.
         n_obs_steps: To, observation frames per call.
         n_action_steps: how many of the H actions ``predict_action`` returns as ``"action"``.
-        obs_encoder: Hydra config of the observation encoder (``_target_``: :class:`ObsEncoder`,
-            its ``rgb_model`` and augmentation; see :func:`build_obs_encoder`).
+        obs_encoder: the observation encoder (:class:`ObsEncoder`, built by :func:`build_obs_encoder`
+            from its Hydra config for ``n_obs_steps`` frames; its ``output_dim`` conditions the U-Net).
         unet: kwargs of :class:`ConditionalUnet1D` (``down_dims``, ``kernel_size``, ``n_groups``,
             ``diffusion_step_embed_dim``).
         noise_scheduler: kwargs of ``diffusers.DDPMScheduler`` (``num_train_timesteps``,
             ``beta_start``, ``beta_end``, ``beta_schedule``, ``clip_sample``, ``prediction_type``).
         num_inference_steps: DDIM steps in ``predict_action``.
-        load_pretrained: False skips the image model's ``pretrained_path`` (loading a checkpoint).
         noise_samples_per_obs: K, noise samples and diffusion steps drawn per encoded
             observation in :meth:`compute_loss` (1: Diffusion Policy's loss).
 
@@ -198,16 +196,14 @@ class DiffusionUnetImagePolicy(nn.Module):
     def __init__(
         self,
         shape_meta: Mapping[str, Any],
-        normalizer_stats: Mapping[str, Mapping[str, Any]],
+        normalizer: LinearNormalizer,
         horizon: int,
         n_obs_steps: int,
         n_action_steps: int,
-        obs_encoder: Mapping[str, Any],
+        obs_encoder: ObsEncoder,
         unet: Mapping[str, Any],
         noise_scheduler: Mapping[str, Any],
         num_inference_steps: int = 16,
-        load_pretrained: bool = True,
-        normalizer_modes: Mapping[str, Any] | None = None,
         noise_samples_per_obs: int = 1,
     ):
         super().__init__()
@@ -222,8 +218,8 @@ class DiffusionUnetImagePolicy(nn.Module):
         self.n_action_steps = int(n_action_steps)
         self.action_dim = int(shape_meta["action_dim"])
         self.num_inference_steps = int(num_inference_steps)
-        self.normalizer = LinearNormalizer(normalizer_stats, normalizer_modes)
-        self.obs_encoder = build_obs_encoder(obs_encoder, shape_meta, n_obs_steps, load_pretrained)
+        self.normalizer = normalizer
+        self.obs_encoder = obs_encoder
         self.model = ConditionalUnet1D(self.action_dim, self.obs_encoder.output_dim, **dict(unet))
         sched = dict(noise_scheduler)
         self.noise_scheduler = DDPMScheduler(**sched)
@@ -319,16 +315,14 @@ def build_policy(
     """
     return DiffusionUnetImagePolicy(
         shape_meta=shape_meta,
-        normalizer_stats=normalizer_stats,
+        normalizer=LinearNormalizer(normalizer_stats, normalizer_modes(spec, shape_meta["lowdim"])),
         horizon=spec.horizon,
         n_obs_steps=spec.n_obs_steps,
         n_action_steps=n_action_steps,
-        obs_encoder=policy_cfg["obs_encoder"],
+        obs_encoder=build_obs_encoder(policy_cfg["obs_encoder"], shape_meta, spec.n_obs_steps, load_pretrained),
         unet=policy_cfg["unet"],
         noise_scheduler=policy_cfg["noise_scheduler"],
         num_inference_steps=policy_cfg["num_inference_steps"],
-        load_pretrained=load_pretrained,
-        normalizer_modes=normalizer_modes(spec, shape_meta["lowdim"]),
         noise_samples_per_obs=noise_samples_per_obs,
     )
 

@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -138,7 +139,7 @@ class VisionTransformer(nn.Module):
         if h % patch_size or w % patch_size:
             raise ValueError(f"image size {h}x{w} is not a multiple of patch_size={patch_size}")
         self.grid = (h // patch_size, w // patch_size)
-        self.embed_dim = int(embed_dim)
+        self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.grid[0] * self.grid[1], embed_dim))
         self.patch_embed = PatchEmbed(patch_size, embed_dim, bias=not pre_norm)
@@ -262,8 +263,9 @@ class ViTEncoder(nn.Module):
 
     Args:
         image_hw: the input's ``(H, W)``, passed by the observation encoder.
-        patch_size, embed_dim, depth, num_heads, mlp_ratio, pre_norm, act, norm_eps:
-            of the trunk (:class:`VisionTransformer`; ViT-B/16 CLIP by default).
+        trunk: the trunk's shape, keyword arguments of :class:`VisionTransformer` (``patch_size``,
+            ``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio``, ``pre_norm``, ``act``, ``norm_eps``); what
+            is left out keeps ViT-B/16 in the CLIP layout. One mapping, the ``trunk:`` block of the config.
         pool: ``"cls"``, the class token (what UMI's encoder uses for a ViT: it
             ignores its ``feature_aggregation`` setting there); ``"attention"``,
             :class:`AttentionPool` over the patch tokens; ``"mean"``, their mean.
@@ -285,14 +287,7 @@ class ViTEncoder(nn.Module):
     def __init__(
         self,
         image_hw: Sequence[int] = (224, 224),
-        patch_size: int = 16,
-        embed_dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
-        mlp_ratio: float = 4.0,
-        pre_norm: bool = True,
-        act: str = "quick_gelu",
-        norm_eps: float = 1e-5,
+        trunk: Mapping[str, Any] | None = None,
         pool: str = "cls",
         feature_dim: int | None = None,
         pretrained_path: str | None = None,
@@ -300,9 +295,8 @@ class ViTEncoder(nn.Module):
         super().__init__()
         if pool not in ("cls", "attention", "mean"):
             raise ValueError(f"pool must be 'cls', 'attention' or 'mean', got {pool!r}")
-        self.trunk = VisionTransformer(
-            image_hw, patch_size, embed_dim, depth, num_heads, mlp_ratio, pre_norm, act, norm_eps
-        )
+        self.trunk = VisionTransformer(image_hw, **dict(trunk or {}))
+        embed_dim, num_heads = self.trunk.embed_dim, self.trunk.num_heads
         if pretrained_path is not None:
             self.trunk.load_pretrained(pretrained_path)
         self.pool = pool

@@ -3,11 +3,7 @@
 Sizes (issue 30), over ``dpflow_core``, ``dpflow_dagster`` and ``dpflow_pipes``: no module over 700 lines,
 whatever its docstring; no function over 150 lines or with more than 10 parameters; no private name
 imported from another dpflow module. A softer rule stays for the core: a module past 500 lines says why
-in its docstring ("over 500 lines because ...").
-
-Where another piece of issue 30 still has offenders, two tests share one rule: one fails on any offender
-not listed as pending (the list may only shrink), and a strict ``xfail`` one asks for no offender at all,
-so that it fails the moment the pending list is done: then its marker and the list go.
+in its docstring ("over 500 lines because ..."). Each rule is one test with no exemption list.
 """
 
 from __future__ import annotations
@@ -361,41 +357,14 @@ def _function_offenders(roots: list[Path]) -> dict[str, str]:
 
 _ROOTS = [REPO / pkg for pkg in PACKAGES]
 
-#: Modules over HARD_MODULE_LINES that another part of issue 30 is splitting: none left.
-PENDING_LONG_MODULES: set[str] = set()
-#: Private imports waiting for another part of issue 30: none left.
-PENDING_PRIVATE_IMPORTS: set[str] = set()
-#: Functions too long or too wide, each waiting for another part of issue 30.
-PENDING_FUNCTIONS = {
-    # one settings object per stage: the keyword arguments and the Typer options that map onto it
-    # the networks' constructors take Diffusion Policy's Hydra config keys one by one
-    "dpflow_core.train.policy:DiffusionUnetImagePolicy.__init__", "dpflow_core.train.vit:ViTEncoder.__init__",
-}
-
-
-def test_no_module_over_700_lines_but_the_pending_ones():
-    over = _modules_over(_ROOTS, HARD_MODULE_LINES)
-    assert [m for m in over if m.split(" ")[0] not in PENDING_LONG_MODULES] == []
-
-
 def test_no_module_over_700_lines():
     assert _modules_over(_ROOTS, HARD_MODULE_LINES) == []
-
-
-def test_no_private_name_imported_across_modules_but_the_pending_ones():
-    assert sorted(set(_private_imports(_ROOTS)) - PENDING_PRIVATE_IMPORTS) == []
 
 
 def test_no_private_name_imported_across_modules():
     assert _private_imports(_ROOTS) == []
 
 
-def test_no_long_or_wide_function_but_the_pending_ones():
-    offenders = _function_offenders(_ROOTS)
-    assert {k: v for k, v in offenders.items() if k not in PENDING_FUNCTIONS} == {}
-
-
-@pytest.mark.xfail(strict=True, reason=f"pending (issue 30): {sorted(PENDING_FUNCTIONS)}")
 def test_no_function_over_150_lines_or_10_parameters():
     assert _function_offenders(_ROOTS) == {}
 

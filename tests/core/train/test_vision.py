@@ -24,7 +24,7 @@ from tests.synthetic_dataset import write_synthetic_dataset
 
 # A tiny ViT in the CLIP layout: 32x32 images, 8x8 patches (a 4x4 grid), width 32, 2 blocks.
 D, DEPTH, HEADS, PATCH, GRID = 32, 2, 2, 8, 4
-TINY_VIT = dict(image_hw=(32, 32), patch_size=PATCH, embed_dim=D, depth=DEPTH, num_heads=HEADS)
+TINY_VIT = dict(image_hw=(32, 32), trunk=dict(patch_size=PATCH, embed_dim=D, depth=DEPTH, num_heads=HEADS))
 
 
 @pytest.fixture
@@ -199,7 +199,7 @@ def test_attention_and_mean_pooling_and_projection():
     with pytest.raises(ValueError, match="pool must be"):
         ViTEncoder(**TINY_VIT, pool="max")
     with pytest.raises(ValueError, match="not a multiple of patch_size=8"):
-        ViTEncoder(image_hw=(30, 32), patch_size=8, embed_dim=D, depth=1, num_heads=2)
+        ViTEncoder(image_hw=(30, 32), trunk=dict(patch_size=8, embed_dim=D, depth=1, num_heads=2))
 
 
 def test_resnet_pretrained_path_loads_its_own_state_dict(tmp_path):
@@ -324,7 +324,8 @@ def test_timm_umi_config_trains_through_the_trainer_entry_point(tmp_path):
         "--config-name=train_diffusion_unet_timm_umi", f"task.dataset_path={dataset}", f"hydra.run.dir={run}",
         "task.tx_cam_tcp=identity",
         "task.image_size=null", "task.val_ratio=0.25", "logging.mode=disabled",
-        f"{enc}patch_size={PATCH}", f"{enc}embed_dim={D}", f"{enc}depth={DEPTH}", f"{enc}num_heads={HEADS}",
+        f"{enc}trunk.patch_size={PATCH}", f"{enc}trunk.embed_dim={D}", f"{enc}trunk.depth={DEPTH}",
+        f"{enc}trunk.num_heads={HEADS}",
         f"{enc}pretrained_path={weights}",
         "policy.unet.down_dims=[16,32]", "policy.unet.kernel_size=3", "policy.unet.diffusion_step_embed_dim=16",
         "policy.num_inference_steps=2", "training.num_epochs=1", "training.max_train_steps=2",
