@@ -24,6 +24,12 @@ Method (a lag scan of a linear fit: a cross-correlation of vector signals of unk
   offset. The map between image and camera axes, the focal length and the scene depth are absorbed
   by the fit, so nothing about the camera need be known. The scan runs on a coarse grid over
   ``+-search_s``, then on a fine one around the best, refined by a parabola through the top three.
+- **does the camera belong to the poses** (:attr:`OffsetEstimate.fast_r2`): the same fit, both sides
+  high-passed (each less its centred mean over :attr:`OffsetOptions.fast_window_s`), best over
+  ``+-2 search_s``, beside the share of the high-passed image motion that stands above its frame-to-frame
+  noise (``fast_ceiling``, what an honest camera's fit can reach). Slow smooth motion fits any other slow
+  motion (two unrelated random-motion samples reach the honest pair's ``R^2``, 0.53 to 0.97); the fast part of
+  a hand's motion does not. :func:`dpflow_core.recordings.camera_pose.check_camera_pose` judges it.
 - **IMU**: gyro readings integrated (trapezoid) and differenced over the VIO pose intervals shifted
   by ``tau``, regressed the same way against the VIO rotation increments; any fixed IMU-to-camera
   rotation is absorbed by the fit.
@@ -82,6 +88,9 @@ class OffsetOptions:
         max_samples: at most this many pairs are tracked (every k-th beyond), bounding the cost.
         thumb_width: width (pixels) of the grey frames tracked.
         flag_threshold_s: an episode whose offset differs from the task's median by more is flagged.
+        fast_window_s: the high-pass window (s) of :attr:`OffsetEstimate.fast_r2` (0: not computed, as in
+            :func:`clock_skew`'s windows, and for frames tracked narrower than ``thumb_width``: at 32 px the
+            tracker's noise hides the fast motion, honest and swapped cameras alike).
         skew_windows, skew_min_window_s: :func:`clock_skew` measures the offset in this many windows of the
             episode, each at least this long (s), fewer when the episode is short (3 at least).
     """
@@ -100,6 +109,7 @@ class OffsetOptions:
     flag_threshold_s: float = 0.02
     skew_windows: int = 4
     skew_min_window_s: float = 2.4
+    fast_window_s: float = 0.5
 
 
 DEFAULT_OPTIONS = OffsetOptions()
@@ -123,6 +133,10 @@ class OffsetEstimate:
         at_search_limit: the best fit, or a candidate within ``min_contrast`` of it, lies at (or within
             one sample of) ``+-search_s``: the true offset may lie beyond the search, so nothing is
             measured and the episode is warned (``offset_at_search_limit``).
+        fast_r2, fast_ceiling, fast_rotation_rps: (camera only, None when not computed, see ``fast_window_s``) the best
+            ``R^2`` at any offset within ``+-2 search_s`` of the high-passed fit (module docstring); the share of the
+            high-passed image motion above its frame-to-frame noise, ``1 - var(diff) / (2 var)`` averaged over the four
+            features, in [0, 1]; and the RMS of the high-passed VIO angular speed, rad/s.
     """
 
     stream: str
@@ -135,6 +149,9 @@ class OffsetEstimate:
     samples: int = 0
     reason: str | None = None
     at_search_limit: bool = False
+    fast_r2: float | None = None
+    fast_ceiling: float | None = None
+    fast_rotation_rps: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, figures rounded (offsets to 0.1 ms)."""
@@ -155,13 +172,15 @@ class ImageMotion:
 
     Frames are numbered in the order :meth:`add` receives them (capture order). With more than
     ``options.max_samples`` pairs expected, only pairs ``(k, k + 1)`` with ``k`` a multiple of the
-    stride are tracked, so the cost per episode stays bounded. ``seconds`` is the time spent here.
+    stride are tracked, so the cost per episode stays bounded. ``seconds`` is the time spent here, ``width`` the
+    tracked frames' width (px).
     """
 
     def __init__(self, expected_frames: int, options: OffsetOptions = DEFAULT_OPTIONS):
         self.options = options
         self.stride = max(1, math.ceil((max(int(expected_frames), 2) - 1) / options.max_samples))
         self.seconds = 0.0
+        self.width = 0  # of the grey frames tracked, px
         self._k = 0
         self._prev: np.ndarray | None = None
         self._points: np.ndarray | None = None
@@ -181,6 +200,7 @@ class ImageMotion:
         grey = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
         while grey.shape[1] >= 2 * self.options.thumb_width:
             grey = cv2.pyrDown(grey)
+        self.width = grey.shape[1]
         if self._points is None:
             h, w = grey.shape
             xs, ys = np.meshgrid(np.linspace(4, w - 5, 7), np.linspace(4, h - 5, 7))
@@ -337,6 +357,32 @@ def _estimate(stream: str, target: np.ndarray, regressors, rotation_rms: float, 
     return OffsetEstimate(status="not_measurable", reason=reason, **figures)
 
 
+def _high_pass(x: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """``x`` less its centred moving mean over ``n`` samples along ``axis`` (fewer at the ends)."""
+    c = np.cumsum(np.concatenate([np.zeros_like(np.take(x, [0], axis=axis)), x], axis=axis), axis=axis)
+    i = np.arange(x.shape[axis])
+    lo, hi = np.clip(i - n // 2, 0, None), np.clip(i + n // 2 + 1, None, x.shape[axis])
+    shape = [-1 if k == axis else 1 for k in range(x.ndim)]
+    return x - (np.take(c, hi, axis=axis) - np.take(c, lo, axis=axis)) / (hi - lo).reshape(shape)
+
+
+def _fast_fit(est: OffsetEstimate, target: np.ndarray, regressors, a: np.ndarray, b: np.ndarray,
+              opts: OffsetOptions) -> OffsetEstimate:
+    """``est`` with its ``fast_*`` figures: the scan of :func:`_scan` over ``+-2 search_s`` on the target and the
+    regressors high-passed over ``fast_window_s``; ``a``, ``b`` (N,) the pairs' times (s). Tracking noise is white
+    from frame to frame, a hand's motion is not: the noise's variance is about half that of the differences."""
+    if opts.fast_window_s <= 0 or est.r2 is None:
+        return est
+    n = max(3, int(round(opts.fast_window_s / max(float(np.median(np.diff(a))), 1e-6))))
+    taus = np.arange(-2 * opts.search_s, 2 * opts.search_s + opts.coarse_step_s / 2, opts.coarse_step_s)
+    r2 = _scan(_high_pass(target, n, 0), lambda t: _high_pass(regressors(t), n, 1), taus)
+    image = _high_pass(target, n, 0)
+    above = 1 - np.var(np.diff(image, axis=0), axis=0) / np.maximum(2 * np.var(image, axis=0), 1e-30)
+    rot = _high_pass(regressors(np.zeros(1))[0, :, :3] / (b - a)[:, None], n, 0)
+    return replace(est, fast_r2=float(np.nanmax(r2)), fast_ceiling=float(np.mean(np.clip(above, 0.0, 1.0))),
+                   fast_rotation_rps=float(np.sqrt(np.mean(np.sum(rot**2, axis=1)))))
+
+
 def _rotation_rms(pose_s: np.ndarray, rot_cum: np.ndarray, lo: float, hi: float) -> float:
     """RMS angular speed (rad/s) of the pose intervals inside ``[lo, hi]``."""
     use = (pose_s[:-1] >= lo) & (pose_s[1:] <= hi)
@@ -394,7 +440,8 @@ def camera_offset(frame_ts_ns: np.ndarray, pairs: np.ndarray, features: np.ndarr
         return _interp_rows(b[None] - taus[:, None], pose_s, cum) - _interp_rows(a[None] - taus[:, None], pose_s, cum)
 
     rms = _rotation_rms(pose_s, cum[:, :3], float(a[0]), float(b[-1]))
-    return _estimate("camera", features[use], regressors, rms, opts, period)
+    est = _estimate("camera", features[use], regressors, rms, opts, period)
+    return _fast_fit(est, features[use], regressors, a, b, opts)
 
 
 def imu_offset(imu_ts_ns: np.ndarray, gyro_rps: np.ndarray, pose_ts_ns: np.ndarray, quat_xyzw: np.ndarray,
@@ -530,10 +577,11 @@ def measure_offsets(motion: ImageMotion, frame_ts_ns: np.ndarray, pose_ts_ns: np
         options: thresholds and grids.
     """
     pairs, features = motion.result()
-    cam = camera_offset(frame_ts_ns, pairs, features, pose_ts_ns, quat_xyzw, position_m, pose_ok, options).to_dict()
+    whole = options if motion.width >= options.thumb_width else replace(options, fast_window_s=0.0)
+    cam = camera_offset(frame_ts_ns, pairs, features, pose_ts_ns, quat_xyzw, position_m, pose_ok, whole).to_dict()
     frame_ts = np.asarray(frame_ts_ns, np.int64)
     # a window's offset is a fit over a stretch that may drift: grids twice as coarse halve the cost
-    win = replace(options, coarse_step_s=2 * options.coarse_step_s, fine_step_s=2 * options.fine_step_s)
+    win = replace(options, coarse_step_s=2 * options.coarse_step_s, fine_step_s=2 * options.fine_step_s, fast_window_s=0.0)
 
     def camera_in(ok: np.ndarray, a_ns: int, b_ns: int) -> OffsetEstimate:
         inside = (frame_ts[pairs[:, 0]] >= a_ns) & (frame_ts[pairs[:, 1]] <= b_ns) if len(pairs) else np.zeros(0, bool)

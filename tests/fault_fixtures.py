@@ -261,3 +261,44 @@ def add_camera(path: str | Path, new_topic: str, source: str = CAMERA) -> Path:
         writer.finish()
     os.replace(tmp, path)
     return path
+
+
+def reversed_streams(streams, reversed_units: list):
+    """The :class:`~dpflow_core.recordings.samples.EpisodeStreams` of a whole episode played backwards: every
+    stream's samples in reverse order, each stamp ``t`` becoming ``first + last - t`` over all streams (so the
+    stamps ascend and the streams keep their overlap); ``reversed_units`` the camera's frames re-encoded in reverse
+    order (an H.264 stream cannot be played backwards unit by unit). Ground truth: the gyro then turns against the
+    pose track, everything else is a consistent recording."""
+    import dataclasses
+
+    stamps = [streams.camera_ts_ns, streams.gripper_ts_ns, streams.imu_ts_ns, streams.pose_ts_ns]
+    total = min(int(t[0]) for t in stamps) + max(int(t[-1]) for t in stamps)
+    back = lambda t: (total - np.asarray(t, np.int64)[::-1]).astype(np.int64)  # noqa: E731
+    gyro, acc = streams.imu
+    return dataclasses.replace(
+        streams, camera_ts_ns=back(streams.camera_ts_ns), access_units=list(reversed_units),
+        gripper_ts_ns=back(streams.gripper_ts_ns), gripper_width_m=streams.gripper_width_m[::-1].copy(),
+        imu_ts_ns=back(streams.imu_ts_ns), imu=(gyro[::-1].copy(), acc[::-1].copy()), pose_ts_ns=back(streams.pose_ts_ns),
+        position_m=streams.position_m[::-1].copy(), quat_xyzw=streams.quat_xyzw[::-1].copy(),
+        pose_valid=streams.pose_valid[::-1].copy())
+
+
+def camera_of(streams, other):
+    """``streams`` (an :class:`~dpflow_core.recordings.samples.EpisodeStreams`) with the camera of ``other``, another
+    episode's, moved onto this one's clock (its first frame at this camera's first stamp) and cut to this pose
+    track's span: the camera stream of another recording, as a copy re-stamped or a hand-edited manifest gives it.
+    Every other stream, the IMU included, stays this episode's."""
+    import dataclasses
+
+    ts = np.asarray(other.camera_ts_ns, np.int64) - int(other.camera_ts_ns[0]) + int(streams.camera_ts_ns[0])
+    keep = ts <= int(streams.pose_ts_ns[-1])
+    return dataclasses.replace(streams, camera_ts_ns=ts[keep],
+                               access_units=[u for u, k in zip(other.access_units, keep) if k])
+
+
+def gyro_negated(streams):
+    """``streams`` with the IMU's gyro sign flipped (the accelerometer and everything else untouched)."""
+    import dataclasses
+
+    gyro, acc = streams.imu
+    return dataclasses.replace(streams, imu=(-gyro, acc))

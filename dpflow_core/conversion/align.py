@@ -57,7 +57,11 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: track sampled under half as often as the camera is refused (``pose_rate_low``), and a camera or IMU clock that
 #: runs fast or slow against the pose clock (``clock_skew``, each episode's drift in ``camera_clock_skew``), and
 #: positions mirrored in one world axis against the accelerometer (``pose_mirrored``).
-CONVERTER_VERSION = "11"
+#: 12: a gyro that fits the pose track only negated (a time-reversed episode, a flipped gyro sign) is refused
+#: (``imu_reversed``), and so is a camera whose fast image motion the pose explains at no offset (another recording's
+#: camera: ``camera_pose_mismatch``; ``camera_offset`` gains its ``fast_r2``, ``fast_ceiling`` and
+#: ``fast_rotation_rps``).
+CONVERTER_VERSION = "12"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
     "robot0_eef_pos",
@@ -288,8 +292,8 @@ def align_episode(
         usable &= (pose_t <= a) | (pose_t >= b)
     offsets = measure_offsets(cam.image_motion, cam_ns, pose_t, verdict.quat_xyzw, verdict.position_m, usable,
                               streams.imu_ts_ns, streams.gyro_rps)
-    skewed = _clock_skew_findings(path, offsets, clock.origin, int(pose_t[0]), settings.plausibility, findings)
-    plaus_info["findings"] = plaus_info.get("findings", []) + [f.to_dict() for f in skewed]
+    late = _offset_findings(path, offsets, clock.origin, pose_t, settings.plausibility, findings)
+    plaus_info["findings"] = plaus_info.get("findings", []) + [f.to_dict() for f in late]
     report = {
         "stem": stem,
         "path": str(path),
@@ -372,14 +376,17 @@ def _decode_camera_stream(path: Path, image_size: tuple[int, int] | None, topics
                    image_motion)
 
 
-def _clock_skew_findings(path: Path, offsets: dict, origin: int, pose_t0_ns: int, checks: Any, findings: list) -> list:
-    """``clock_skew`` findings of the offsets' drift; :class:`ConversionError` when the class's policy rejects."""
+def _offset_findings(path: Path, offsets: dict, origin: int, pose_ts_ns: np.ndarray, checks: Any, findings: list) -> list:
+    """The findings of the measured offsets, ``clock_skew`` (their drift) then ``camera_pose_mismatch`` (a camera
+    the pose explains at no offset); :class:`ConversionError` when one's policy rejects."""
     from dpflow_core.offsets import check_clock_skew
+    from dpflow_core.recordings.camera_pose import check_camera_pose
     from dpflow_core.recordings.plausibility import decide
 
-    skewed = check_clock_skew([offsets["camera_clock_skew"], offsets["imu_clock_skew"]], origin, pose_t0_ns, checks)
-    _refuse_rejected(path, decide(skewed), findings + skewed)
-    return skewed
+    late = check_clock_skew([offsets["camera_clock_skew"], offsets["imu_clock_skew"]], origin, int(pose_ts_ns[0]), checks)
+    late += check_camera_pose(offsets, origin, pose_ts_ns, checks)
+    _refuse_rejected(path, decide(late), findings + late)
+    return late
 
 
 def _refuse_rejected(path: Path, rejected: Any, findings: list) -> None:

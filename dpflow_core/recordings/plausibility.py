@@ -43,6 +43,9 @@ class (``code``)          rule                                            defaul
 ``pose_mirrored``         the positions' accelerations disagree with the  reject             reject, warn
                           accelerometer, one axis mirrored agrees
                           (:func:`~dpflow_core.recordings.orientation.check_translation`)
+``imu_reversed``          the gyro fits the pose only negated (reversed)  reject             reject, warn
+``camera_pose_mismatch``  the camera fits the pose at no offset (another  reject             reject, warn
+                          recording's: :mod:`.camera_pose`)
 ``imu_dead``              gyro or accelerometer constant over the         warn               warn, reject
                           episode while the pose moves or turns
 ``imu_out_of_range``      a sample beyond the sensor's range, or a        warn               warn, reject
@@ -59,8 +62,7 @@ run where messages are read in file order (:mod:`dpflow_core.recordings.inspecti
 run on capture-ordered samples at conversion (:func:`dpflow_core.conversion.align_episode`) and in
 the quality report (:mod:`dpflow_core.report`).
 
-Over 500 lines because the rules share their options, their finding and its policies, and read best as
-one table of physics.
+Over 500 lines because the rules share their options, finding and policies: one table of physics.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 #: Policies each class accepts; the first is its default.
 POLICIES: dict[str, tuple[str, ...]] = {
@@ -90,6 +93,8 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "clock_skew": ("reject", "warn"),
     "quaternion_convention": ("reject", "warn"),
     "pose_mirrored": ("reject", "warn"),
+    "imu_reversed": ("reject", "warn"),
+    "camera_pose_mismatch": ("reject", "warn"),
     "imu_dead": ("warn", "reject"),
     "imu_not_finite": ("warn", "reject"),
     "imu_disagrees": ("warn", "reject"),
@@ -146,6 +151,9 @@ class PlausibilityOptions:
         convention_min_residual, convention_ratio: the declared quaternion reading disagrees with the
             IMU when it leaves more than ``convention_min_residual`` of the IMU signal unexplained and
             ``convention_ratio`` times more than another reading does.
+        reversed_min_residual, reversed_ratio: ``imu_reversed``'s thresholds (measured in :mod:`.orientation`).
+        camera_fit_min_share, camera_fit_min_ceiling, camera_fit_min_rotation_rps: ``camera_pose_mismatch``'s
+            (shares of the fast ``R^2`` an honest camera reaches, rad/s; measured in :mod:`.camera_pose`).
         imu_gyro_range_rps: the IMU gyro's full scale, rad/s (2000 deg/s, the usual MEMS setting).
         imu_accel_range_mps2: the accelerometer's full scale, m/s^2 (16 g).
         imu_gravity_mps2: (low, high) median specific-force magnitude of a handheld device, m/s^2:
@@ -177,6 +185,11 @@ class PlausibilityOptions:
     convention_ratio: float = 10.0
     mirror_min_residual: float = 1e-4
     mirror_ratio: float = 5.0
+    reversed_min_residual: float = 5e-4
+    reversed_ratio: float = 3.0
+    camera_fit_min_share: float = 0.8
+    camera_fit_min_ceiling: float = 0.3
+    camera_fit_min_rotation_rps: float = 0.06
     imu_gyro_range_rps: float = 34.9
     imu_accel_range_mps2: float = 156.9
     imu_gravity_mps2: tuple[float, float] = (7.0, 13.0)
@@ -388,15 +401,14 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
             findings.append(f)
 
     # Acceleration away from the jumps (a jump is one finding, not three).
-    if m >= 3:
-        v = np.diff(pos, axis=0) / (dt[:, None] / 1e9)
-        acc = np.linalg.norm(np.diff(v, axis=0), axis=1) / ((dt[:-1] + dt[1:]) / 2e9)
-        over = [i for i in np.flatnonzero(acc > opts.max_accel_mps2) if i not in jumps and i + 1 not in jumps]
-        if over:
-            k = max(over, key=lambda i: acc[i])
-            findings.append(new_finding(opts, "pose_acceleration", "pose", rel(ts[over[0] + 1]), rel(ts[over[-1] + 1]),
-                                     acc[k], opts.max_accel_mps2, "m/s^2", samples=len(over),
-                                     at_max_s=round(rel(ts[k + 1]), 4)))
+    v = np.diff(pos, axis=0) / (dt[:, None] / 1e9)
+    acc = np.linalg.norm(np.diff(v, axis=0), axis=1) / ((dt[:-1] + dt[1:]) / 2e9)
+    over = [i for i in np.flatnonzero(acc > opts.max_accel_mps2) if i not in jumps and i + 1 not in jumps]
+    if over:
+        k = max(over, key=lambda i: acc[i])
+        findings.append(new_finding(opts, "pose_acceleration", "pose", rel(ts[over[0] + 1]), rel(ts[over[-1] + 1]),
+                                 acc[k], opts.max_accel_mps2, "m/s^2", samples=len(over),
+                                 at_max_s=round(rel(ts[k + 1]), 4)))
 
     # Frozen VIO: bit-constant pose for frozen_min_s while the camera image moves.
     still = (np.max(np.abs(np.diff(pos, axis=0)), axis=1) <= opts.frozen_eps) & \
@@ -435,8 +447,6 @@ def _still_camera(ts: np.ndarray, pos: np.ndarray, quat: np.ndarray, t0_ns: int,
     (the median change of 5 frames below ``still_motion``) while the pose moves ``moving_m`` or turns
     ``moving_rad`` from where the stretch began (``vio_drift``), and a whole episode still in both
     (``episode_still``: nothing was demonstrated). Returns the findings and the spans to drop."""
-    from numpy.lib.stride_tricks import sliding_window_view
-
     rel = lambda ns: (int(ns) - t0_ns) / 1e9  # noqa: E731
     smooth = np.median(sliding_window_view(np.pad(motion[1:], 2, mode="edge"), 5), axis=1)
     still = np.concatenate([[smooth[0] < opts.still_motion], smooth < opts.still_motion])
@@ -652,8 +662,6 @@ def check_clock(ts_ns: np.ndarray, log_ns: np.ndarray, t0_ns: int, stream: str,
         return []
     order = np.argsort(lt, kind="stable")
     off = (t[order] - lt[order]).astype(np.float64) / 1e9
-    from numpy.lib.stride_tricks import sliding_window_view
-
     med = np.median(sliding_window_view(off, window), axis=1)  # med[j]: messages j .. j+window-1
     before, after = med[: n - 2 * window + 1], med[window:]
     change = after - before  # at boundary i = j + window (first message after the step)

@@ -22,6 +22,7 @@ from dpflow_core.names import validate_name
 from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, check_clock_skew, measure_offsets, task_offsets
 from dpflow_core.pairing.manifest import pairing_warnings, read_manifest_json
 from dpflow_core.recordings import EpisodeStreams, read_streams
+from dpflow_core.recordings.camera_pose import check_camera_pose
 from dpflow_core.recordings.orientation import check_orientation, check_translation
 from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_imu, check_pose
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -463,6 +464,7 @@ def episode_quality(
                                       streams.accel_mps2, t0, PlausibilityOptions().validate())
         pose_t0 = int(streams.pose_ts_ns[0]) if len(streams.pose_ts_ns) else t0
         findings += check_clock_skew([offsets["camera_clock_skew"], offsets["imu_clock_skew"]], t0, pose_t0)
+        findings += check_camera_pose(offsets, t0, streams.pose_ts_ns)
         found = invalid_findings(q.pose_gaps) + [f.to_dict() for f in findings] + damage_findings(damaged, t0) + [
             {**w, "action": "warned"} for w in pairing_warnings(entry) if w["code"] in PAIRING_FINDINGS]
         episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(found),

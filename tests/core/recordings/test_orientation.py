@@ -37,7 +37,7 @@ def test_a_consistent_imu_agrees_with_the_declared_reading(tmp_path, seed, extri
     res = _residuals(ep.vio_mcap)
     assert res["gyro"][DECLARED] < 0.005 and res["gyro"][CONJ] > 10 * res["gyro"][DECLARED], res
     a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
-    assert not [f for f in a.report["plausibility"]["findings"] if f["code"] == "quaternion_convention"]
+    assert not [f for f in a.report["plausibility"]["findings"] if f["code"] in ("quaternion_convention", "imu_reversed")]
 
 
 @pytest.mark.parametrize("seed,extrinsic,reading,fits", [
@@ -75,7 +75,8 @@ def test_a_noise_only_imu_says_nothing(tmp_path, seed):
     quaternion_convention nor imu_disagrees (its gravity leaves 0.04-0.13 unexplained; its gyro has no rotation)."""
     ep = samples.write_episode(tmp_path, "noise", SPEC, seed=seed)
     a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
-    assert not [f for f in a.report["plausibility"]["findings"] if f["code"] in ("quaternion_convention", "imu_disagrees")]
+    assert not [f for f in a.report["plausibility"]["findings"]
+                if f["code"] in ("quaternion_convention", "imu_disagrees", "imu_reversed")]
 
 
 def _imu_edit(path, edit):
@@ -108,31 +109,55 @@ def test_nan_imu_samples_are_named_and_left_out_not_a_crash(tmp_path, seed, firs
     assert a.report["imu_offset"]["status"] != "error" if "imu_offset" in a.report else True
 
 
-@pytest.mark.parametrize("seed", [9, 10])
-def test_a_flipped_gyro_is_never_blamed_on_the_poses_alone(tmp_path, seed):
-    """A gyro whose sign is flipped (the poses right): on these gently turning tracks no pose reading explains
-    it, so it is imu_disagrees (warned, naming the IMU first); where the conjugate reading fits instead, the
-    check cannot tell the two apart and quaternion_convention's reason names both."""
-    ep = _episode(tmp_path, f"flip{seed}", seed, (0.0, 0.0, 0.0))
+def _flip_gyro(_topic, _k, msg):
+    msg.angular_velocity.x, msg.angular_velocity.y, msg.angular_velocity.z = (
+        -msg.angular_velocity.x, -msg.angular_velocity.y, -msg.angular_velocity.z)
 
-    def flip(_topic, _k, msg):
-        msg.angular_velocity.x, msg.angular_velocity.y, msg.angular_velocity.z = (
-            -msg.angular_velocity.x, -msg.angular_velocity.y, -msg.angular_velocity.z)
 
-    _imu_edit(ep.vio_mcap, flip)
-    try:
-        a = align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
-    except ConversionError as err:
-        assert err.code == "quaternion_convention" and CONJ in str(err)
-        assert "an IMU with a flipped gyro sign or mirrored axes (two swapped) looks the same" in str(err)
-        return
-    (f,) = [f for f in a.report["plausibility"]["findings"] if f["code"] == "imu_disagrees"]
-    assert f["action"] == "warned" and f["value"] > 0.1 and "the IMU's axes, signs or units may be wrong" in f["detail"]["why"]
-    # rejected when asked
+REVERSED_WHY = "the gyro turns against the pose track: the episode may be time-reversed, or the gyro's sign flipped"
+
+
+@pytest.mark.parametrize("seed,extrinsic", [(9, (0.0, 0.0, 0.0)), (10, (0.0, 0.0, 0.0)), (12, (0.3, -1.2, 2.0))])
+def test_a_flipped_gyro_is_imu_reversed_never_blamed_on_the_poses(tmp_path, seed, extrinsic):
+    """A gyro whose sign is flipped (the poses right) fits the track only negated: no proper rotation maps it, so
+    before it was at most imu_disagrees (warned) or, where the conjugate reading fitted, quaternion_convention. The
+    negated gyro fits the declared reading at the noise level (the declared one leaves 440 to 65,000 times more on
+    these tracks): imu_reversed, rejected, naming the negated gyro's residual."""
+    ep = _episode(tmp_path, f"flip{seed}", seed, extrinsic)
+    _imu_edit(ep.vio_mcap, _flip_gyro)
     with pytest.raises(ConversionError) as err:
-        align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36),
-                                                      plausibility=PlausibilityOptions(policies={"imu_disagrees": "reject"})))
-    assert err.value.code == "imu_disagrees"
+        align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
+    assert err.value.code == "imu_reversed" and REVERSED_WHY in str(err.value), str(err.value)
+    assert "the negated gyro leaves" in str(err.value) and err.value.path == str(ep.vio_mcap)
+    warned = align_episode(ep.vio_mcap, ConversionSettings(
+        image_size=(48, 36), plausibility=PlausibilityOptions(policies={"imu_reversed": "warn"})))
+    (f,) = [f for f in warned.report["plausibility"]["findings"] if f["code"] == "imu_reversed"]
+    assert f["action"] == "warned" and f["value"] > 0.001 and f["detail"]["negated_gyro_residual"] < 0.001, f
+
+
+@pytest.mark.parametrize("seed", [13, 14])
+def test_a_pose_track_and_imu_played_backwards_are_imu_reversed(tmp_path, seed):
+    """The pose and IMU messages' contents in reverse order (stamps ascending, as a recording played backwards
+    writes them): the hand's accelerations read the same backwards, its turning does not."""
+    from fault_fixtures import IMU, POSE, edit_messages
+
+    ep = _episode(tmp_path, f"back{seed}", seed, (0.0, 0.0, 0.0))
+    s = read_streams(ep.vio_mcap)
+    gyro, acc, pos, quat = s.gyro_rps[::-1], s.accel_mps2[::-1], s.position_m[::-1], s.quat_xyzw[::-1]
+
+    def backwards(topic, k, msg):
+        if topic == IMU:
+            msg.angular_velocity.x, msg.angular_velocity.y, msg.angular_velocity.z = (float(v) for v in gyro[k])
+            msg.linear_acceleration.x, msg.linear_acceleration.y, msg.linear_acceleration.z = (float(v) for v in acc[k])
+        else:
+            msg.pose.position.x, msg.pose.position.y, msg.pose.position.z = (float(v) for v in pos[k])
+            o = msg.pose.orientation
+            o.x, o.y, o.z, o.w = (float(v) for v in quat[k])
+
+    edit_messages(ep.vio_mcap, (IMU, POSE), backwards)
+    with pytest.raises(ConversionError) as err:
+        align_episode(ep.vio_mcap, ConversionSettings(image_size=(48, 36)))
+    assert err.value.code == "imu_reversed" and REVERSED_WHY in str(err.value), str(err.value)
 
 
 def test_a_conjugated_track_names_both_explanations(tmp_path):
