@@ -26,7 +26,7 @@ from dpflow_core.conversion.inputs import (
 from dpflow_core.conversion.install import backup_name, install_output, remove_stale, write_json_atomic
 from dpflow_core.conversion.jobs import FrameStreamer, align_all, alignment_job
 from dpflow_core.conversion.metadata import dataset_metadata
-from dpflow_core.conversion.rates import apply_rate_policy, group_path, subset_manifest
+from dpflow_core.conversion.rates import apply_rate_policy, group_path, subset_inputs
 from dpflow_core.conversion.settings import ConversionSettings, check_image_size
 from dpflow_core.episode_cache import EpisodeCache, resolve_cache
 from dpflow_core.errors import ConversionError, DatasetError, storage_error
@@ -380,7 +380,7 @@ class _Conversion:
                                                     self.frames_out, self.work)
             rejected.extend(off_rate)
             for hz, stems in aside:  # before the main dataset: its metadata names what they became
-                g = convert(subset_manifest(self.inputs, stems), group_path(self.out, hz),
+                g = convert(subset_inputs(self.inputs, stems), group_path(self.out, hz),
                             dataclasses.replace(self.settings, rate_policy="reject"), **self.run,
                             cache=self.episode_cache if self.episode_cache is not None else False)
                 rate_group_info.append({"frequency_hz": g.frequency_hz, "path": str(g.path), "sha256": g.sha256,

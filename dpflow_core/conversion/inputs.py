@@ -8,7 +8,6 @@ an output.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -22,7 +21,7 @@ from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.files import display_name
 from dpflow_core.names import validate_name
 from dpflow_core.pairing import load_manifest, pair_recordings
-from dpflow_core.pairing.manifest import pairing_warnings
+from dpflow_core.pairing.manifest import Manifest, manifest_from_dict, pairing_warnings
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -75,29 +74,27 @@ class ConversionInputs:
     topics: dict | None = None
 
 
-def _manifest_as_dict(obj: Any) -> dict:
-    if isinstance(obj, dict):
-        return obj
-    for attr in ("to_dict", "as_dict", "model_dump"):
-        if callable(getattr(obj, attr, None)):
-            return getattr(obj, attr)()
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    raise ConversionError(f"not a manifest: {type(obj).__name__}", code="bad_manifest")
-
-
-def _load_one(item: Any) -> tuple[dict, str]:
-    """A manifest dict from a Manifest object, dict, manifest JSON path or task folder."""
+def _load_one(item: Any) -> tuple[Manifest, str]:
+    """The typed :class:`~dpflow_core.pairing.Manifest` of one input, and where it came from: a ``Manifest``
+    as it is, a manifest dict checked field by field (:func:`~dpflow_core.pairing.manifest_from_dict`), a
+    manifest JSON path read once (:func:`~dpflow_core.pairing.load_manifest`), or a task folder paired now."""
+    if isinstance(item, Manifest):
+        return item, "<in memory>"
+    if isinstance(item, dict):
+        try:
+            return manifest_from_dict(item, "<in memory>"), "<in memory>"
+        except DpflowError as exc:  # a hand-made dict: the same check as a file's, named as conversion's input
+            raise ConversionError(display_name(exc.reason), code="bad_manifest") from exc
     if isinstance(item, (str, os.PathLike)):
         path = Path(item)
         if path.is_dir():
-            return _manifest_as_dict(pair_recordings(path)), str(path)
+            return pair_recordings(path), str(path)
         if not path.exists():
             raise ConversionError("no such file or folder (expected a pairing manifest or a task folder)", path, code="bad_manifest")
         if not path.is_file():
             raise ConversionError("input is neither a manifest file nor a task folder", path, code="bad_manifest")
-        return _manifest_as_dict(load_manifest(path)), str(path)
-    return _manifest_as_dict(item), "<in memory>"
+        return load_manifest(path), str(path)
+    raise ConversionError(f"not a manifest: {type(item).__name__}", code="bad_manifest")
 
 
 def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
@@ -108,17 +105,21 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
             dict (``{"manifest_version": 1, "root", "task", "accepted": [...],
             "rejected": [...]}``), a manifest JSON path, a task folder (paired on
             the fly), or a list of these, or the :class:`ConversionInputs` gathered already (returned as it
-            is). Only ``accepted`` entries are converted;
-            relative file paths are resolved against the manifest's ``root``.
-
-    Raises:
-        ConversionError: an input is missing or not a manifest, an accepted entry
-            lacks ``files.vio_mcap.path``, or a stem appears twice (``bad_manifest``).
+            is). Each becomes the typed :class:`~dpflow_core.pairing.Manifest` (a dict or a file is checked
+            field by field, as :func:`~dpflow_core.pairing.load_manifest` does, and a file is read once).
+            Only ``accepted`` entries are converted; relative file paths are resolved against the manifest's
+            ``root``.
 
     An accepted entry whose ``_vio.mcap`` SHA-256 or camera payload hash
     (``validation.camera_payload_sha256``) equals an earlier entry's, in any of the manifests,
     is moved to ``rejected`` as ``duplicate_episode`` naming the first one and its manifest.
-        PairingError: pairing a task folder or loading a manifest failed.
+
+    Raises:
+        ConversionError: an input is missing or not a manifest, an accepted stem is not a safe name, or a
+            stem appears twice (``bad_manifest``).
+            A manifest dict with a field missing or of the wrong type is ``bad_manifest`` too, naming the field.
+        PairingError: pairing a task folder failed, or a manifest file is malformed (``bad_manifest``, naming
+            the file and the field).
     """
     if isinstance(manifest_or_paths, ConversionInputs):  # gathered already: the manifests are not read again
         return manifest_or_paths
@@ -135,20 +136,15 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
     topics = None
     for item in items:
         m, source = _load_one(item)
-        if not isinstance(m, dict) or "accepted" not in m:
-            raise ConversionError("manifest has no 'accepted' list", source, code="bad_manifest")
         sources.append(source)
-        root = m.get("root")
+        root = str(m.root) if m.root else None
         root0 = root0 or root
-        topics = topics or (m.get("topics") if isinstance(m.get("topics"), dict) else None)
-        if m.get("task"):
-            tasks.add(m["task"])
-        for entry in m.get("accepted") or []:
-            stem = entry.get("stem") if isinstance(entry, dict) else None
-            vio = ((entry.get("files") or {}).get("vio_mcap") or {}) if isinstance(entry, dict) else {}
-            if not stem or not vio.get("path"):
-                raise ConversionError(f"accepted entry {entry!r} lacks stem or files.vio_mcap.path", source, code="bad_manifest")
-            try:  # a dict or Manifest never went through load_manifest's check: the same rule here
+        topics = topics or (m.topics if isinstance(m.topics, dict) else None)
+        if m.task:
+            tasks.add(m.task)
+        for entry in m.accepted:
+            stem = entry.stem
+            try:  # a Manifest built in code never went through manifest_from_dict's check: the same rule here
                 validate_name(stem, "stem")
             except DpflowError as exc:
                 raise ConversionError(f"accepted entry '{display_name(stem)}': {display_name(exc.reason)}", source,
@@ -156,11 +152,12 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
             if stem in seen:
                 raise ConversionError(f"stem {stem!r} appears in {seen[stem]} and {source}", source, code="bad_manifest")
             seen[stem] = source
-            p = Path(vio["path"])
+            vio = entry.files["vio_mcap"]
+            p = Path(vio.path)
             if not p.is_absolute() and root:
                 p = Path(root) / p
-            hashes = [(f"SHA-256 {vio['sha256'][:12]}...", "file:" + vio["sha256"])] if vio.get("sha256") else []
-            cam = (entry.get("validation") or {}).get("camera_payload_sha256") if isinstance(entry.get("validation"), dict) else None
+            hashes = [(f"SHA-256 {vio.sha256[:12]}...", "file:" + vio.sha256)] if vio.sha256 else []
+            cam = entry.validation.get("camera_payload_sha256")
             if cam:
                 hashes.append((f"camera payload SHA-256 {cam[:12]}...", "camera:" + cam))
             original = next(((what, by_content[h]) for what, h in hashes if h in by_content), None)
@@ -172,13 +169,13 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
                 continue
             for _what, h in hashes:
                 by_content[h] = (stem, source)
-            validation = entry.get("validation")
-            curation = validation.get("curation") if isinstance(validation, dict) else None
-            episodes.append(EpisodeInput(stem, p, vio.get("size_bytes"), vio.get("sha256"), dict(entry.get("files") or {}),
-                                         tuple(pairing_warnings(entry)), curation if isinstance(curation, dict) else None))
-        for r in m.get("rejected") or []:
-            rejected.append({"stem": r.get("stem"), "stage": "pairing", "path": r.get("path"),
-                             "code": r.get("code"), "reason": r.get("reason")})
+            curation = entry.validation.get("curation")
+            episodes.append(EpisodeInput(stem, p, vio.size_bytes, vio.sha256,
+                                         {role: f.to_dict() for role, f in entry.files.items()},
+                                         tuple(pairing_warnings(entry)),
+                                         curation if isinstance(curation, dict) else None))
+        for r in m.rejected:
+            rejected.append({"stem": r.stem, "stage": "pairing", "path": r.path, "code": r.code, "reason": r.reason})
     return ConversionInputs(episodes, rejected, sources, tasks.pop() if len(tasks) == 1 else None, root0, topics)
 
 

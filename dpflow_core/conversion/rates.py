@@ -20,6 +20,7 @@ An episode outside that group is, by ``rate_policy``:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -156,14 +157,12 @@ def resample_part(part: dict, rate_hz: float, writer, out_dir: Path, tag: tuple)
     return {**part, "n": len(grid), "files": new_files, "ranges": ranges, "report": report, "tags": tags}
 
 
-def subset_manifest(inputs, stems: Sequence[str]) -> dict:
-    """A pairing manifest (dict) accepting only ``stems`` of ``inputs``, absolute paths, with the same ``topics``,
-    for a rate group's own dataset."""
+def subset_inputs(inputs, stems: Sequence[str]):
+    """The :class:`~dpflow_core.conversion.inputs.ConversionInputs` of only ``stems`` of ``inputs`` (the same
+    manifests, task, root and topics; nothing rejected), for a rate group's own dataset: gathered already, so
+    the group's conversion reads no manifest again."""
     wanted = set(stems)
-    accepted = [{"stem": e.stem, "files": {**e.files, "vio_mcap": {**(e.files.get("vio_mcap") or {}), "path": str(e.vio_mcap)}}}
-                for e in inputs.episodes if e.stem in wanted]
-    return {"manifest_version": 1, "root": None, "task": inputs.task, "topics": inputs.topics, "accepted": accepted,
-            "rejected": []}
+    return replace(inputs, episodes=[e for e in inputs.episodes if e.stem in wanted], rejected=[])
 
 
 def apply_rate_policy(ok: list[tuple[int, dict]], policy: str, tolerance: float, writer, work: Path

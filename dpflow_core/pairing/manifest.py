@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dpflow_core.errors import InvalidNameError, PairingError
-from dpflow_core.files import os_errors_named, remove_stale_temporaries, write_text_atomic
+from dpflow_core.files import display_name, os_errors_named, remove_stale_temporaries, write_text_atomic
 from dpflow_core.names import validate_name
 from dpflow_core.recordings.topics import TopicMap
 from dpflow_core.results import StageResult
@@ -176,8 +176,10 @@ def topic_map_from_dict(data: dict) -> TopicMap:
 def pairing_warnings(entry: Any) -> list[dict]:
     """The faults pairing tolerated in one accepted manifest entry (``validation.warnings`` of both files,
     e.g. ``duplicate_timestamps``, ``late_start``, ``timestamp_units`` of an optional stream), each
-    ``{"code", "reason", "stage": "pairing"}``, for a dataset's ``warnings``; [] for an entry without them."""
-    validation = entry.get("validation") if isinstance(entry, dict) else None
+    ``{"code", "reason", "stage": "pairing"}``, for a dataset's ``warnings``; [] for an entry without them.
+    ``entry``: an :class:`AcceptedEpisode` or its dict."""
+    validation = entry.validation if isinstance(entry, AcceptedEpisode) else (
+        entry.get("validation") if isinstance(entry, dict) else None)
     found = validation.get("warnings") if isinstance(validation, dict) else None
     return [{"code": str(w.get("code")), "reason": str(w.get("reason")), "stage": "pairing"}
             for w in (found if isinstance(found, list) else []) if isinstance(w, dict) and w.get("code")]
@@ -244,7 +246,8 @@ def manifest_from_dict(data: Any, path: str | Path = "<manifest>") -> Manifest:
             # stems from: a hand-edited '../../x' never reaches a file path.
             validate_name(stem, "stem")
         except InvalidNameError as exc:
-            raise PairingError(f"malformed manifest: {where}: {exc.reason}", path, code="bad_manifest") from exc
+            raise PairingError(f"malformed manifest: {where} '{display_name(stem)}': {exc.reason}", path,
+                               code="bad_manifest") from exc
         files_in = _need(item, "files", dict, where, path)
         files = {}
         for role in ROLES:

@@ -340,11 +340,12 @@ def test_norm_stats_failure_names_the_output_not_a_temporary_file(two_episodes, 
     _, d0, _ = two_episodes
     m = pair_recordings(d0).to_dict()
     first = m["accepted"][0]
-    # the same file twice, the second entry with no content hash (else it is a rejected duplicate)
-    files = dict(first["files"], vio_mcap={k: v for k, v in first["files"]["vio_mcap"].items() if k != "sha256"})
+    # the same file twice, the second entry under another recorded hash (else it is a rejected duplicate),
+    # which is not verified
+    files = dict(first["files"], vio_mcap=dict(first["files"]["vio_mcap"], sha256="f" * 64))
     twice = dict(m, accepted=[first, dict(first, stem="again", files=files, validation={})])
     with pytest.raises(DatasetError) as err:  # start/end poses constant over 2 episodes
-        convert(twice, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1)
+        convert(twice, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE), workers=1, verify_sha256=False)
     assert err.value.path == str(tmp_path / "dataset.npz")
     assert ".partial" not in str(err.value) and "(pick_place_0000, again)" in err.value.reason
     assert "dataset.npz was not written" in err.value.reason

@@ -255,7 +255,7 @@ def test_an_episode_rejected_after_its_frames_were_written_is_cut_out(converted,
 def test_all_rejected_manifest(tmp_path):
     rejected = [{"stem": f"s{k}", "path": f"/x/s{k}.mcap", "code": "vio_failed", "reason": "VIO status is 'failed'"}
                 for k in range(3)]
-    m = {"manifest_version": 1, "root": str(tmp_path), "task": "t", "accepted": [], "rejected": rejected}
+    m = manifest_for([], tmp_path, task="t", rejected=rejected)
     with pytest.raises(ConversionError) as err:
         convert(m, tmp_path / "dataset.npz", ConversionSettings(image_size=SIZE))
     assert err.value.code == "no_valid_episodes"

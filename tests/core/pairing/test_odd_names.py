@@ -54,7 +54,14 @@ def test_report_and_convert_of_a_manifest_that_accepts_it(task, tmp_path):
     html = (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
     assert "take\\xff\\xfe2" in html and [e.stem for e in result.episodes] == ["take1"]
     assert json.loads((tmp_path / "report" / "quality.json").read_text(encoding="utf-8"))["rejected"][0]["code"] == "invalid_stem"
+    def entry(stem: bytes) -> dict:  # every field a manifest needs, so that the stem is what is refused
+        files = {role: {"path": os.fsdecode(stem + suffix), "size_bytes": 1, "sha256": "0" * 64}
+                 for role, suffix in (("raw_mcap", b".mcap"), ("vio_mcap", b"_vio.mcap"), ("vio_json", b"_vio.json"))}
+        return {"stem": os.fsdecode(stem), "files": files, "vio_status": {"status": "success"}, "validation": {}}
+
+    full = {"manifest_version": 1, "root": str(task), "task": "pick", "created_at": "2026-01-01T00:00:00+00:00",
+            "topics": {}, "accepted": [entry(b"take1"), entry(BAD)], "rejected": []}
     with pytest.raises(ConversionError) as err:
-        convert(manifest, tmp_path / "ds" / "dataset.npz", ConversionSettings(image_size=(32, 24)), cache=False)
+        convert(full, tmp_path / "ds" / "dataset.npz", ConversionSettings(image_size=(32, 24)), cache=False)
     assert err.value.code == "bad_manifest" and "take\\xff\\xfe2" in err.value.reason and "invalid stem" in err.value.reason
     assert not (tmp_path / "ds").exists()
