@@ -96,6 +96,8 @@ def main() -> int:
     ap.add_argument("--rollouts", type=int, default=200)
     ap.add_argument("--train-overrides", nargs="*", default=[])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--flags-only", action="store_true",
+                    help="Stop after the flags against the truth (record, pair, curate): no conversion or training.")
     args = ap.parse_args()
 
     from dpflow_core.conversion import ConversionSettings, convert
@@ -123,6 +125,9 @@ def main() -> int:
     oracle = curate(manifest, out / "curation_oracle", labels=labels, overwrite=True)
     times["curate_s"] = time.perf_counter() - t
     flags = flag_figures(auto.episodes, truth)
+    if args.flags_only:
+        print(json.dumps({"flags": flags, "kept": {"dpflow": auto.kept, "oracle": oracle.kept}, "times_s": times}, indent=2))
+        return 0
 
     t = time.perf_counter()
     sources = {"all": manifest, "dpflow": auto.manifest_path, "oracle": oracle.manifest_path}
