@@ -22,10 +22,11 @@ def _settings(pairs: list[str]):
         name, sep, value = pair.partition("=")
         if not sep or name not in fields:
             raise typer.BadParameter(f"--set {pair!r}: expected NAME=VALUE with NAME one of {sorted(fields)}")
+        whole = fields[name] in ("int", int)
         try:
-            values[name] = float(value)
+            values[name] = int(value) if whole else float(value)
         except ValueError:
-            raise typer.BadParameter(f"--set {pair!r}: {value!r} is not a number") from None
+            raise typer.BadParameter(f"--set {pair!r}: {value!r} is not a {'whole ' if whole else ''}number") from None
     try:
         return CurationSettings(**values).validate()
     except ValueError as exc:
@@ -38,7 +39,7 @@ def curate_cmd(
     output: Path = typer.Option(..., "--output", "-o", help="Curation folder: curation.json, trimmed/, manifests/."),
     labels: Optional[Path] = typer.Option(None, "--labels", help='Labels JSON {"<stem>": "keep"|"drop"|{decision, note, by}}: they overrule dpflow.'),
     set_: list[str] = typer.Option([], "--set", help="A check's limit, NAME=VALUE (CurationSettings field), repeatable."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier curation in the output folder."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier curation in the output folder (its trimmed copies the new one does not use are deleted)."),
     as_json: bool = typer.Option(False, "--json", help="Print the curation report as JSON."),
 ) -> None:
     """Score every accepted episode, flag suspects with reasons, trim idle stretches and write a curated manifest

@@ -4,8 +4,9 @@
 (:mod:`~dpflow_core.curation.score`), decides keep, trim or drop, lets a labels file
 overrule any decision, and writes two things into its output folder:
 
-- ``curation.json``: per episode its figures, flags with reasons, score, decision and who
-  made it (``auto`` or ``label``), the label's note, and each cut;
+- ``curation.json``: per episode its figures, flags with reasons, score and every check's
+  ratio (near misses included), decision and who made it (``auto`` or ``label``), the label's
+  note, and each cut; and the warnings of checks that could not judge (too few episodes);
 - a curated pairing manifest (``manifests/<task>-<12 hex>.json``, through
   :func:`dpflow_core.pairing.save_manifest`): the kept episodes, each with
   ``validation["curation"]`` (decision, decided_by, flags, trim provenance), and the
@@ -174,7 +175,9 @@ def kept_spans(cuts: list[dict], duration_s: float) -> list[list[float]]:
 @dataclass
 class CurationResult:
     """What :func:`curate` wrote: ``report_path`` (``curation.json``), ``manifest_path`` (the curated
-    manifest), counts ``kept``, ``trimmed``, ``dropped``, and ``episodes`` (the report's entries)."""
+    manifest), counts ``kept``, ``trimmed``, ``dropped``, ``episodes`` (the report's entries),
+    ``warnings`` (checks that could not judge, :class:`~dpflow_core.curation.score.Scores`) and
+    ``removed`` (an earlier curation's trimmed copies deleted with ``overwrite``)."""
 
     report_path: Path
     manifest_path: Path
@@ -182,14 +185,19 @@ class CurationResult:
     trimmed: int
     dropped: int
     episodes: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    removed: list[Path] = field(default_factory=list)
 
     def table(self) -> str:
-        """One line per flagged or labelled episode: stem, decision (by), reasons."""
-        lines = [f"{'stem':<28} {'decision':<14} reasons"]
+        """One line per flagged or labelled episode: stem, score, decision (by), reasons; then the
+        warnings, the stale trimmed copies removed, and the counts."""
+        lines = [f"{'stem':<28} {'score':>5} {'decision':<14} reasons"]
         for e in self.episodes:
             if e["flags"] or e["decided_by"] != "auto":
                 why = "; ".join(f["reason"] for f in e["flags"]) or "-"
-                lines.append(f"{e['stem']:<28} {e['decision'] + ' (' + e['decided_by'] + ')':<14} {why}")
+                lines.append(f"{e['stem']:<28} {e['score']:>5.2f} {e['decision'] + ' (' + e['decided_by'] + ')':<14} {why}")
+        lines += [f"warning: {w}" for w in self.warnings]
+        lines += [f"removed {p} (an earlier curation's trimmed copy, unused now)" for p in self.removed]
         lines.append(f"kept {self.kept} (trimmed {self.trimmed}), dropped {self.dropped}")
         return "\n".join(lines)
 
@@ -203,7 +211,9 @@ def curate(manifest: str | Path | Manifest, out_dir: str | Path, settings: Curat
         out_dir: the curation's folder (``curation.json``, ``trimmed/``, ``manifests/``).
         settings: the checks' limits.
         labels: ``{stem: Label}`` or a labels file; a label overrules the automatic decision.
-        overwrite: replace an earlier ``curation.json`` and trimmed copies in ``out_dir``.
+        overwrite: replace an earlier ``curation.json`` and trimmed copies in ``out_dir``; the trimmed
+            copies that the earlier ``curation.json`` records and the new decisions do not use are
+            deleted (only those, and only inside ``out_dir/trimmed``).
 
     Raises:
         CurationError: the manifest has no accepted episode, a label names a stem the manifest does
@@ -226,13 +236,14 @@ def curate(manifest: str | Path | Manifest, out_dir: str | Path, settings: Curat
                             code="output_exists")
     topics = m.topic_map()
     feats = [episode_features(a.vio_mcap, settings, a.stem, topics) for a in m.accepted]
-    flags = score_episodes(feats, settings)
+    scores = score_episodes(feats, settings)
+    earlier = _trimmed_copies(out) if overwrite else set()
     (out / "trimmed").mkdir(parents=True, exist_ok=True)
     entries, accepted, rejected = [], [], list(m.rejected)
-    for a, f, fl in zip(m.accepted, feats, flags):
-        label = labels.get(a.stem)
+    for k, (a, f) in enumerate(zip(m.accepted, feats)):
+        label, fl = labels.get(a.stem), scores.flags(k)
         decision = label.decision if label else auto_decision(fl)
-        entry = {"stem": a.stem, "score": round(max((x.ratio for x in fl), default=0.0), 3),
+        entry = {"stem": a.stem, "score": round(scores.score(k), 3), "ratios": scores.ratios(k),
                  "flags": [x.to_dict() for x in fl], "figures": f.summary(), "decision": decision,
                  "decided_by": "label" if label else "auto", "auto_decision": auto_decision(fl)}
         if label:
@@ -251,7 +262,7 @@ def curate(manifest: str | Path | Manifest, out_dir: str | Path, settings: Curat
                 dst = out / "trimmed" / a.vio_mcap.name
                 if dst.exists() and overwrite:
                     dst.unlink()
-                trim = trim_recording(a.vio_mcap, dst, cuts, topics.camera)
+                trim = {"path": str(dst.absolute())} | trim_recording(a.vio_mcap, dst, cuts, topics.camera)
                 for c in trim["cuts"] + trim["skipped"]:
                     c["start_s"] = round((c["start_ns"] - f.start_ns) / 1e9, 3)
                     c["end_s"] = None if c["end_ns"] is None else round((c["end_ns"] - f.start_ns) / 1e9, 3)
@@ -271,8 +282,38 @@ def curate(manifest: str | Path | Manifest, out_dir: str | Path, settings: Curat
                        accepted, sorted(rejected, key=lambda r: (r.stem, r.path)))
     manifest_path, _ = save_manifest(curated, out)
     report = {"source_manifest": source, "curated_manifest": str(manifest_path), "settings": settings.to_dict(),
-              "labels_file": labels_from, "episodes": entries}
+              "labels_file": labels_from, "warnings": scores.warnings, "episodes": entries}
     report_path = write_text_atomic(out / CURATION_FILE, json.dumps(report, indent=2) + "\n")
+    removed = _remove_stale(earlier - _trimmed_copies(out))
     n_drop = sum(e["decision"] == "drop" for e in entries)
     return CurationResult(report_path, manifest_path, len(entries) - n_drop,
-                          sum(e["decision"] == "trim" for e in entries), n_drop, entries)
+                          sum(e["decision"] == "trim" for e in entries), n_drop, entries, scores.warnings, removed)
+
+
+def _trimmed_copies(out: Path) -> set[Path]:
+    """The trimmed copies that the curation recorded in ``out/curation.json`` made inside ``out/trimmed``
+    (none when there is no readable report)."""
+    try:
+        report = json.loads((out / CURATION_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    folder = (out / "trimmed").absolute()
+    found = set()
+    for e in report.get("episodes", []) if isinstance(report, dict) else []:
+        trim = e.get("trim") if isinstance(e, dict) else None
+        if isinstance(trim, dict) and trim.get("source"):
+            # reports before the copy's own path was recorded: curate named it after its source
+            path = Path(trim.get("path") or folder / Path(trim["source"]).name).absolute()
+            if path.parent == folder:
+                found.add(path)
+    return found
+
+
+def _remove_stale(paths: set[Path]) -> list[Path]:
+    """Delete ``paths`` (an earlier curation's trimmed copies that the new one does not use); those deleted."""
+    removed = []
+    for p in sorted(paths):
+        if p.is_file():
+            p.unlink()
+            removed.append(p)
+    return removed

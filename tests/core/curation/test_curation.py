@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dpflow_core.conversion import ConversionSettings, convert
+from dpflow_core.curation import CurationSettings
 from dpflow_core.curation.apply import DROP_CODE, CurationError, Label, curate, read_labels
 from dpflow_core.files import sha256_file
 from dpflow_core.pairing import load_manifest, pair_recordings, save_manifest
@@ -131,7 +132,7 @@ def test_label_overrides_and_reaches_the_dataset_lineage(world_task, tmp_path):
     assert read_labels(labels_path)[good[0]] == Label("drop")
     runs = {}
     for name, labels in (("auto", None), ("labelled", labels_path)):
-        r = curate(small, tmp_path / name, labels=labels)
+        r = curate(small, tmp_path / name, CurationSettings(min_task_episodes=5), labels=labels)
         runs[name] = (r, convert(r.manifest_path, tmp_path / name / "ds" / "dataset.npz",
                                  ConversionSettings(image_size=(32, 32))))
     (auto, auto_ds), (lab, lab_ds) = runs["auto"], runs["labelled"]
@@ -159,3 +160,26 @@ def test_label_overrides_and_reaches_the_dataset_lineage(world_task, tmp_path):
     labels_path.write_text(json.dumps({"nope_0000": "drop"}))
     with pytest.raises(CurationError, match="nope_0000"):
         curate(small, tmp_path / "other", labels=labels_path)
+
+
+def test_overwrite_removes_the_trimmed_copies_the_new_decision_does_not_use(world_task, tmp_path):
+    """A first curate trimmed an idle episode into trimmed/<stem>_vio.mcap; a re-run with --labels keeping it
+    untrimmed and --overwrite left the copy behind. Only curate's own recorded copies are removed."""
+    _, manifest_path, _, truth = world_task
+    m = load_manifest(manifest_path)
+    idle = sorted(s for s, t in truth.items() if t["kind"] == "idle")
+    small = replace(m, accepted=[a for a in m.accepted if a.stem in idle])
+    out = tmp_path / "cur"
+    first = curate(small, out)
+    copies = {s: out / "trimmed" / f"{s}_vio.mcap" for s in idle}
+    assert [e["decision"] for e in first.episodes] == ["trim"] * len(idle) and all(p.is_file() for p in copies.values())
+    stranger = out / "trimmed" / "mine.txt"
+    stranger.write_text("not curate's")
+    labels = tmp_path / "labels.json"
+    labels.write_text(json.dumps({idle[0]: "keep"}))
+    second = curate(small, out, labels=labels, overwrite=True)
+    assert second.removed == [copies[idle[0]].absolute()] and not copies[idle[0]].exists()
+    assert copies[idle[1]].is_file() and stranger.is_file()
+    kept = next(a for a in load_manifest(second.manifest_path).accepted if a.stem == idle[0])
+    assert kept.vio_mcap == m.accepted[[a.stem for a in m.accepted].index(idle[0])].vio_mcap
+    assert f"removed {copies[idle[0]].absolute()}" in second.table()
