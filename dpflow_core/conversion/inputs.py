@@ -11,17 +11,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dpflow_core.conversion.align import CONVERTER_VERSION
+from dpflow_core.conversion.jobs import EDITED
 from dpflow_core.conversion.settings import ConversionSettings, check_image_size
 from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.files import display_name
 from dpflow_core.names import validate_name
 from dpflow_core.pairing import load_manifest, pair_recordings
 from dpflow_core.pairing.manifest import Manifest, manifest_from_dict, pairing_warnings
+from dpflow_core.pairing.naming import rule_stems
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
 
 
@@ -41,6 +43,9 @@ class EpisodeInput:
         pairing_warnings: what pairing tolerated (:func:`~dpflow_core.pairing.manifest.pairing_warnings`).
         curation: the curation decision of a curated manifest's entry (``validation["curation"]``: decision,
             decided_by, score, flags, and a label's note), None for an uncurated one.
+        validation: the entry's ``validation`` block, the figures pairing measured on the ``_vio.mcap`` it
+            validated for this stem (:class:`~dpflow_core.recordings.RecordingReport`); empty for a hand-made
+            entry. Alignment compares the file it reads with them (:func:`~dpflow_core.conversion.jobs.validated_figures`).
     """
 
     stem: str
@@ -50,6 +55,7 @@ class EpisodeInput:
     files: dict
     pairing_warnings: tuple = ()
     curation: dict | None = None
+    validation: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -110,7 +116,8 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
             Only ``accepted`` entries are converted; relative file paths are resolved against the manifest's
             ``root``.
 
-    An accepted entry whose ``_vio.mcap`` SHA-256 or camera payload hash
+    An accepted entry that is not what pairing accepted for its stem is moved to ``rejected`` as
+    ``manifest_mismatch`` (:func:`edited_entry`). An accepted entry whose ``_vio.mcap`` SHA-256 or camera payload hash
     (``validation.camera_payload_sha256``) equals an earlier entry's, in any of the manifests,
     is moved to ``rejected`` as ``duplicate_episode`` naming the first one and its manifest.
 
@@ -156,6 +163,12 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
             p = Path(vio.path)
             if not p.is_absolute() and root:
                 p = Path(root) / p
+            edited = edited_entry(stem, {role: f.path for role, f in entry.files.items()}, vio.size_bytes,
+                                  entry.validation)
+            if edited is not None:  # before the duplicate check: the real owner of the file stays accepted
+                rejected.append({"stem": stem, "stage": "conversion", "path": str(p), "code": "manifest_mismatch",
+                                 "reason": edited})
+                continue
             hashes = [(f"SHA-256 {vio.sha256[:12]}...", "file:" + vio.sha256)] if vio.sha256 else []
             cam = entry.validation.get("camera_payload_sha256")
             if cam:
@@ -173,10 +186,36 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
             episodes.append(EpisodeInput(stem, p, vio.size_bytes, vio.sha256,
                                          {role: f.to_dict() for role, f in entry.files.items()},
                                          tuple(pairing_warnings(entry)),
-                                         curation if isinstance(curation, dict) else None))
+                                         curation if isinstance(curation, dict) else None, dict(entry.validation)))
         for r in m.rejected:
             rejected.append({"stem": r.stem, "stage": "pairing", "path": r.path, "code": r.code, "reason": r.reason})
     return ConversionInputs(episodes, rejected, sources, tasks.pop() if len(tasks) == 1 else None, root0, topics)
+
+
+def edited_entry(stem: str, files: dict[str, str | Path], vio_size_bytes: int | None, validation: dict) -> str | None:
+    """Why a manifest entry is not the one pairing wrote for ``stem`` (the reason of a ``manifest_mismatch`` reject),
+    judged from the manifest alone, without reading a file; None when nothing disagrees.
+
+    Two disagreements are caught: files named by the naming rules (``<STEM>.mcap``, ``<STEM>_vio.mcap``,
+    ``<STEM>_vio.json``, :func:`~dpflow_core.pairing.naming.rule_stems`) for different stems, and a ``_vio.mcap``
+    whose recorded size (bytes) differs from the size pairing measured on the file it validated
+    (``validation.size_bytes``). A figure that is absent (a hand-made entry) is not judged; alignment compares the
+    file it reads with the rest of ``validation`` (:func:`~dpflow_core.conversion.jobs.check_validated`).
+
+    Args:
+        stem: the entry's stem; files: path per role; vio_size_bytes: ``files.vio_mcap.size_bytes``;
+        validation: the entry's ``validation`` block.
+    """
+    named = rule_stems(files)
+    if len(set(named.values())) > 1:
+        which = ", ".join(f"{role} {Path(files[role]).name}" for role in named)
+        return f"episode {stem!r}: its files are named for different stems ({which}): {EDITED}"
+    validated = validation.get("size_bytes")
+    if isinstance(validated, int) and isinstance(vio_size_bytes, int) and validated != vio_size_bytes:
+        return (f"episode {stem!r}: its vio_mcap {Path(files['vio_mcap']).name} is recorded as {vio_size_bytes} bytes, "
+                f"but the file pairing validated for this stem ({Path(str(validation.get('path', '?'))).name}) "
+                f"had {validated} bytes: {EDITED}")
+    return None
 
 
 def inputs_topic_map(inputs: ConversionInputs) -> TopicMap:

@@ -32,6 +32,10 @@ from dpflow_core.replay_buffer.writer import NpzStreamWriter, npy_data_offset
 from dpflow_core.recordings.topics import TopicMap
 
 
+#: How a manifest entry that is not pairing's own is explained: a ``manifest_mismatch`` reason ends with it.
+EDITED = "the manifest was edited or the file replaced since pairing; pair the task folder again"
+
+
 # --------------------------------------------------------------------------- workers
 
 
@@ -40,7 +44,8 @@ def alignment_job(entry: Any, settings: ConversionSettings, topics: TopicMap, ve
 
     Args:
         entry: an accepted episode of :func:`~dpflow_core.conversion.inputs.load_inputs` (``stem``,
-            ``vio_mcap``, ``size_bytes``, ``sha256``).
+            ``vio_mcap``, ``size_bytes``, ``sha256``, and ``validation``, whose figures the job carries as
+            ``validated``: :func:`validated_figures`).
         settings: the conversion settings; the job holds those that change the aligned arrays, one key
             each (their names, as :func:`~dpflow_core.episode_cache.episode_key` hashes them), and
             ``content_checks`` (:meth:`ConversionSettings.content_checks`). A caller that cannot store
@@ -68,7 +73,53 @@ def alignment_job(entry: Any, settings: ConversionSettings, topics: TopicMap, ve
         "topics": topics,
         "invalid_pose_policy": settings.invalid_pose_policy,
         "min_overlap_fraction": settings.min_overlap_fraction,
+        "validated": validated_figures(entry.validation, topics),
     }
+
+
+def validated_figures(validation: dict, topics: TopicMap) -> dict:
+    """What pairing measured on the ``_vio.mcap`` it validated (a manifest entry's ``validation`` block,
+    :class:`~dpflow_core.recordings.RecordingReport`) that alignment measures too while it reads the file:
+    ``pose_count`` and ``gripper_count`` (messages with distinct capture times), ``camera_span_ns`` ([first, last]
+    camera capture time, int ns). A figure the block lacks (a hand-made entry) is left out and not judged."""
+    counts, repeats = validation.get("message_counts") or {}, validation.get("duplicate_timestamps") or {}
+    figures: dict[str, Any] = {}
+    for name, topic in (("pose_count", topics.pose), ("gripper_count", topics.gripper)):
+        if isinstance(counts.get(topic), int):
+            figures[name] = counts[topic] - int(repeats.get(topic) or 0)
+    first, last = (validation.get(k, {}).get(topics.camera) for k in ("first_ts_ns", "last_ts_ns"))
+    if isinstance(first, int) and isinstance(last, int):
+        figures["camera_span_ns"] = [first, last]
+    return figures
+
+
+def check_validated(job: dict, episode: "AlignedEpisode", path: Path) -> None:
+    """Refuse an episode whose ``_vio.mcap`` is not the file pairing validated for its stem: its pose or gripper
+    message count differs from :func:`validated_figures`, or a kept camera frame lies outside the camera span
+    pairing measured. Catches what the manifest alone cannot (:func:`~dpflow_core.conversion.inputs.edited_entry`),
+    e.g. another recording's file under this stem with its size and SHA-256 copied in.
+
+    Raises:
+        ConversionError: ``manifest_mismatch``, naming the stem, the file, the figure and both values.
+    """
+    want = job.get("validated") or {}
+    streams = episode.report.get("streams", {})
+    got = {f"{name}_count": streams[name]["count"] for name in ("pose", "gripper") if name in streams}
+    for figure in ("pose_count", "gripper_count"):
+        if figure in want and figure in got and want[figure] != got[figure]:
+            _mismatch(job, path, f"its {figure.replace('_', ' ')} ({figure}) is {got[figure]}, pairing measured "
+                                 f"{want[figure]}")
+    if "camera_span_ns" in want and len(episode.camera_ts_ns):
+        lo, hi = want["camera_span_ns"]
+        first, last = int(episode.camera_ts_ns[0]), int(episode.camera_ts_ns[-1])
+        if first < lo or last > hi:
+            _mismatch(job, path, f"its camera frames run from capture time {first} to {last} ns, outside the camera "
+                                 f"span pairing measured, {lo} to {hi} ns (camera_span_ns)")
+
+
+def _mismatch(job: dict, path: Path, what: str) -> None:
+    raise ConversionError(f"episode {job['stem']!r}: {path.name} is not the file pairing validated for this stem: "
+                          f"{what}: {EDITED}", path, code="manifest_mismatch")
 
 
 def settings_of_job(job: dict) -> ConversionSettings:
@@ -110,7 +161,8 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
 
     Raises:
         ConversionError: ``missing_file``, or ``input_changed`` when size or SHA-256 differ
-            from the manifest (the file changed since pairing), ``too_short`` under
+            from the manifest (the file changed since pairing, or the manifest was edited), ``manifest_mismatch``
+            when the file is not the one pairing validated for the stem (:func:`check_validated`), ``too_short`` under
             ``short_episode_policy="reject"``, ``bad_option`` for a job with an invalid setting; and
             whatever :func:`align_episode` raises.
     """
@@ -121,15 +173,14 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
         raise ConversionError(f"{path.name} is {path_kind(path)}, not a file; a recording was expected there", path,
                               code="unreadable")
     if job["size_bytes"] is not None and path.stat().st_size != job["size_bytes"]:
-        raise ConversionError(
-            f"size is {path.stat().st_size} bytes but the manifest records {job['size_bytes']}: "
-            "the file changed since pairing",
-            path,
-            code="input_changed",
-        )
+        _changed(path, f"size is {path.stat().st_size} bytes but the manifest records {job['size_bytes']}")
     settings = settings_of_job(job)
     minimum = settings.min_segment_frames
     episode = align_episode(path, settings, topics=job["topics"], stem=job["stem"], rgb_dir=rgb_dir)
+    # The SHA-256 comes from the bytes the parser read: the file is read once.
+    if job["verify_sha256"] and job["sha256"] and episode.input_sha256 != job["sha256"]:
+        _changed(path, f"SHA-256 is {episode.input_sha256} but the manifest records {job['sha256']}")
+    check_validated(job, episode, path)
     # One minimum length for whole episodes and split pieces alike (align_episode drops the short pieces or,
     # under "warn", keeps them for the warnings here).
     if settings.short_episode_policy == "warn":
@@ -141,14 +192,13 @@ def align_job_episode(job: dict, rgb_dir: str | Path | None) -> "AlignedEpisode"
     elif episode.segments is None and len(episode) < minimum:
         raise ConversionError(_short(len(episode), float(episode.timestamps_s[-1]), minimum, "episode")
                               + " and short_episode_policy is 'reject'", path, code="too_short")
-    # The SHA-256 comes from the bytes the parser read: the file is read once.
-    if job["verify_sha256"] and job["sha256"] and episode.input_sha256 != job["sha256"]:
-        raise ConversionError(
-            f"SHA-256 is {episode.input_sha256} but the manifest records {job['sha256']}: the file changed since pairing",
-            path,
-            code="input_changed",
-        )
     return episode
+
+
+def _changed(path: Path, what: str) -> None:
+    """``input_changed``: the episode's ``_vio.mcap`` (the one file conversion reads) is not what the manifest records."""
+    raise ConversionError(f"{path} (the episode's vio_mcap): {what}: the file changed since pairing, or the manifest "
+                          "was edited", path, code="input_changed")
 
 
 

@@ -43,6 +43,22 @@ def split_name(name: str) -> tuple[str, str] | None:
     return None
 
 
+def rule_stems(files: dict[str, str | Path]) -> dict[str, str]:
+    """The stem each file's name gives by the naming rules, ``{role: stem}``, for the files named by the rule of
+    the role they fill (``<STEM>.mcap`` as ``raw_mcap``, ``<STEM>_vio.mcap`` as ``vio_mcap``, ``<STEM>_vio.json``
+    as ``vio_json``); an explicit manifest may name its files freely, so a file named otherwise is left out.
+
+    Args:
+        files: path (or name) per role.
+    """
+    named = {}
+    for role, path in files.items():
+        got = split_name(Path(path).name)
+        if got is not None and got[1] == role:
+            named[role] = got[0]
+    return named
+
+
 def dot_stem(name: str) -> str | None:
     """The stem of a Matrix Studio file name whose stem is only dots (``..._vio.mcap``), else None.
     :func:`split_name` treats ``.``-prefixed names as hidden temp files; such a stem is neither."""
