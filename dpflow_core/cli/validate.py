@@ -4,7 +4,7 @@ The same checks, by the same function (:func:`dpflow_core.dataset.validate_datas
 ``dataset_npz_checks`` Dagster multi-check, plus every member against the archive's own CRC-32
 (:func:`dpflow_core.replay_buffer.integrity.check_archive`, no sidecar needed) and the file's SHA-256
 against its ``dataset.json`` sidecar (:func:`dpflow_core.dataset.check_recorded_sha256`) when the
-sidecar is there.
+sidecar is there; without one, ``sha256_matches_sidecar`` is a warning that says the hash was not checked.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ def validate_cmd(
     sidecar = sidecar_path_for(dataset)
     if sidecar.exists():
         results.append(check_recorded_sha256(dataset, sidecar))
+    elif archive is not None and archive.error is None:  # said, not skipped: nothing recorded to compare with
+        results.append(CheckResult(
+            "sha256_matches_sidecar", False, "warn",
+            f"no {sidecar.name} beside the dataset: its SHA-256 was not checked against a recorded one; "
+            "the archive's own CRC-32s were", {"path": str(dataset), "sidecar_path": str(sidecar)}))
     failed = [r for r in results if not r.passed and r.severity == "error"]
     if as_json:
         typer.echo(json.dumps({"path": str(dataset), "passed": not failed,

@@ -390,6 +390,18 @@ def test_validate_passes_a_converted_dataset(converted, tmp_path):
     assert all(ln.startswith("PASS") for ln in lines[:-1]) and lines[-1].endswith("all blocking checks passed")
 
 
+def test_validate_without_a_sidecar_says_the_sha256_was_not_checked(converted, tmp_path):
+    result, _ = converted
+    npz = _copy_dataset(result, tmp_path / "bare")
+    npz.with_suffix(".json").unlink()
+    proc = _validate(str(npz))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    *verdicts, summary = proc.stdout.splitlines()
+    assert verdicts[-1] == ("WARN  sha256_matches_sidecar: no dataset.json beside the dataset: its SHA-256 was not "
+                            "checked against a recorded one; the archive's own CRC-32s were")
+    assert all(ln.startswith("PASS") for ln in verdicts[:-1]) and summary.endswith("all blocking checks passed")
+
+
 def test_validate_of_a_file_that_is_no_dataset_says_so_once(tmp_path):
     from dpflow_core.dataset import CHECKS
 
