@@ -56,6 +56,10 @@ def sample_recordings(
     if motion not in ("auto", "world", "random"):
         raise typer.BadParameter(f"--motion must be auto, world or random, got {motion!r}")
     world = motion == "world" or (motion == "auto" and task in TASKS)
+    if motion == "auto" and not world:  # a lab may name its own tasks, but a typo of a world task must show
+        typer.echo(f"note: {task!r} is not a world task (the world's tasks: {', '.join(TASKS)}): writing smooth "
+                   "random camera motion with no task in it (--motion random); --motion world makes a world "
+                   "task's demonstrations", err=True)
     given = [f"--{n}" for n, v in (("seconds", seconds), ("width", width), ("height", height)) if v is not None]
     if world and given:
         raise typer.BadParameter(f"{', '.join(given)}: only for random motion (--motion random); a world "

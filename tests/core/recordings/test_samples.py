@@ -83,6 +83,8 @@ def test_cli_sample_recordings(tmp_path):
     d = tmp_path / "rec" / "stack_cups"
     assert sorted(p.name for p in d.glob("*_vio.mcap")) == ["stack_cups_0000_vio.mcap", "stack_cups_0001_vio.mcap"]
     assert "stack_cups_0001" in result.output
+    assert ("note: 'stack_cups' is not a world task (the world's tasks: pick_place, stack): writing smooth random "
+            "camera motion") in " ".join(result.output.split())
     report = inspect_recording(d / "stack_cups_0000_vio.mcap")
     assert report.ok and report.message_counts[TOPICS.camera] > 30
     s = read_streams(d / "stack_cups_0000_vio.mcap")
