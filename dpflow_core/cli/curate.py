@@ -46,13 +46,10 @@ def curate_cmd(
     (convert it with `dpflow convert`); a labels file's keep/drop overrules each decision and is recorded."""
     from dpflow_core.curation.apply import curate
 
-    settings = _settings(set_)
-    manifest = source
-    if source.is_dir():
-        from dpflow_core.pairing import pair_recordings, save_manifest
+    from dpflow_core.pairing import manifest_file_for
 
-        manifest, _ = save_manifest(pair_recordings(source), output)
-    result = curate(manifest, output, settings, labels, overwrite)
+    settings = _settings(set_)
+    result = curate(manifest_file_for(source, output), output, settings, labels, overwrite)
     if as_json:
         typer.echo(json.dumps(json.loads(result.report_path.read_text()), indent=2))
     else:

@@ -11,13 +11,16 @@ from dpflow_core.cli import app
 
 @app.command("report")
 def report(
-    manifest: Path = typer.Argument(..., help="Pairing manifest JSON (the paired_episodes output)."),
+    source: Path = typer.Argument(..., metavar="SOURCE", help="A pairing manifest (JSON, the paired_episodes output) or a "
+                                  "Matrix Studio task folder (paired first; its manifest saved in OUT/manifests/)."),
     out: Path = typer.Option(..., "-o", "--out", help="Report folder: report.html, quality.json, previews/."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in the folder."),
 ) -> None:
     """Episode quality report: duration, rates, VIO score, pose_valid gaps, previews, outliers."""
+    from dpflow_core.pairing import manifest_file_for
     from dpflow_core.report import write_report
 
+    manifest = manifest_file_for(source, out)
     result = write_report(manifest, out, overwrite=overwrite)
     for e in result.episodes:
         flag = f"  OUTLIER: {'; '.join(e.outlier_reasons)}" if e.is_outlier else ""

@@ -21,7 +21,7 @@ from dpflow_core.conversion.settings import ConversionSettings, check_image_size
 from dpflow_core.errors import ConversionError, DpflowError
 from dpflow_core.files import display_name
 from dpflow_core.names import validate_name
-from dpflow_core.pairing import load_manifest, pair_recordings
+from dpflow_core.pairing import load_source
 from dpflow_core.pairing.manifest import Manifest, manifest_from_dict, pairing_warnings
 from dpflow_core.pairing.naming import rule_stems
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -92,14 +92,7 @@ def _load_one(item: Any) -> tuple[Manifest, str]:
         except DpflowError as exc:  # a hand-made dict: the same check as a file's, named as conversion's input
             raise ConversionError(display_name(exc.reason), code="bad_manifest") from exc
     if isinstance(item, (str, os.PathLike)):
-        path = Path(item)
-        if path.is_dir():
-            return pair_recordings(path), str(path)
-        if not path.exists():
-            raise ConversionError("no such file or folder (expected a pairing manifest or a task folder)", path, code="bad_manifest")
-        if not path.is_file():
-            raise ConversionError("input is neither a manifest file nor a task folder", path, code="bad_manifest")
-        return load_manifest(path), str(path)
+        return load_source(item), str(item)
     raise ConversionError(f"not a manifest: {type(item).__name__}", code="bad_manifest")
 
 
@@ -122,11 +115,11 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
     is moved to ``rejected`` as ``duplicate_episode`` naming the first one and its manifest.
 
     Raises:
-        ConversionError: an input is missing or not a manifest, an accepted stem is not a safe name, or a
+        ConversionError: an input is not a manifest, an accepted stem is not a safe name, or a
             stem appears twice (``bad_manifest``).
             A manifest dict with a field missing or of the wrong type is ``bad_manifest`` too, naming the field.
-        PairingError: pairing a task folder failed, or a manifest file is malformed (``bad_manifest``, naming
-            the file and the field).
+        PairingError: an input path is missing or neither a file nor a folder, pairing a task folder failed, or a
+            manifest file is malformed (:func:`~dpflow_core.pairing.load_source`: naming the file and the field).
     """
     if isinstance(manifest_or_paths, ConversionInputs):  # gathered already: the manifests are not read again
         return manifest_or_paths

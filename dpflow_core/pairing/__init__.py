@@ -90,6 +90,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "split_name": "naming",
     "parse_vio_status": "status",
     "pair_recordings": "pair",
+    "load_source": "pair",
+    "manifest_file_for": "pair",
     "holds_recordings": "tasks",
     "resolve_task_folder": "tasks",
     "task_folder": "tasks",
@@ -98,7 +100,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
 
 __all__ = [
     "MANIFEST_VERSION", "ROLES", "AcceptedEpisode", "FileEntry", "Manifest", "PairedEpisodes", "PairingReject",
-    "load_manifest", "manifest_from_dict", "manifest_path_for", "pair_recordings", "parse_vio_status",
+    "load_manifest", "load_source", "manifest_file_for", "manifest_from_dict", "manifest_path_for", "pair_recordings", "parse_vio_status",
     "read_manifest_json", "reject_summary", "save_manifest", "split_name", "topic_map_from_dict",
     "topic_map_to_dict", "write_manifest", "holds_recordings", "resolve_task_folder", "task_folder", "task_folders",
 ]

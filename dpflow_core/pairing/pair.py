@@ -18,7 +18,7 @@ from dpflow_core.names import validate_name
 from dpflow_core.pairing.across import cross_task_rejects
 from dpflow_core.pairing.checks import check_candidate, content_rejects
 from dpflow_core.pairing.explicit import read_explicit
-from dpflow_core.pairing.manifest import AcceptedEpisode, Manifest, PairingReject, topic_map_to_dict
+from dpflow_core.pairing.manifest import AcceptedEpisode, Manifest, PairingReject, load_manifest, save_manifest, topic_map_to_dict
 from dpflow_core.pairing.naming import group_by_stem, split_name
 from dpflow_core.pairing.status import read_task_summary
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -127,3 +127,47 @@ def _no_recordings(root: Path) -> PairingError:
     below = sorted({p.parent.relative_to(root).parts[0] for p in root.rglob("*.mcap")})
     hint = f" (task folders below it: {', '.join(below)}; pass one of them as the root)" if below else ""
     return PairingError(f"no <STEM>.mcap files under {root}{hint}", root, code="no_recordings")
+
+
+def _is_task_folder(source: Path) -> bool:
+    """Whether a command's input is a folder (True) or a manifest file (False).
+
+    Raises:
+        PairingError: ``missing_manifest`` when nothing is there, ``bad_manifest`` when it is neither a file nor a
+            folder (a FIFO, a socket); both say a pairing manifest or a task folder was expected.
+    """
+    if source.is_dir():
+        return True
+    if not source.exists():
+        raise PairingError("no such file or folder (expected a pairing manifest or a task folder)", source,
+                           code="missing_manifest")
+    if not source.is_file():
+        raise PairingError("neither a manifest file nor a task folder (expected a pairing manifest or a task folder)",
+                           source, code="bad_manifest")
+    return False
+
+
+def load_source(source: str | Path, topics: TopicMap = DAS_DEFAULT) -> Manifest:
+    """The manifest a command's input names: a pairing manifest JSON read (:func:`load_manifest`), or a
+    Matrix Studio task folder paired now (:func:`pair_recordings` with ``topics``).
+
+    Raises:
+        PairingError: the path is missing or neither a file nor a folder (:func:`_is_task_folder`); what
+            :func:`load_manifest` and :func:`pair_recordings` raise.
+    """
+    source = Path(source)
+    return pair_recordings(source, topics) if _is_task_folder(source) else load_manifest(source)
+
+
+def manifest_file_for(source: str | Path, output_dir: str | Path, topics: TopicMap = DAS_DEFAULT) -> Path:
+    """The manifest file a command's input names: a pairing manifest file as it is (not read here), or a task
+    folder paired now and saved in ``output_dir/manifests/`` (:func:`save_manifest`), so what the command
+    measured stays on record beside its output.
+
+    Raises:
+        PairingError: as :func:`load_source`, and :func:`save_manifest`'s ``output_exists``.
+    """
+    source = Path(source)
+    if not _is_task_folder(source):
+        return source
+    return save_manifest(pair_recordings(source, topics), output_dir)[0]

@@ -203,3 +203,26 @@ def test_cli_report(task, tmp_path):
     n_png = len(list((out / "previews").glob("*.png")))
     assert n_png == 5
     assert np.isfinite(json.loads((out / "quality.json").read_text())["episodes"][0]["duration_s"])
+
+
+def test_cli_report_takes_a_task_folder_and_names_a_wrong_path(task, tmp_path):
+    """A task folder is paired first (its manifest kept in OUT/manifests/), as convert and curate do; a
+    misspelt path says what was expected, for report and curate alike."""
+    from typer.testing import CliRunner
+
+    from dpflow_core.cli import app
+
+    folder = task["path"].parent / "pick_place"
+    out = tmp_path / "folder_report"
+    res = CliRunner().invoke(app, ["report", str(folder), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    (saved,) = (out / "manifests").glob("pick_place-*.json")
+    accepted = json.loads(saved.read_text())["accepted"]
+    assert len(accepted) >= 3 and f"{len(accepted)} episodes" in res.output and (out / "report.html").is_file()
+    typo = tmp_path / "pick_plcae"
+    for command in ("report", "curate"):
+        res = CliRunner().invoke(app, [command, str(typo), "-o", str(tmp_path / command)])
+        assert isinstance(res.exception, PairingError), (command, res.output)
+        assert res.exception.path == str(typo) and res.exception.code == "missing_manifest"
+        assert res.exception.reason == "no such file or folder (expected a pairing manifest or a task folder)"
+        assert not (tmp_path / command).exists()
