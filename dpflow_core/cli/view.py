@@ -61,12 +61,9 @@ def view_cmd(
             paths = [view_dataset(source, out, episode=episode, every=every, anchor=anchor, spec=spec,
                                   overwrite=overwrite).path]
     else:
-        from dpflow_core.view.episode import episode_sources, view_episode
+        from dpflow_core.view.episode import view_episodes
 
-        sources = episode_sources(source)
-        if len(sources) > 1 and out is not None and not out.is_dir():
-            raise typer.BadParameter(f"{source} holds {len(sources)} episodes: -o must be a folder")
-        paths = [view_episode(s, out, camera=camera, overwrite=overwrite).path for s in sources]
+        paths = [v.path for v in view_episodes(source, out, camera=camera, overwrite=overwrite)]
     for p in paths:
         typer.echo(str(p))
     if serve:

@@ -1,7 +1,8 @@
 """Viewing in Rerun: episodes, datasets, predictions and rollouts written as ``.rrd`` recordings.
 
 Each view is one function that writes one ``.rrd`` (rerun-sdk) and returns what it wrote:
-:func:`~dpflow_core.view.episode.view_episode` (a raw ``<STEM>_vio.mcap``, streamed),
+:func:`~dpflow_core.view.episode.view_episode` (a raw ``<STEM>_vio.mcap``, streamed;
+:func:`~dpflow_core.view.episode.view_episodes` each of a task folder's, every output checked first),
 :func:`~dpflow_core.view.dataset.view_dataset` (what training sees: aligned rows, the observation
 windows and the action chunks), :func:`~dpflow_core.view.dataset.view_predictions` (a checkpoint's
 action chunks against the recorded ones) and :func:`~dpflow_core.view.rollouts.view_rollouts`
@@ -16,7 +17,10 @@ from dpflow_core._lazy import lazy_exports
 __getattr__, __dir__ = lazy_exports(__name__, {
     "ViewError": "rrd",
     "view_episode": "episode",
+    "view_episodes": "episode",
+    "episode_output": "episode",
     "episode_sources": "episode",
+    "dataset_view_name": "dataset",
     "view_dataset": "dataset",
     "view_predictions": "dataset",
     "view_rollouts": "rollouts",
@@ -24,5 +28,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "view_command": "rrd",
 })
 
-__all__ = ["ViewError", "episode_sources", "serve_rrd", "view_command", "view_dataset", "view_episode",
-           "view_predictions", "view_rollouts"]
+__all__ = ["ViewError", "dataset_view_name", "episode_output", "episode_sources", "serve_rrd", "view_command",
+           "view_dataset", "view_episode", "view_episodes", "view_predictions", "view_rollouts"]

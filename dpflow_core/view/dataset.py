@@ -129,13 +129,20 @@ def _blueprint(rgb_keys, extra=()):
     ), collapse_panels=True)
 
 
+def dataset_view_name(npz: str | Path, episode: int) -> str:
+    """``<folder>_<stem>_episode<N>``: a dataset episode's view named after the dataset's folder and file
+    stem, so that two datasets (each usually ``dataset.npz`` in a folder of its own) do not collide."""
+    npz = Path(npz).absolute()
+    return f"{npz.parent.name + '_' if npz.parent.name else ''}{npz.stem}_episode{episode}"
+
+
 def view_dataset(npz: str | Path, out: str | Path | None = None, *, episode: int = 0, every: int = 1,
                  anchor: int | None = None, spec=None, overwrite: bool = False) -> DatasetView:
     """Write the ``.rrd`` of one dataset episode as training samples it (see the module docstring).
 
     Args:
         npz: the ``dataset.npz``.
-        out: the ``.rrd`` path or a folder (default ``<stem>_episode<N>.rrd`` in the current folder).
+        out: the ``.rrd`` path or a folder for :func:`dataset_view_name` ``.rrd`` (default: the current folder).
         episode: the episode (0-based).
         every: log every ``every``-th frame (the rows are all logged).
         anchor: the step in the episode whose observation window and chunk are shown in detail;
@@ -154,9 +161,10 @@ def view_dataset(npz: str | Path, out: str | Path | None = None, *, episode: int
     if every < 1:
         raise ViewError(f"--every must be >= 1, got {every}")
     buffer = _open(npz, episode)
-    path = output_path(out, f"{Path(npz).stem}_episode{episode}.rrd")
+    name = dataset_view_name(npz, episode)
+    path = output_path(out, f"{name}.rrd")
     rgb = [k for k in spec.rgb_keys if k in buffer]
-    with rrd_writer(path, f"{Path(npz).stem}_episode{episode}", blueprint=_blueprint(rgb), overwrite=overwrite) as rec:
+    with rrd_writer(path, name, blueprint=_blueprint(rgb), overwrite=overwrite) as rec:
         sl, t_ns, frames, rows, chosen = _episode_and_samples(rec, buffer, episode, every, spec, anchor)
     return DatasetView(path, Path(npz), episode, sl.stop - sl.start, frames, rows, chosen)
 
@@ -239,7 +247,7 @@ def view_predictions(checkpoint: str | Path, npz: str | Path, out: str | Path | 
     buffer = _open(npz, episode)
     policy = load_policy(checkpoint, device=device)
     pred = predict_dataset(policy, buffer, episodes=[episode], max_samples=max_samples, seed=seed)
-    name = f"{Path(npz).stem}_episode{episode}_{Path(checkpoint).stem}"
+    name = f"{dataset_view_name(npz, episode)}_{Path(checkpoint).stem}"
     path = output_path(out, f"{name}.rrd")
     rgb = [k for k in policy.spec.rgb_keys if k in buffer]
     extra = (rrb.TimeSeriesView(origin="prediction", name="prediction error"),)

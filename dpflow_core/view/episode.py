@@ -102,6 +102,44 @@ def episode_sources(path: str | Path) -> list[Path]:
     return [path]
 
 
+def episode_output(source: str | Path, out: str | Path | None = None) -> Path:
+    """Where :func:`view_episode` writes the view of ``source`` (a ``<STEM>_vio.mcap``): ``out`` when it
+    is a file path, else ``<STEM>.rrd`` in ``out`` (a folder) or in the current folder."""
+    return output_path(out, f"{_stem(source)}.rrd")
+
+
+def _stem(source: str | Path) -> str:
+    return Path(source).name.removesuffix(".mcap").removesuffix("_vio")
+
+
+def view_episodes(path: str | Path, out: str | Path | None = None, *, topics: TopicMap = DAS_DEFAULT,
+                  camera: str = "jpeg", overwrite: bool = False) -> list["EpisodeView"]:
+    """Write the ``.rrd`` of every episode ``path`` names (:func:`episode_sources`), one per episode.
+
+    Every output is checked before any is written: without ``overwrite``, one that exists refuses
+    them all (a trial wrote ``stack_0000.rrd``, then stopped at an existing ``stack_0001.rrd``).
+
+    Args:
+        path: a ``<STEM>_vio.mcap`` or a task folder.
+        out: the ``.rrd`` (one episode) or a folder; default the current folder.
+        topics, camera, overwrite: as :func:`view_episode`.
+
+    Raises:
+        ViewError: as :func:`episode_sources`; several episodes and ``out`` is not a folder; any output
+            exists and ``overwrite`` is false (naming every one that exists). RecordingError: as
+            :func:`view_episode`.
+    """
+    sources = episode_sources(path)
+    if len(sources) > 1 and out is not None and not Path(out).is_dir():
+        raise ViewError(f"holds {len(sources)} episodes: -o must be an existing folder, not {str(out)!r}", path,
+                        code="bad_output")
+    existing = [str(p) for p in (episode_output(s, out) for s in sources) if p.exists()]
+    if existing and not overwrite:
+        raise ViewError(f"{len(existing)} of the {len(sources)} views exist, nothing written; pass --overwrite to "
+                        f"replace them: {', '.join(existing)}", path, code="output_exists")
+    return [view_episode(s, out, topics=topics, camera=camera, overwrite=overwrite) for s in sources]
+
+
 class _Columns:
     """Rows of one entity gathered until :data:`BATCH_ROWS`, then sent with ``send_columns``."""
 
@@ -224,9 +262,8 @@ def view_episode(source: str | Path, out: str | Path | None = None, *, topics: T
 
     if camera not in CAMERA_MODES:
         raise ViewError(f"camera must be one of {', '.join(CAMERA_MODES)}, got {camera!r}")
-    source = Path(source)
-    stem = source.name.removesuffix(".mcap").removesuffix("_vio")
-    path = output_path(out, f"{stem}.rrd")
+    source, stem = Path(source), _stem(source)
+    path = episode_output(source, out)
     blueprint = rrb.Blueprint(
         rrb.Horizontal(
             rrb.Vertical(rrb.Spatial3DView(origin="world", name="3-D pose"),

@@ -136,7 +136,7 @@ def test_dataset_view_shows_rows_windows_and_chunks(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = Path(proc.stdout.strip())
-    assert out == tmp_path / "dataset_episode1.rrd"
+    assert out == tmp_path / f"{tmp_path.name}_dataset_episode1.rrd"  # named after the dataset's folder too
     tables = read_rrd(out)
     with np.load(npz) as z:
         pos, rgb, ts = z["data__robot0_eef_pos"][30:70], z["data__camera0_rgb"], z["data__timestamp"][30:70]
@@ -170,6 +170,34 @@ def test_dataset_view_shows_rows_windows_and_chunks(tmp_path):
     for j, p in enumerate(window):
         img = tables[f"/anchor/obs/camera0_rgb/{j}#static"]["Image:buffer"].to_pylist()[0][0]
         assert np.array_equal(np.array(img, dtype=np.uint8).reshape(rgb.shape[1:]), rgb[p])
+
+
+def test_two_datasets_views_do_not_collide(tmp_path):
+    """A trial's second dataset's episode 0 was refused: every dataset view was dataset_episode0.rrd."""
+    from dpflow_core.view.dataset import view_dataset
+
+    views = tmp_path / "views"
+    views.mkdir()
+    paths = [view_dataset(write_synthetic_dataset(tmp_path / task / "dataset.npz", n_episodes=1, episode_length=12),
+                          views).path for task in ("pick_place", "stack")]
+    assert paths == [views / "pick_place_dataset_episode0.rrd", views / "stack_dataset_episode0.rrd"]
+    assert all(p.is_file() for p in paths)
+
+
+def test_a_task_folder_view_refuses_before_writing_any(tmp_path):
+    """`dpflow view rec/stack -o views` wrote stack_0000.rrd, then stopped at an existing stack_0001.rrd."""
+    eps = write_task(tmp_path, episodes=3, seconds=1.0, seed=5, task="stack", spec=SampleSpec(width=64, height=48))
+    views = tmp_path / "views"
+    views.mkdir()
+    for ep in eps[1:]:
+        (views / f"{ep.stem}.rrd").write_bytes(b"earlier")
+    proc = subprocess.run([*DPFLOW, "view", str(tmp_path / "stack"), "-o", str(views)], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "2 of the 3 views exist, nothing written" in proc.stderr + proc.stdout
+    assert all(str(views / f"{ep.stem}.rrd") in proc.stderr + proc.stdout for ep in eps[1:])
+    assert sorted(p.name for p in views.iterdir()) == [f"{ep.stem}.rrd" for ep in eps[1:]]
+    assert {(views / f"{ep.stem}.rrd").read_bytes() for ep in eps[1:]} == {b"earlier"}
 
 
 def test_rollouts_view(tmp_path):
