@@ -22,6 +22,12 @@ app = typer.Typer(
     add_completion=False,
 )
 
+
+def counted(n: int, noun: str) -> str:
+    """``"1 episode"``, ``"3 episodes"``: a count with its noun in the number it needs (English ``-s`` plural)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _print_version(value: bool) -> None:
     if value:
         from dpflow_core import __version__

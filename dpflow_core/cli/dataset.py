@@ -13,7 +13,7 @@ from typing import Callable, Iterator, List, Optional
 
 import typer
 
-from dpflow_core.cli import app
+from dpflow_core.cli import app, counted
 from dpflow_core.cli.options import settings_options
 from dpflow_core.conversion.settings import ConversionSettings
 from dpflow_core.errors import ConversionError
@@ -80,17 +80,17 @@ def _print_conversion(result, as_json: bool) -> None:
     out.print(f"[bold]{result.path}[/]")
     out.print(f"sha256 {result.sha256}  ({result.size_bytes:,} bytes)")
     out.print(
-        f"{result.n_episodes} episodes, {result.total_steps} steps (lengths min {lengths['min']} / mean "
+        f"{counted(result.n_episodes, 'episode')}, {counted(result.total_steps, 'step')} (lengths min {lengths['min']} / mean "
         f"{lengths['mean']:.1f} / max {lengths['max']}), {result.frequency_hz:.3f} Hz, image {result.image_size[0]}x{result.image_size[1]}, "
         f"{result.wall_time_s:.1f} s ({result.frames_per_s:.0f} frames/s)"
     )
     out.print(f"sidecar {result.sidecar_path}\nnorm stats {result.norm_stats_path}")
     cached = meta.get("cache") or {}
     if cached.get("episodes_reused"):
-        out.print(f"{cached['episodes_reused']} episodes from the cache {cached['dir']}, "
+        out.print(f"{counted(cached['episodes_reused'], 'episode')} from the cache {cached['dir']}, "
                   f"{cached['episodes_aligned']} aligned")
     for g in meta.get("rate_groups") or []:
-        out.print(f"{g['n_episodes']} episodes at {g['frequency_hz']:.3f} Hz kept as their own dataset {g['path']}")
+        out.print(f"{counted(g['n_episodes'], 'episode')} at {g['frequency_hz']:.3f} Hz kept as their own dataset {g['path']}")
     for name in meta.get("stale_files_removed") or []:
         out.print(f"removed stale {name} (left by a conversion that is no longer running)")
     for ep in meta["episodes"]:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from dpflow_core.cli import app
+from dpflow_core.cli import app, counted
 
 
 @app.command("report")
 def report(
-    source: Path = typer.Argument(..., metavar="SOURCE", help="A pairing manifest (JSON, the paired_episodes output) or a "
+    source: Path = typer.Argument(..., help="A pairing manifest (JSON, the paired_episodes output) or a "
                                   "Matrix Studio task folder (paired first; its manifest saved in OUT/manifests/)."),
     out: Path = typer.Option(..., "-o", "--out", help="Report folder: report.html, quality.json, previews/."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in the folder."),
@@ -30,7 +30,7 @@ def report(
         )
     for r in result.unreadable:
         typer.echo(f"{r['stem']}: not measured: {r['code']}: {r['reason']}")
-    typer.echo(f"{len(result.episodes)} episodes, {len(result.outliers)} outliers -> {result.html_path}")
+    typer.echo(f"{counted(len(result.episodes), 'episode')}, {counted(len(result.outliers), 'outlier')} -> {result.html_path}")
     if not result.episodes:
         from dpflow_core.pairing import read_manifest_json, reject_summary
 

@@ -344,6 +344,18 @@ def test_cli_convert_and_norm_stats(task, tmp_path):
     assert not rows
 
 
+def test_cli_convert_counts_one_episode_in_the_singular(task, tmp_path):
+    root, eps = task
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(manifest_for(eps[:1], root)))
+    out = tmp_path / "one" / "dataset.npz"
+    proc = subprocess.run([str(Path(sys.executable).with_name("dpflow")), "convert", str(manifest), "-o", str(out),
+                           "--image-size", "48,32", "-j", "1", "--no-cache"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^1 episode, \d+ steps \(lengths", proc.stdout, re.M), proc.stdout
+
+
 def test_task_folder_input_is_paired(tmp_path):
     eps = samples.write_task(tmp_path, episodes=3, seconds=2.0, task="wipe",
                              spec=replace(SPEC, vio_status="success"))
