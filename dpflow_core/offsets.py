@@ -173,7 +173,8 @@ class ImageMotion:
     Frames are numbered in the order :meth:`add` receives them (capture order). With more than
     ``options.max_samples`` pairs expected, only pairs ``(k, k + 1)`` with ``k`` a multiple of the
     stride are tracked, so the cost per episode stays bounded. ``seconds`` is the time spent here, ``width`` the
-    tracked frames' width (px).
+    tracked frames' width (px). Each tracked pair's change of the grey frame's 8 x 8 cell means is kept too
+    (:meth:`cell_change`: where the fingers move, :mod:`dpflow_core.recordings.gripper_timing`).
     """
 
     def __init__(self, expected_frames: int, options: OffsetOptions = DEFAULT_OPTIONS):
@@ -187,6 +188,7 @@ class ImageMotion:
         self._first: list[int] = []
         self._moved: list[np.ndarray] = []
         self._found: list[np.ndarray] = []
+        self._cells, self._prev_cells = [], None  # per pair, |change| of the 8 x 8 cell means (grey levels); the last's
 
     def add(self, rgb: np.ndarray) -> None:
         """The next frame: (H, W, 3) uint8 RGB, any size (all frames of one episode the same)."""
@@ -201,6 +203,7 @@ class ImageMotion:
         while grey.shape[1] >= 2 * self.options.thumb_width:
             grey = cv2.pyrDown(grey)
         self.width = grey.shape[1]
+        cells = cv2.resize(grey.astype(np.float32), (8, 8), interpolation=cv2.INTER_AREA)
         if self._points is None:
             h, w = grey.shape
             xs, ys = np.meshgrid(np.linspace(4, w - 5, 7), np.linspace(4, h - 5, 7))
@@ -211,8 +214,13 @@ class ImageMotion:
             self._first.append(k - 1)
             self._moved.append(moved[:, 0])
             self._found.append(found.ravel() == 1)
-        self._prev = grey
+            self._cells.append(np.abs(cells - self._prev_cells).ravel())
+        self._prev, self._prev_cells = grey, cells
         self.seconds += time.perf_counter() - started
+
+    def cell_change(self) -> np.ndarray:
+        """(P, 64) float32, per pair of :meth:`result` the absolute change of each of the 8 x 8 cell means (grey levels)."""
+        return np.asarray(self._cells, np.float32).reshape(len(self._cells), 64)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """``(pairs (P, 2) int64 frame numbers, features (P, 4) float64)``: per pair the shift x and y
@@ -277,8 +285,9 @@ def _spans_clear(a: np.ndarray, b: np.ndarray, t: np.ndarray, max_step: float) -
     return inside
 
 
-def _interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
-    """``np.interp`` of every column of ``fp`` (M, C) at ``x`` (any shape) with one search: (*x.shape, C)."""
+def interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """``np.interp`` of every column of ``fp`` (M, C) float at ``x`` (any shape; ``xp`` (M,) increasing, same unit) with one
+    search: (*x.shape, C) float64, held at the end rows outside ``xp``. ``M`` must be at least 2; nothing is raised."""
     i = np.clip(np.searchsorted(xp, x, side="right"), 1, len(xp) - 1)
     w = np.clip((x - xp[i - 1]) / (xp[i] - xp[i - 1]), 0.0, 1.0)[..., None]
     return fp[i - 1] * (1 - w) + fp[i] * w
@@ -297,10 +306,11 @@ def _scan(target: np.ndarray, regressors, taus: np.ndarray) -> np.ndarray:
     return explained / float((y**2).sum())
 
 
-def _estimate(stream: str, target: np.ndarray, regressors, rotation_rms: float, opts: OffsetOptions,
-              sample_s: float = 0.0) -> OffsetEstimate:
-    """Run the two-stage scan and judge the peak (see the module docstring); ``sample_s``: the interval
-    (s) of the samples fitted, the margin within which a fit counts as at the search limit."""
+def estimate_offset(stream: str, target: np.ndarray, regressors, rotation_rms: float, opts: OffsetOptions,
+                    sample_s: float = 0.0) -> OffsetEstimate:
+    """The :class:`OffsetEstimate` of ``stream``: the two-stage scan of ``target`` (N, k) on ``regressors(taus)`` ((T, N, r)
+    for (T,) lags, s), its peak judged (module docstring; ``rotation_rms`` rad/s; ``sample_s`` the samples' interval, s,
+    the margin of the search limit); a weak, flat or edge peak is ``not_measurable``, nothing is raised."""
     n = len(target)
     common = {"stream": stream, "rotation_rms_rps": rotation_rms, "samples": n}
     if n < opts.min_samples:
@@ -437,10 +447,10 @@ def camera_offset(frame_ts_ns: np.ndarray, pairs: np.ndarray, features: np.ndarr
     a, b = a[use], b[use]
 
     def regressors(taus: np.ndarray) -> np.ndarray:
-        return _interp_rows(b[None] - taus[:, None], pose_s, cum) - _interp_rows(a[None] - taus[:, None], pose_s, cum)
+        return interp_rows(b[None] - taus[:, None], pose_s, cum) - interp_rows(a[None] - taus[:, None], pose_s, cum)
 
     rms = _rotation_rms(pose_s, cum[:, :3], float(a[0]), float(b[-1]))
-    est = _estimate("camera", features[use], regressors, rms, opts, period)
+    est = estimate_offset("camera", features[use], regressors, rms, opts, period)
     return _fast_fit(est, features[use], regressors, a, b, opts)
 
 
@@ -475,11 +485,11 @@ def imu_offset(imu_ts_ns: np.ndarray, gyro_rps: np.ndarray, pose_ts_ns: np.ndarr
     a, b = a[use], b[use]
 
     def regressors(taus: np.ndarray) -> np.ndarray:
-        return (_interp_rows(b[None] + taus[:, None], imu_s, integral)
-                - _interp_rows(a[None] + taus[:, None], imu_s, integral))
+        return (interp_rows(b[None] + taus[:, None], imu_s, integral)
+                - interp_rows(a[None] + taus[:, None], imu_s, integral))
 
     rms = _rotation_rms(pose_s, cum, float(a[0]), float(b[-1])) if len(use) else 0.0
-    return _estimate("imu", target, regressors, rms, opts, pose_step)
+    return estimate_offset("imu", target, regressors, rms, opts, pose_step)
 
 
 def clock_skew(estimate_in, pose_ts_ns: np.ndarray, pose_ok: np.ndarray | None, stream: str,

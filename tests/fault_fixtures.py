@@ -302,3 +302,69 @@ def gyro_negated(streams):
 
     gyro, acc = streams.imu
     return dataclasses.replace(streams, imu=(-gyro, acc))
+
+
+def gripper_shifted(streams, seconds: float):
+    """``streams`` with every gripper-width stamp moved by ``seconds`` (+1.0: the widths stamped a second late),
+    the widths and every other stream untouched."""
+    import dataclasses
+
+    return dataclasses.replace(streams, gripper_ts_ns=np.asarray(streams.gripper_ts_ns, np.int64) + int(round(seconds * 1e9)))
+
+
+def record_world(root, task: str, seeds, honest: int, variants: dict, size: int = 64) -> dict:
+    """A world task folder of honest episodes and faulty variants, paired (ground truth by construction).
+
+    Episode ``k`` (of ``seeds``) is recorded at ``size`` x ``size`` px with its streams kept (``spec``, ``streams`` and
+    ``backwards``: the frames re-encoded in reverse order); the first ``honest`` are written as ``<task>_<k:04d>``, the
+    rest only serve as variants' bases. ``variants``: stem suffix -> ``(k, make)``, written as ``<task>_<suffix>`` with
+    episode ``k``'s spec and the streams ``make(kept)`` gives (``kept``: every episode's dict).
+
+    Returns:
+        ``{"dir", "manifest" (the saved manifest's path), "stems" (honest first)}``.
+    """
+    import json
+
+    import pytest
+
+    import dpflow_core.sim.record as sim_record
+    from dpflow_core.pairing import pair_recordings, save_manifest
+    from dpflow_core.sim.record import SimRecordingSpec, record_episode
+    from dpflow_core.sim.tasks import initial_state, new_world
+
+    task_dir = root / task
+    task_dir.mkdir(parents=True)
+    world = new_world(task, size, size)
+    real_write, real_encode = sim_record.write_recording, sim_record.encode_h264
+    kept = []
+    try:
+        for k, seed in enumerate(seeds):
+            got: dict = {}
+
+            def encode(frames, fps, gop, _got=got):
+                _got["backwards"] = [u for u, _key in real_encode(frames[::-1], fps, gop)]
+                return real_encode(frames, fps, gop)
+
+            def write(task_dir_, stem_, rng, spec, topics, streams, _got=got, _k=k):
+                _got.update(spec=spec, streams=streams)
+                return real_write(task_dir_, stem_, rng, spec, topics, streams) if _k < honest else None
+
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(sim_record, "encode_h264", encode)
+                mp.setattr(sim_record, "write_recording", write)
+                record_episode(task_dir, f"{task}_{k:04d}", initial_state(task, seed),
+                               SimRecordingSpec(width=size, height=size), world)
+            kept.append(got)
+    finally:
+        world.close()
+    assert sim_record.write_recording is real_write and sim_record.encode_h264 is real_encode
+    stems = [f"{task}_{k:04d}" for k in range(honest)]
+    for suffix, (k, make) in variants.items():
+        real_write(task_dir, f"{task}_{suffix}", np.random.default_rng(len(stems)), kept[k]["spec"], DAS_DEFAULT, make(kept))
+        stems.append(f"{task}_{suffix}")
+    (task_dir / "vio_result.json").write_text(json.dumps({
+        "task_name": task, "success_mcap_files": [f"{s}_vio.mcap" for s in stems], "failed_mcap_files": []}))
+    manifest = pair_recordings(task_dir)
+    assert len(manifest.accepted) == len(stems), manifest.rejected
+    path, _ = save_manifest(manifest, root / f"manifests_{task}")
+    return {"dir": task_dir, "manifest": path, "stems": stems}

@@ -61,7 +61,10 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: (``imu_reversed``), and so is a camera whose fast image motion the pose explains at no offset (another recording's
 #: camera: ``camera_pose_mismatch``; ``camera_offset`` gains its ``fast_r2``, ``fast_ceiling`` and
 #: ``fast_rotation_rps``).
-CONVERTER_VERSION = "12"
+#: 13: the gripper-width stream's offset against the camera measured from the fingers' image change
+#: (``gripper_offset_s`` and ``gripper_offset``, :mod:`dpflow_core.recordings.gripper_timing`): beyond 0.1 s warned,
+#: beyond 0.25 s refused (``gripper_offset``).
+CONVERTER_VERSION = "13"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
     "robot0_eef_pos",
@@ -237,7 +240,8 @@ def align_episode(
         ({max_gap_s, policy, gaps: [{at_s, duration_s, missing_frames, row, action}],
         segments: [{rows, frames, start_s, end_s, kept}]}: every camera gap longer than
         ``max_gap_s`` and what was done with it), and ``offsets``: the camera's and the IMU's
-        offsets against the pose clock (:func:`dpflow_core.offsets.measure_offsets`).
+        offsets against the pose clock (:func:`dpflow_core.offsets.measure_offsets`) and the gripper's against the
+        camera's (:func:`dpflow_core.recordings.gripper_timing.measure_gripper`).
 
     Raises:
         RecordingError: the file cannot be read (see :func:`read_streams`).
@@ -251,8 +255,6 @@ def align_episode(
             NaN/inf (``not_finite``), or a plausibility finding whose policy rejects (its class,
             e.g. ``gripper_dead``). An invalid setting is refused when the settings are built.
     """
-    from dpflow_core.offsets import measure_offsets
-
     settings = settings or ConversionSettings()
     path = Path(vio_mcap_path)
     if stem is None:
@@ -290,9 +292,7 @@ def align_episode(
     usable = pose_ok.copy()
     for a, b in verdict.drop_ns:
         usable &= (pose_t <= a) | (pose_t >= b)
-    offsets = measure_offsets(cam.image_motion, cam_ns, pose_t, verdict.quat_xyzw, verdict.position_m, usable,
-                              streams.imu_ts_ns, streams.gyro_rps)
-    late = _offset_findings(path, offsets, clock.origin, pose_t, settings.plausibility, findings)
+    offsets, late = _offsets(path, cam, verdict, usable, clock.origin, settings.plausibility, findings)
     plaus_info["findings"] = plaus_info.get("findings", []) + [f.to_dict() for f in late]
     report = {
         "stem": stem,
@@ -376,17 +376,26 @@ def _decode_camera_stream(path: Path, image_size: tuple[int, int] | None, topics
                    image_motion)
 
 
-def _offset_findings(path: Path, offsets: dict, origin: int, pose_ts_ns: np.ndarray, checks: Any, findings: list) -> list:
-    """The findings of the measured offsets, ``clock_skew`` (their drift) then ``camera_pose_mismatch`` (a camera
-    the pose explains at no offset); :class:`ConversionError` when one's policy rejects."""
-    from dpflow_core.offsets import check_clock_skew
+def _offsets(path: Path, cam: _Camera, verdict: Any, usable: np.ndarray, origin: int, checks: Any,
+             findings: list) -> tuple[dict, list]:
+    """The measured offsets (the camera's and the IMU's against the pose clock on the ``usable`` poses of the
+    repaired track ``verdict``, the gripper's against the camera's) and their findings, ``clock_skew`` (their drift),
+    ``camera_pose_mismatch`` (a camera the pose explains at no offset) then ``gripper_offset`` (a gripper stream off
+    the camera's clock); :class:`ConversionError` when one's policy rejects."""
+    from dpflow_core.offsets import check_clock_skew, measure_offsets
     from dpflow_core.recordings.camera_pose import check_camera_pose
+    from dpflow_core.recordings.gripper_timing import check_gripper_offset, measure_gripper
     from dpflow_core.recordings.plausibility import decide
 
+    streams, pose_ts_ns = cam.streams, cam.streams.pose_ts_ns
+    offsets = measure_offsets(cam.image_motion, cam.cam_ns, pose_ts_ns, verdict.quat_xyzw, verdict.position_m, usable,
+                              streams.imu_ts_ns, streams.gyro_rps)
+    offsets.update(measure_gripper(cam.image_motion, cam.cam_ns, streams.gripper_ts_ns, streams.gripper_width_m))
     late = check_clock_skew([offsets["camera_clock_skew"], offsets["imu_clock_skew"]], origin, int(pose_ts_ns[0]), checks)
     late += check_camera_pose(offsets, origin, pose_ts_ns, checks)
+    late += check_gripper_offset(offsets, origin, streams.gripper_ts_ns, checks)
     _refuse_rejected(path, decide(late), findings + late)
-    return late
+    return offsets, late
 
 
 def _refuse_rejected(path: Path, rejected: Any, findings: list) -> None:

@@ -46,6 +46,7 @@ class (``code``)          rule                                            defaul
 ``imu_reversed``          the gyro fits the pose only negated (reversed)  reject             reject, warn
 ``camera_pose_mismatch``  the camera fits the pose at no offset (another  reject             reject, warn
                           recording's: :mod:`.camera_pose`)
+``gripper_offset``        the gripper's stamps off the camera's clock     reject             reject, warn
 ``imu_dead``              gyro or accelerometer constant over the         warn               warn, reject
                           episode while the pose moves or turns
 ``imu_out_of_range``      a sample beyond the sensor's range, or a        warn               warn, reject
@@ -95,6 +96,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "pose_mirrored": ("reject", "warn"),
     "imu_reversed": ("reject", "warn"),
     "camera_pose_mismatch": ("reject", "warn"),
+    "gripper_offset": ("reject", "warn"),
     "imu_dead": ("warn", "reject"),
     "imu_not_finite": ("warn", "reject"),
     "imu_disagrees": ("warn", "reject"),
@@ -154,6 +156,7 @@ class PlausibilityOptions:
         reversed_min_residual, reversed_ratio: ``imu_reversed``'s thresholds (measured in :mod:`.orientation`).
         camera_fit_min_share, camera_fit_min_ceiling, camera_fit_min_rotation_rps: ``camera_pose_mismatch``'s
             (shares of the fast ``R^2`` an honest camera reaches, rad/s; measured in :mod:`.camera_pose`).
+        gripper_offset_warn_s, gripper_offset_max_s: ``gripper_offset``'s warning and policy limits, s (:mod:`.gripper_timing`).
         imu_gyro_range_rps: the IMU gyro's full scale, rad/s (2000 deg/s, the usual MEMS setting).
         imu_accel_range_mps2: the accelerometer's full scale, m/s^2 (16 g).
         imu_gravity_mps2: (low, high) median specific-force magnitude of a handheld device, m/s^2:
@@ -190,6 +193,8 @@ class PlausibilityOptions:
     camera_fit_min_share: float = 0.8
     camera_fit_min_ceiling: float = 0.3
     camera_fit_min_rotation_rps: float = 0.06
+    gripper_offset_warn_s: float = 0.1
+    gripper_offset_max_s: float = 0.25
     imu_gyro_range_rps: float = 34.9
     imu_accel_range_mps2: float = 156.9
     imu_gravity_mps2: tuple[float, float] = (7.0, 13.0)
@@ -325,14 +330,12 @@ def check_pose(ts_ns: np.ndarray, position_m: np.ndarray, quat_xyzw: np.ndarray,
     """
     if valid is not None and not np.all(valid):
         idx = np.flatnonzero(np.asarray(valid, dtype=bool))
-        pos = np.array(position_m, dtype=np.float64)
-        quat = np.array(quat_xyzw, dtype=np.float64)
+        pos, quat = np.array(position_m, dtype=np.float64), np.array(quat_xyzw, dtype=np.float64)
         sub = check_pose(np.asarray(ts_ns, dtype=np.int64)[idx], pos[idx], quat[idx], t0_ns, opts, motion_ts_ns, motion)
         pos[idx], quat[idx] = sub.position_m, sub.quat_xyzw
         return PoseVerdict(sub.findings, pos, quat, sub.drop_ns)
     ts = np.asarray(ts_ns, dtype=np.int64)
-    pos = np.array(position_m, dtype=np.float64)
-    quat = np.array(quat_xyzw, dtype=np.float64)
+    pos, quat = np.array(position_m, dtype=np.float64), np.array(quat_xyzw, dtype=np.float64)
     rel = lambda ns: (int(ns) - t0_ns) / 1e9  # noqa: E731
     findings: list[Finding] = []
     drop: list[tuple[int, int]] = []
@@ -550,8 +553,7 @@ def check_gripper(ts_ns: np.ndarray, width_m: np.ndarray, pose_ts_ns: np.ndarray
         pose_ts_ns, position_m: the pose track (M,), (M, 3) m: is the gripper moving meanwhile.
         t0_ns: the episode start.
     """
-    ts = np.asarray(ts_ns, dtype=np.int64)
-    width = np.asarray(width_m, dtype=np.float64)
+    ts, width = np.asarray(ts_ns, dtype=np.int64), np.asarray(width_m, dtype=np.float64)
     rel = lambda ns: (int(ns) - t0_ns) / 1e9  # noqa: E731
     findings: list[Finding] = []
     if len(ts) < 2:
@@ -562,12 +564,10 @@ def check_gripper(ts_ns: np.ndarray, width_m: np.ndarray, pose_ts_ns: np.ndarray
     if len(out):
         k = out[np.argmax(np.abs(width[out] - (lo + hi) / 2))]
         findings.append(new_finding(opts, "gripper_out_of_range", "gripper", rel(ts[out[0]]), rel(ts[out[-1]]),
-                                 width[k], hi if width[k] > hi else lo, "m", samples=int(len(out)),
-                                 range_m=[lo, hi]))
+                                 width[k], hi if width[k] > hi else lo, "m", samples=int(len(out)), range_m=[lo, hi]))
 
     def moved(a_ns: int, b_ns: int) -> float:
-        sel = (pose_ts_ns >= a_ns) & (pose_ts_ns <= b_ns)
-        return _path_length(np.asarray(position_m)[sel])
+        return _path_length(np.asarray(position_m)[(pose_ts_ns >= a_ns) & (pose_ts_ns <= b_ns)])
 
     if np.ptp(width) <= opts.frozen_eps:
         path = moved(int(ts[0]), int(ts[-1]))

@@ -23,6 +23,7 @@ from dpflow_core.offsets import DEFAULT_OPTIONS as OFFSET_OPTIONS, ImageMotion, 
 from dpflow_core.pairing.manifest import pairing_warnings, read_manifest_json
 from dpflow_core.recordings import EpisodeStreams, read_streams
 from dpflow_core.recordings.camera_pose import check_camera_pose
+from dpflow_core.recordings.gripper_timing import check_gripper_offset, measure_gripper
 from dpflow_core.recordings.orientation import check_orientation, check_translation
 from dpflow_core.recordings.plausibility import PlausibilityOptions, check_gripper, check_imu, check_pose
 from dpflow_core.recordings.topics import DAS_DEFAULT, TopicMap
@@ -465,6 +466,8 @@ def episode_quality(
         pose_t0 = int(streams.pose_ts_ns[0]) if len(streams.pose_ts_ns) else t0
         findings += check_clock_skew([offsets["camera_clock_skew"], offsets["imu_clock_skew"]], t0, pose_t0)
         findings += check_camera_pose(offsets, t0, streams.pose_ts_ns)
+        offsets.update(measure_gripper(image_motion, motion_ts, streams.gripper_ts_ns, streams.gripper_width_m))
+        findings += check_gripper_offset(offsets, t0, streams.gripper_ts_ns)
         found = invalid_findings(q.pose_gaps) + [f.to_dict() for f in findings] + damage_findings(damaged, t0) + [
             {**w, "action": "warned"} for w in pairing_warnings(entry) if w["code"] in PAIRING_FINDINGS]
         episodes.append(replace(q, frames_undecodable=undecodable, findings=tuple(found),

@@ -114,20 +114,20 @@ def _inputs() -> ConversionInputs:
 
 
 @pytest.mark.parametrize("options, key", [
-    ({}, "65b536a39700c7732b30d5d3f1c558b4e97d7ca380963645f1a9277f256d8cd9"),
+    ({}, "0a45b0a04de06bf3f04bad818d4cb1bf9c11b6a00ccfd9a9a282c5cc24bc7a29"),
     (dict(image_size=(32, 24), max_gap_s=1, gap_policy="reject", min_segment_frames=20),
-     "f5436740a7f2546cb1f99afd54535bca3dd5a275017ee14fd7c8eccae2466fb9"),
+     "82a77e5e4573026080bd3c93bdae3b39da7c7372f5c2386e947e6fd95290c79a"),
     (dict(image_size=(64, 48), rate_policy="group", frequency_tolerance=0.1, min_overlap_fraction=0.3,
-          invalid_pose_policy="reject"), "e0e4ebbff7d6dc7db4743b866061bae5efe9f08abc4643f1875140eec2f2148b"),
+          invalid_pose_policy="reject"), "de8bcc52d6d306d4a918087aba2dcc2bf360764c377c4d6c2179bde3c4ab44e3"),
     (dict(image_size=(32, 24), plausibility={"max_speed_mps": 4.0, "policies": {"gripper_dead": "warn"}},
-          short_episode_policy="warn"), "6b0a0c25bb1059422301a871b0844f7ed89c7c7b6c8f6ad2c8221e05f32456fa"),
+          short_episode_policy="warn"), "0a964b3a2dc7de0ec26c5c4b0f1b31fedc198dd177d08d6d8132999e397e2723"),
 ])
 def test_dataset_keys_are_those_of_the_loose_options(options, key):
     """The keys (and so the reuse of existing datasets) of the options as they were passed one by one before the
     settings object: computed with the previous code and pinned here; re-pinned at converter 8 with the IMU's
     plausibility classes, and at each later version (11: the pose_rate_low, pose_glitch, pose_mirrored and clock_skew
-    options; 12: imu_reversed's and camera_pose_mismatch's; the version and the options are part of every key, so both
-    change them by design)."""
+    options; 12: imu_reversed's and camera_pose_mismatch's; 13: gripper_offset's; the version and the options are part
+    of every key, so both change them by design)."""
     assert dataset_key(_inputs(), ConversionSettings(**options)) == key
 
 
@@ -135,12 +135,12 @@ def test_an_alignment_job_carries_the_settings_and_its_cache_key_is_unchanged():
     entry = _inputs().episodes[0]
     settings = ConversionSettings(image_size=(32, 24))
     job = alignment_job(entry, settings, DAS_DEFAULT, True)
-    assert episode_key(job) == "be779433cde06edeeaea6cae94acdbde076e14bfb1d49d9cd5f59583797edded"
+    assert episode_key(job) == "292327cc83c0d5baa671e0bd0c5da1118f1fdb7e2494bb1b0c5a74be5e6ee77e"
     odd = ConversionSettings(image_size=(32, 24), invalid_pose_policy="reject", min_overlap_fraction=0.3, max_gap_s=1.0,
                              gap_policy="reject", min_segment_frames=20, min_pose_score=0.5,
                              plausibility={"max_speed_mps": 4.0}, short_episode_policy="warn")
     odd_job = alignment_job(entry, odd, DAS_DEFAULT, False)
-    assert episode_key(odd_job) == "9fa3ad0630be1eaa0563bcbea057d86736ef88c20492bab679da15393d45c373"
+    assert episode_key(odd_job) == "6f9a88bae60520e416215a9972fb67aa1ac2666687cbef3be3224fe9c5e697a5"
     # what the worker reads back: the alignment settings, the rate ones at their defaults
     assert settings_of_job(job) == settings
     assert settings_of_job(odd_job) == odd

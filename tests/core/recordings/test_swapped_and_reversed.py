@@ -12,19 +12,15 @@ import json
 import numpy as np
 import pytest
 
-import dpflow_core.sim.record as sim_record
 from dpflow_core.conversion import ConversionSettings, align_episode, convert
 from dpflow_core.errors import ConversionError
-from dpflow_core.pairing import pair_recordings, save_manifest
 from dpflow_core.recordings import samples
 from dpflow_core.recordings.camera_pose import check_camera_pose
 from dpflow_core.recordings.plausibility import PlausibilityOptions
 from dpflow_core.recordings.topics import DAS_DEFAULT
 from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.report import episode_quality
-from dpflow_core.sim.record import SimRecordingSpec, record_episode
-from dpflow_core.sim.tasks import initial_state, new_world
-from fault_fixtures import camera_of, gyro_negated, reversed_streams
+from fault_fixtures import camera_of, gyro_negated, record_world, reversed_streams
 
 #: task -> (seeds of the episodes recorded, variants: stem suffix -> (kind, episode, other episode)). The last episode
 #: is only a variant's base, never written itself: a gyro-negated copy keeps its camera's bytes, which conversion
@@ -44,46 +40,10 @@ REVERSED_WHY = "the gyro turns against the pose track: the episode may be time-r
 def _record_world(root, task: str) -> dict:
     """The task's honest episodes and their variants in one folder, paired; each episode's streams kept."""
     seeds, variants = WORLD[task]
-    task_dir = root / task
-    task_dir.mkdir(parents=True)
-    world = new_world(task, 64, 64)
-    real_write, real_encode = sim_record.write_recording, sim_record.encode_h264
-    kept = []
-    try:
-        for k, seed in enumerate(seeds):
-            got: dict = {}
-
-            def encode(frames, fps, gop, _got=got):
-                _got["backwards"] = [u for u, _key in real_encode(frames[::-1], fps, gop)]
-                return real_encode(frames, fps, gop)
-
-            def write(task_dir_, stem_, rng, spec, topics, streams, _got=got, _k=k):
-                _got.update(spec=spec, streams=streams)
-                return real_write(task_dir_, stem_, rng, spec, topics, streams) if _k < HONEST else None
-
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(sim_record, "encode_h264", encode)
-                mp.setattr(sim_record, "write_recording", write)
-                record_episode(task_dir, f"{task}_{k:04d}", initial_state(task, seed), SimRecordingSpec(width=64, height=64),
-                               world)
-            kept.append(got)
-    finally:
-        world.close()
-    assert sim_record.write_recording is real_write and sim_record.encode_h264 is real_encode
-    stems = [f"{task}_{k:04d}" for k in range(HONEST)]
-    for suffix, (kind, i, j) in variants.items():
-        base = kept[i]["streams"]
-        streams = {"swap": lambda: camera_of(base, kept[j]["streams"]),
-                   "reversed": lambda: reversed_streams(base, kept[i]["backwards"]),
-                   "gyro": lambda: gyro_negated(base)}[kind]()
-        real_write(task_dir, f"{task}_{suffix}", np.random.default_rng(len(stems)), kept[i]["spec"], DAS_DEFAULT, streams)
-        stems.append(f"{task}_{suffix}")
-    (task_dir / "vio_result.json").write_text(json.dumps({
-        "task_name": task, "success_mcap_files": [f"{s}_vio.mcap" for s in stems], "failed_mcap_files": []}))
-    manifest = pair_recordings(task_dir)
-    assert len(manifest.accepted) == len(stems), manifest.rejected
-    path, _ = save_manifest(manifest, root / f"manifests_{task}")
-    return {"dir": task_dir, "manifest": path, "stems": stems}
+    make = {"swap": lambda i, j: lambda kept: camera_of(kept[i]["streams"], kept[j]["streams"]),
+            "reversed": lambda i, _j: lambda kept: reversed_streams(kept[i]["streams"], kept[i]["backwards"]),
+            "gyro": lambda i, _j: lambda kept: gyro_negated(kept[i]["streams"])}
+    return record_world(root, task, seeds, HONEST, {s: (i, make[kind](i, j)) for s, (kind, i, j) in variants.items()})
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +100,7 @@ def test_honest_world_episodes_convert_with_no_such_finding(world, task):
         assert cam["fast_r2"] >= 0.9 * cam["fast_ceiling"] and cam["fast_ceiling"] >= 0.5 and cam["fast_rotation_rps"] > 0.06, cam
     policies = w["meta"]["options"]["content_checks"]["plausibility"]["policies"]
     assert (policies["camera_pose_mismatch"], policies["imu_reversed"]) == ("reject", "reject")
-    assert w["meta"]["converter"]["version"] == "12"
+    assert w["meta"]["converter"]["version"] == "13"
     buffer = ReplayBuffer(w["result"].path)
     assert buffer.n_episodes == len(honest)
 
@@ -155,7 +115,8 @@ def test_the_quality_report_names_both(world):
 
 
 def test_the_warn_policy_keeps_the_episode_and_lists_both(world):
-    opts = PlausibilityOptions(policies={"camera_pose_mismatch": "warn", "imu_reversed": "warn"})
+    """(Another episode's camera shows its fingers moving when this gripper does not: ``gripper_offset`` too.)"""
+    opts = PlausibilityOptions(policies={"camera_pose_mismatch": "warn", "imu_reversed": "warn", "gripper_offset": "warn"})
     settings = ConversionSettings(image_size=(64, 64), plausibility=opts)
     for stem, code in (("stack_swap_10", "camera_pose_mismatch"), ("stack_gyro_4", "imu_reversed")):
         a = align_episode(world["stack"]["dir"] / f"{stem}_vio.mcap", settings)

@@ -256,7 +256,7 @@ def test_pairing_warnings_are_carried_for_the_dataset(clean, tmp_path):
 
 
 def test_a_nan_in_the_motion_is_not_measurable_never_a_traceback():
-    from dpflow_core.offsets import OffsetOptions, _estimate
+    from dpflow_core.offsets import OffsetOptions, estimate_offset
 
     rng = np.random.default_rng(3)
     n = 400
@@ -265,7 +265,7 @@ def test_a_nan_in_the_motion_is_not_measurable_never_a_traceback():
         x = np.repeat(target[None], len(taus), axis=0) + 0.1 * rng.normal(size=(len(taus), n, 3))
         x[:, n // 2, 0] = np.nan  # one pose sample NaN while marked valid
         return x
-    est = _estimate("camera", target, regressors, 1.0, OffsetOptions())
+    est = estimate_offset("camera", target, regressors, 1.0, OffsetOptions())
     assert est.status == "not_measurable" and "NaN/inf" in est.reason
 
 
