@@ -96,7 +96,8 @@ def test_flipped_byte_fails_validate_and_upload_naming_the_member(dataset, tmp_p
     assert res.exit_code == 1, res.output
     line = next(x for x in res.output.splitlines() if "archive_crc32" in x)
     assert line.startswith("FAIL") and f"member {member!r}" in line
-    assert ("sha256_matches_sidecar" in res.output) == sidecar
+    assert "sha256_matches_sidecar" in res.output  # without a sidecar: a warning that the hash went unchecked
+    assert ("WARN  sha256_matches_sidecar: no dataset.json beside the dataset" in res.output) == (not sidecar)
 
     expected = None
     if sidecar:
