@@ -145,36 +145,52 @@ def measure_gripper(motion: Any, frame_ts_ns: np.ndarray, gripper_ts_ns: np.ndar
 
 
 def check_gripper_offset(offsets: Mapping[str, Any], t0_ns: int, gripper_ts_ns: np.ndarray, opts: Any = None) -> list:
-    """``gripper_offset`` findings of one episode: its gripper stream measured (:func:`measure_gripper`) more than
-    ``gripper_offset_warn_s`` from the camera's clock is warned, more than ``gripper_offset_max_s`` takes the class's
+    """``gripper_offset`` findings of one episode: its gripper stream measured (:func:`measure_gripper`) off the pose
+    clock by more than ``gripper_offset_warn_s`` is warned, by more than ``gripper_offset_max_s`` takes the class's
     policy (``reject`` by default).
 
+    The gripper is measured against the camera; a camera whose own stamps are late against the pose clock (a lab's
+    camera pipeline is often 0.1-0.2 s late, which ``task.camera_obs_latency`` or ``task.latency: measured`` takes
+    care of) makes an honest gripper look early by as much. So when the camera's offset against the pose clock is
+    measured (``camera_offset_s``), the gripper is judged on the sum: its offset against the pose clock. When it is
+    not, either stream may be the late one and the finding only warns, whatever its size.
+
     Args:
-        offsets: holds ``gripper_offset`` (:func:`gripper_offset`'s dict; anything but ``measured``: no finding).
+        offsets: holds ``gripper_offset`` (:func:`gripper_offset`'s dict; anything but ``measured``: no finding) and
+            ``camera_offset_s`` (s or None, :func:`~dpflow_core.offsets.measure_offsets`).
         t0_ns: the episode start; gripper_ts_ns: (G,) int64 the gripper stamps (the finding spans them).
         opts: a :class:`~dpflow_core.recordings.plausibility.PlausibilityOptions` (None: the defaults).
 
     Returns:
-        ``[Finding]`` (value: ``|offset|`` s, limit: the threshold it passed) or ``[]``.
+        ``[Finding]`` (value: ``|offset|`` s against the pose clock, or against the camera's when the camera's is
+        unknown; limit: the threshold it passed) or ``[]``.
     """
     from dpflow_core.recordings.plausibility import Finding, PlausibilityOptions, new_finding
 
     opts = PlausibilityOptions() if opts is None else opts
     est = offsets.get("gripper_offset") or {}
-    off = est.get("offset_s")
-    if est.get("status") != "measured" or off is None or abs(off) <= opts.gripper_offset_warn_s or not len(gripper_ts_ns):
+    off_camera, camera = est.get("offset_s"), offsets.get("camera_offset_s")
+    if est.get("status") != "measured" or off_camera is None or not len(gripper_ts_ns):
+        return []
+    off = off_camera + camera if camera is not None else off_camera
+    if abs(off) <= opts.gripper_offset_warn_s:
         return []
     late = "later" if off > 0 else "earlier"
     limit = opts.gripper_offset_max_s if abs(off) > opts.gripper_offset_max_s else opts.gripper_offset_warn_s
+    against = (f"the pose clock's ({off_camera:+.3f} s against the camera's, whose stamps are {camera:+.3f} s against "
+               "the pose clock)" if camera is not None else
+               "the camera's (the camera's own offset against the pose clock is not measured, so either stream may be "
+               "the late one)")
     a, b = (int(np.min(gripper_ts_ns)) - t0_ns) / 1e9, (int(np.max(gripper_ts_ns)) - t0_ns) / 1e9
     f = new_finding(
-        opts, "gripper_offset", "gripper", a, b, abs(off), limit, "s", offset_s=off, r2=est.get("r2"),
-        contrast=est.get("contrast"),
-        why=f"the gripper width's stamps are {abs(off):.3f} s {late} than the camera's: the fingers move in the image "
-            f"{abs(off):.3f} s {'before' if off > 0 else 'after'} the width stream says (R^2 {est.get('r2'):.2f}, "
-            f"contrast {est.get('contrast'):.2f} over {est.get('samples')} frame pairs); a policy trained on it acts on "
-            f"the gripper {abs(off):.2f} s {'late' if off > 0 else 'early'}")
-    if limit == opts.gripper_offset_max_s:
+        opts, "gripper_offset", "gripper", a, b, abs(off), limit, "s", offset_s=off, offset_vs_camera_s=off_camera,
+        camera_offset_s=camera, r2=est.get("r2"), contrast=est.get("contrast"),
+        why=f"the gripper width's stamps are {abs(off):.3f} s {late} than {against}: the fingers move in the image "
+            f"{abs(off_camera):.3f} s {'before' if off_camera > 0 else 'after'} the width stream says (R^2 "
+            f"{est.get('r2'):.2f}, contrast {est.get('contrast'):.2f} over {est.get('samples')} frame pairs); a policy "
+            f"trained on it acts on the gripper {abs(off):.2f} s {'late' if off > 0 else 'early'}")
+    if limit == opts.gripper_offset_max_s and camera is not None:
         return [f]
-    return [Finding(**{**asdict(f), "policy": "warn", "action": "warned",
-                       "detail": {**f.detail, "note": f"under gripper_offset_max_s {opts.gripper_offset_max_s:g} s: warned"}})]
+    note = (f"under gripper_offset_max_s {opts.gripper_offset_max_s:g} s: warned" if camera is not None else
+            "the camera's offset against the pose clock is not measured: warned, not judged")
+    return [Finding(**{**asdict(f), "policy": "warn", "action": "warned", "detail": {**f.detail, "note": note}})]
