@@ -41,8 +41,6 @@ class EpisodeInput:
         sha256: its SHA-256 recorded in the manifest (None when absent).
         files: the manifest's ``files`` entry ({role: {path, size_bytes, sha256}}).
         pairing_warnings: what pairing tolerated (:func:`~dpflow_core.pairing.manifest.pairing_warnings`).
-        curation: the curation decision of a curated manifest's entry (``validation["curation"]``: decision,
-            decided_by, score, flags, and a label's note), None for an uncurated one.
         validation: the entry's ``validation`` block, the figures pairing measured on the ``_vio.mcap`` it
             validated for this stem (:class:`~dpflow_core.recordings.RecordingReport`); empty for a hand-made
             entry. Alignment compares the file it reads with them (:func:`~dpflow_core.conversion.jobs.validated_figures`).
@@ -54,8 +52,14 @@ class EpisodeInput:
     sha256: str | None
     files: dict
     pairing_warnings: tuple = ()
-    curation: dict | None = None
     validation: dict = field(default_factory=dict)
+
+    @property
+    def curation(self) -> dict | None:
+        """The curation decision of a curated manifest's entry (``validation["curation"]``: decision, decided_by,
+        score, flags, and a label's note), None for an uncurated one."""
+        curation = self.validation.get("curation")
+        return curation if isinstance(curation, dict) else None
 
 
 @dataclass
@@ -175,11 +179,9 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
                 continue
             for _what, h in hashes:
                 by_content[h] = (stem, source)
-            curation = entry.validation.get("curation")
             episodes.append(EpisodeInput(stem, p, vio.size_bytes, vio.sha256,
                                          {role: f.to_dict() for role, f in entry.files.items()},
-                                         tuple(pairing_warnings(entry)),
-                                         curation if isinstance(curation, dict) else None, dict(entry.validation)))
+                                         tuple(pairing_warnings(entry)), dict(entry.validation)))
         for r in m.rejected:
             rejected.append({"stem": r.stem, "stage": "pairing", "path": r.path, "code": r.code, "reason": r.reason})
     return ConversionInputs(episodes, rejected, sources, tasks.pop() if len(tasks) == 1 else None, root0, topics)
