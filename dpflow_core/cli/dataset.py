@@ -27,6 +27,9 @@ def convert_cmd(
     workers: int = typer.Option(0, "--workers", "-j", min=0, help="Worker processes (0 = the free cores)."),
     backup: bool = typer.Option(False, "--backup", help="Keep an existing output as <stem>.bak-<time>.npz and replace it."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Align every episode anew; neither read nor fill the cache."),
+    mixed_tasks: bool = typer.Option(False, "--mixed-tasks",
+                                     help="Accept manifests of different tasks in one dataset (refused by default: "
+                                          "a policy learns their mixture); each episode's task is recorded."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     settings: ConversionSettings = None,
 ) -> None:
@@ -38,7 +41,7 @@ def convert_cmd(
 
     with _conversion_progress() as progress:
         result = convert([str(p) for p in inputs], output, settings, workers=workers, backup=backup,
-                         progress=progress, cache=not no_cache)
+                         progress=progress, cache=not no_cache, mixed_tasks=mixed_tasks)
     _print_conversion(result, as_json)
 
 

@@ -133,6 +133,7 @@ def convert(
     reuse_existing: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
     cache: "EpisodeCache | str | Path | bool | None" = True,
+    mixed_tasks: bool = False,
 ) -> ConversionResult:
     """Convert the accepted episodes of a pairing manifest into one ``dataset.npz``.
 
@@ -194,6 +195,7 @@ def convert(
             whose input SHA-256, stem and alignment settings are cached is not aligned again; the
             dataset is byte-identical either way (``cache`` and ``episodes[].cached`` in the
             sidecar say what was reused). The cache is pruned to its limit after the conversion.
+        mixed_tasks: accept manifests of different tasks (:func:`load_inputs`; refused by default).
 
     Returns:
         The output paths, hash and figures.
@@ -202,7 +204,8 @@ def convert(
         ConversionError: the output (or its sidecar / norm stats) exists
             (``output_exists``); no episode survived (``no_valid_episodes``: "no
             valid episodes: N found, N rejected: reasons"); no image size or a bad output name
-            (``bad_option``; a bad setting is refused when the settings are built); a bad manifest.
+            (``bad_option``; a bad setting is refused when the settings are built); a bad manifest; manifests of
+            different tasks without ``mixed_tasks`` (``mixed_tasks``).
         PairingError: a manifest file is missing or malformed, or a task folder cannot be paired.
         DatasetError: the written dataset fails validation or its norm stats
             cannot be computed (zero-variance dimension, non-finite values); the
@@ -217,7 +220,7 @@ def convert(
     out = Path(out_path).absolute()
     if out.suffix != ".npz":
         raise ConversionError("output must end in .npz", out, code="bad_option")
-    inputs = load_inputs(manifest_or_paths)
+    inputs = load_inputs(manifest_or_paths, mixed_tasks=mixed_tasks)
     topics = inputs_topic_map(inputs)
     options = settings.options(topics)
     key = options_key(inputs, options)

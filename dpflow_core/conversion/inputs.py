@@ -44,6 +44,7 @@ class EpisodeInput:
         validation: the entry's ``validation`` block, the figures pairing measured on the ``_vio.mcap`` it
             validated for this stem (:class:`~dpflow_core.recordings.RecordingReport`); empty for a hand-made
             entry. Alignment compares the file it reads with them (:func:`~dpflow_core.conversion.jobs.validated_figures`).
+        task: the task of the manifest the entry came from (None when the manifest names none).
     """
 
     stem: str
@@ -53,6 +54,7 @@ class EpisodeInput:
     files: dict
     pairing_warnings: tuple = ()
     validation: dict = field(default_factory=dict)
+    task: str | None = None
 
     @property
     def curation(self) -> dict | None:
@@ -100,7 +102,7 @@ def _load_one(item: Any) -> tuple[Manifest, str]:
     raise ConversionError(f"not a manifest: {type(item).__name__}", code="bad_manifest")
 
 
-def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
+def load_inputs(manifest_or_paths: Any, *, mixed_tasks: bool = False) -> ConversionInputs:
     """Gather the accepted episodes of one or more pairing manifests.
 
     Args:
@@ -112,6 +114,10 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
             field by field, as :func:`~dpflow_core.pairing.load_manifest` does, and a file is read once).
             Only ``accepted`` entries are converted; relative file paths are resolved against the manifest's
             ``root``.
+        mixed_tasks: accept manifests of different tasks in one dataset. Refused by default: no trainer config
+            has a task input, so a policy trained on two tasks learns the mixture of their demonstrations
+            (from a scene where either could start it may do either, or a blend). When mixed on purpose, each
+            episode records its task (``EpisodeInput.task``; ``inputs.episodes[].task`` in ``dataset.json``).
 
     An accepted entry that is not what pairing accepted for its stem is moved to ``rejected`` as
     ``manifest_mismatch`` (:func:`edited_entry`). An accepted entry whose ``_vio.mcap`` SHA-256 or camera payload hash
@@ -120,7 +126,8 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
 
     Raises:
         ConversionError: an input is not a manifest, an accepted stem is not a safe name, or a
-            stem appears twice (``bad_manifest``).
+            stem appears twice (``bad_manifest``); manifests name different tasks and ``mixed_tasks`` is
+            False (``mixed_tasks``, naming each task and its manifest).
             A manifest dict with a field missing or of the wrong type is ``bad_manifest`` too, naming the field.
         PairingError: an input path is missing or neither a file nor a folder, pairing a task folder failed, or a
             manifest file is malformed (:func:`~dpflow_core.pairing.load_source`: naming the file and the field).
@@ -132,7 +139,7 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
         raise ConversionError("no input manifest or task folder given", code="bad_manifest")
     episodes: list[EpisodeInput] = []
     rejected: list[dict] = []
-    sources, tasks = [], set()
+    sources, tasks = [], {}
     root0 = None
     seen: dict[str, str] = {}
     # Content hashes across every manifest of this dataset: pairing sees one task folder only.
@@ -145,7 +152,14 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
         root0 = root0 or root
         topics = topics or (m.topics if isinstance(m.topics, dict) else None)
         if m.task:
-            tasks.add(m.task)
+            tasks.setdefault(m.task, source)
+        if len(tasks) > 1 and not mixed_tasks:
+            named = ", ".join(f"{t!r} ({where})" for t, where in tasks.items())
+            raise ConversionError(
+                f"manifests of different tasks: {named}. A policy trained on both learns the mixture of their "
+                "demonstrations (no trainer config has a task input); convert one task per dataset, or mix them "
+                "on purpose with --mixed-tasks (convert(..., mixed_tasks=True)), which records each episode's task",
+                source, code="mixed_tasks")
         for entry in m.accepted:
             stem = entry.stem
             try:  # a Manifest built in code never went through manifest_from_dict's check: the same rule here
@@ -181,10 +195,10 @@ def load_inputs(manifest_or_paths: Any) -> ConversionInputs:
                 by_content[h] = (stem, source)
             episodes.append(EpisodeInput(stem, p, vio.size_bytes, vio.sha256,
                                          {role: f.to_dict() for role, f in entry.files.items()},
-                                         tuple(pairing_warnings(entry)), dict(entry.validation)))
+                                         tuple(pairing_warnings(entry)), dict(entry.validation), m.task or None))
         for r in m.rejected:
             rejected.append({"stem": r.stem, "stage": "pairing", "path": r.path, "code": r.code, "reason": r.reason})
-    return ConversionInputs(episodes, rejected, sources, tasks.pop() if len(tasks) == 1 else None, root0, topics)
+    return ConversionInputs(episodes, rejected, sources, next(iter(tasks)) if len(tasks) == 1 else None, root0, topics)
 
 
 def edited_entry(stem: str, files: dict[str, str | Path], vio_size_bytes: int | None, validation: dict) -> str | None:

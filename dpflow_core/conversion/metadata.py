@@ -117,7 +117,10 @@ def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict
         "inputs": {
             "manifests": inputs.manifests,
             "root": inputs.root,
-            "episodes": [{"stem": stem, "files": by_stem[stem].files, **derived_from(by_stem[stem].curation)}
+            # a dataset of mixed tasks (convert(..., mixed_tasks=True)) says which task each episode is
+            "episodes": [{"stem": stem, **({"task": by_stem[stem].task} if inputs.task is None and by_stem[stem].task
+                                           else {}),
+                          "files": by_stem[stem].files, **derived_from(by_stem[stem].curation)}
                          for stem in dict.fromkeys(r["stem"] for r in ok)],
         },
         "rejected": rejected,
