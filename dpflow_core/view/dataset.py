@@ -136,6 +136,14 @@ def dataset_view_name(npz: str | Path, episode: int) -> str:
     return f"{npz.parent.name + '_' if npz.parent.name else ''}{npz.stem}_episode{episode}"
 
 
+def checkpoint_view_name(checkpoint: str | Path) -> str:
+    """``<run>_<stem>``: a checkpoint named after its run's folder and its file stem (``run_a_latest`` for
+    ``run_a/checkpoints/latest.ckpt``), so that the predictions of two runs' ``latest.ckpt`` do not collide."""
+    ckpt = Path(checkpoint).absolute()
+    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return f"{run.name + '_' if run.name else ''}{ckpt.stem}"
+
+
 def view_dataset(npz: str | Path, out: str | Path | None = None, *, episode: int = 0, every: int = 1,
                  anchor: int | None = None, spec=None, overwrite: bool = False) -> DatasetView:
     """Write the ``.rrd`` of one dataset episode as training samples it (see the module docstring).
@@ -247,7 +255,7 @@ def view_predictions(checkpoint: str | Path, npz: str | Path, out: str | Path | 
     buffer = _open(npz, episode)
     policy = load_policy(checkpoint, device=device)
     pred = predict_dataset(policy, buffer, episodes=[episode], max_samples=max_samples, seed=seed)
-    name = f"{dataset_view_name(npz, episode)}_{Path(checkpoint).stem}"
+    name = f"{dataset_view_name(npz, episode)}_{checkpoint_view_name(checkpoint)}"
     path = output_path(out, f"{name}.rrd")
     rgb = [k for k in policy.spec.rgb_keys if k in buffer]
     extra = (rrb.TimeSeriesView(origin="prediction", name="prediction error"),)

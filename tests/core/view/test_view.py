@@ -309,3 +309,14 @@ def test_predict_view_draws_the_checkpoints_chunks_beside_the_recorded_ones(tiny
     _, err = column(tables["/prediction/position_error_m"], "Scalars:scalars", "step")
     truth = np.linalg.norm(expected.predicted[..., :3] - expected.recorded[..., :3], axis=-1).mean(1)
     np.testing.assert_allclose([c[0] for c in err], truth, rtol=1e-4, atol=1e-6)
+
+
+def test_two_runs_latest_checkpoints_get_different_prediction_view_names(tmp_path):
+    """Both runs save ``checkpoints/latest.ckpt``: the view names carry each run's folder, so the second
+    ``--predict`` view does not land on the first one's file."""
+    from dpflow_core.view.dataset import checkpoint_view_name
+
+    a = checkpoint_view_name(tmp_path / "run_a" / "checkpoints" / "latest.ckpt")
+    b = checkpoint_view_name(tmp_path / "run_b" / "checkpoints" / "latest.ckpt")
+    assert (a, b) == ("run_a_latest", "run_b_latest")
+    assert checkpoint_view_name(tmp_path / "epoch=0003.ckpt") == f"{tmp_path.name}_epoch=0003"
