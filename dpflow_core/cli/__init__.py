@@ -8,11 +8,24 @@ and exit 2 (never a traceback). ``pair`` and ``report`` exit 1 when no episode i
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
+from typer.core import TyperCommand
 
 from dpflow_core.errors import DpflowError
+
+class _Command(TyperCommand):
+    """A command whose usage line names its arguments the POSIX way: ``dpflow convert [OPTIONS] INPUTS...``,
+    a required argument in capitals and an optional one in brackets (this Typer writes ``{inputs}...``)."""
+
+    def collect_usage_pieces(self, ctx):
+        pieces = super().collect_usage_pieces(ctx)
+        return [re.sub(r"^\{(.+)\}|^\[(.+)\]",
+                       lambda m: m.group(1).upper() if m.group(1) else f"[{m.group(2).upper()}]", p)
+                if p != self.options_metavar else p for p in pieces]
+
 
 app = typer.Typer(
     name="dpflow",
@@ -21,6 +34,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def posix_usage(typer_app: typer.Typer) -> typer.Typer:
+    """``typer_app`` with its commands' usage lines the POSIX way (:class:`_Command`) unless a command asks for
+    another class; the same app, returned."""
+    register = typer_app.command
+
+    def command(*args, cls=_Command, **kwargs):
+        return register(*args, cls=cls, **kwargs)
+
+    typer_app.command = command
+    return typer_app
+
+
+posix_usage(app)
 
 
 def counted(n: int, noun: str) -> str:

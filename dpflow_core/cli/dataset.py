@@ -13,7 +13,7 @@ from typing import Callable, Iterator, List, Optional
 
 import typer
 
-from dpflow_core.cli import app, counted
+from dpflow_core.cli import app, counted, posix_usage
 from dpflow_core.cli.options import settings_options
 from dpflow_core.conversion.settings import ConversionSettings
 from dpflow_core.errors import ConversionError
@@ -189,11 +189,11 @@ def export_umi_cmd(
                f"({result.size_bytes} bytes) in {result.sidecar_path}")
 
 
-cache_app = typer.Typer(
+cache_app = posix_usage(typer.Typer(
     help="The per-episode conversion cache (aligned, resized arrays by content address) that convert and the "
          "dataset_npz asset share: show it, prune it to a size.",
     no_args_is_help=True,
-)
+))
 app.add_typer(cache_app, name="cache")
 
 

@@ -26,13 +26,13 @@ from pathlib import Path
 import typer
 
 from dpflow_core import server as _server  # its names load on first use (dpflow_core._lazy)
-from dpflow_core.cli import app
+from dpflow_core.cli import app, posix_usage
 from dpflow_core.cli.options import settings_options
 from dpflow_core.runs.settings import SmokeSettings, TrainSettings
 from dpflow_core.server.lab import LabServers, lab_servers
 
-scale_app = typer.Typer(help="Smoke and training runs on a Slurm cluster or several servers (from a lab.yaml).",
-                        no_args_is_help=True)
+scale_app = posix_usage(typer.Typer(
+    help="Smoke and training runs on a Slurm cluster or several servers (from a lab.yaml).", no_args_is_help=True))
 app.add_typer(scale_app, name="scale")
 
 

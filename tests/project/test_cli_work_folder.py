@@ -48,3 +48,35 @@ def test_pair_on_a_folder_holding_one_task_folder_uses_it_and_says_so(tmp_path):
     again = runner.invoke(app, ["pair", str(root), "-o", str(tmp_path / "m2.json")])
     assert again.exit_code != 0 and not (tmp_path / "m2.json").exists()
     assert "2 task folders (pick_cup, wipe_table); give one of them" in str(again.exception)
+
+
+def _commands(group, prefix=()):
+    """Every leaf command of the click group, with its path of names."""
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):  # a sub-app (cache, scale)
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield (*prefix, name), cmd
+
+
+def test_usage_lines_name_arguments_the_posix_way():
+    """A new user read ``dpflow convert [OPTIONS] {inputs}...`` as a literal brace. Every command's usage line
+    now gives a required argument in capitals and an optional one in brackets, as ``--help`` prints it."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    seen = {}
+    for path, cmd in _commands(group):
+        if path == ("demo",):  # hands every argument, --help included, to dpflow_dagster.demo (os.execv)
+            continue
+        out = runner.invoke(app, [*path, "--help"], terminal_width=200).output
+        usage = next(line for line in out.splitlines() if "Usage:" in line).split("Usage:")[1].strip()
+        assert "{" not in usage and "}" not in usage, (path, usage)
+        for p in cmd.params:
+            if p.param_type_name == "argument":
+                name = (p.metavar or p.name).upper()
+                word = (name if p.required else f"[{name}]") + ("..." if p.nargs != 1 else "")
+                assert word in usage.split(), (path, usage)
+        seen[" ".join(path)] = usage
+    assert seen["convert"].endswith("[OPTIONS] INPUTS...") and seen["rollout"].endswith("[OPTIONS] [CHECKPOINT]")
+    assert seen["scale train"].endswith("[OPTIONS] DATASET") and len(seen) > 20
