@@ -8,8 +8,9 @@ batch ``--batch-size``), interleaved round after round, each measurement in a fr
   thread count, the config's data loader (``num_workers: 0`` for demo), no compile;
 * ``threads_only``: the same with ``training.torch_threads`` of the new path (to separate the
   two effects);
-* ``new``: ``training.noise_samples_per_obs=K``, ``training.torch_threads``, a data worker
-  (``dataloader.num_workers``, persistent) so that loading overlaps the step;
+* ``new``: ``training.noise_samples_per_obs=K``, ``training.torch_threads``, ``training.mixed_precision``
+  (``--mixed-precision``: bf16 autocast, or ``auto``), a data worker (``dataloader.num_workers``, persistent)
+  so that loading overlaps the step;
 * ``--sweep-k 1,2,4,8,16``: the new path at each K (how K was chosen);
 * ``--beside-no-camera``: each measurement runs beside the same training without the camera, started
   at the same time, as the README main job trains its two policies on the machine's cores.
@@ -23,6 +24,7 @@ and after (the machine is shared).
     .venv/bin/python bench/train_throughput.py --json
     .venv/bin/python bench/train_throughput.py --k 8 --threads 1 --rounds 3 --sweep-k 1,2,4,8,16
     .venv/bin/python bench/train_throughput.py --config sim --k 1 --workers 0 --beside-no-camera --json
+    .venv/bin/python bench/train_throughput.py --config sim --k 1 --workers 0 --mixed-precision bf16 --beside-no-camera --json
 
 ``--json`` prints ``{"baseline_samples_per_s", "samples_per_s", "ratio", ...}`` on stdout.
 """
@@ -157,12 +159,13 @@ def run_child(spec: dict[str, Any], timeout_s: float, env: dict[str, str] | None
 
 def variants(args, dataset: str) -> list[dict[str, Any]]:
     base = camera_overrides(dataset, args.batch_size)
-    new_speed = [f"training.torch_threads={args.threads}"]
+    new_speed = [f"training.torch_threads={args.threads}", f"training.mixed_precision={args.mixed_precision}"]
     new_loader = [f"dataloader.num_workers={args.workers}", f"dataloader.persistent_workers={args.workers > 0}"]
     out = [
         # today's settings spelled out: a config group may set its own threads or K since
-        {"name": "baseline", "overrides": base + ["training.torch_threads=null", "training.noise_samples_per_obs=1"]},
-        {"name": "threads_only", "overrides": base + new_speed},
+        {"name": "baseline", "overrides": base + ["training.torch_threads=null", "training.noise_samples_per_obs=1",
+                                                  "training.mixed_precision=no"]},
+        {"name": "threads_only", "overrides": base + new_speed[:1] + ["training.mixed_precision=no"]},
         {"name": "new", "overrides": base + new_speed + new_loader + [f"training.noise_samples_per_obs={args.k}"]},
     ]
     for k in args.sweep_k:
@@ -184,6 +187,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8, help="noise samples per observation of the new path")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the new path")
     parser.add_argument("--workers", type=int, default=1, help="data workers of the new path")
+    parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16", "auto"],
+                        help="training.mixed_precision of the new path (the baseline stays float32)")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per measurement")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of interleaved measurements")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +29,7 @@ from dpflow_core.train.data import DEFAULT_ACTION_KEYS, ObsActionSpec, latency_s
 log = logging.getLogger("dpflow.train")
 
 LOGGING_MODES = ("offline", "online", "disabled")
-MIXED_PRECISION = ("no", "fp16", "bf16")
+MIXED_PRECISION = ("no", "fp16", "bf16", "auto")
 
 
 def obs_encoder_lr_scale(cfg: DictConfig) -> float:
@@ -111,13 +112,47 @@ def spec_from_config(cfg: DictConfig, frequency_hz: float, metadata: Mapping | N
     )
 
 
-def mixed_precision_of(cfg: DictConfig) -> str:
-    """``training.mixed_precision`` as accelerate spells it (YAML may turn ``no`` into False)."""
+def mixed_precision_of(cfg: DictConfig, device: str | None = None) -> str:
+    """``training.mixed_precision`` as accelerate spells it (YAML may turn ``no`` into False).
+
+    ``auto`` resolves on the machine that trains (``device``: ``"cpu"`` or ``"cuda"``; default the one accelerate
+    will pick: CUDA when available and ``ACCELERATE_USE_CPU`` is not set): ``"bf16"`` where the hardware computes
+    bfloat16 natively (:func:`native_bf16`), else ``"no"``. bf16 autocast, never fp16: it needs no grad scaler.
+    Measured on this project's 2-core AVX512-BF16 machine in docs/benchmarks.md ("bf16 autocast on the CPU").
+
+    Raises:
+        RunError: a value outside :data:`MIXED_PRECISION`.
+    """
     value = cfg.training.mixed_precision
     value = "no" if value in (False, None) else str(value)
     if value not in MIXED_PRECISION:
         raise RunError(f"training.mixed_precision must be one of {MIXED_PRECISION}, got {value!r}")
+    if value == "auto":
+        if device is None:
+            use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+            device = "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
+        value = "bf16" if native_bf16(device) else "no"
     return value
+
+
+def native_bf16(device: str, cpu_flags: set[str] | None = None) -> bool:
+    """Whether ``device`` (``"cpu"`` or ``"cuda"``) computes bfloat16 natively, so that bf16 autocast pays.
+
+    CUDA: ``torch.cuda.is_bf16_supported()`` (Ampere and newer). CPU: the instruction-set flags of
+    ``/proc/cpuinfo`` (``cpu_flags`` for a test): ``avx512_bf16`` or ``amx_bf16`` on x86 (AMD Zen 4, Intel
+    Cooper Lake and newer), ``bf16`` on ARM. Without them oneDNN emulates bf16, slower than float32; a machine
+    without ``/proc/cpuinfo`` (not Linux) counts as without.
+    """
+    if device.startswith("cuda"):
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if cpu_flags is None:
+        try:
+            text = open("/proc/cpuinfo", encoding="ascii", errors="replace").read()
+        except OSError:
+            return False
+        cpu_flags = {flag for line in text.splitlines() if line.split(":")[0].strip() in ("flags", "Features")
+                     for flag in line.split(":", 1)[1].split()}
+    return bool(cpu_flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def check_config(cfg: DictConfig) -> None:

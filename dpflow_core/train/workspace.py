@@ -84,6 +84,17 @@ def _to_device(batch: Any, device: torch.device) -> Any:
 
 
 
+def _fresh_accelerator_state(mixed_precision: str) -> None:
+    """Let a second training in the same process use another ``mixed_precision`` than the first (a test worker, a
+    notebook): accelerate keeps one process-wide state and refuses a change; it is reset, not the process state
+    (devices, ranks) it shares with the launcher."""
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state and AcceleratorState._shared_state.get("_mixed_precision") not in (
+            None, mixed_precision):
+        AcceleratorState._reset_state()
+
+
 class Workspace:
     """One training run: built from the resolved config and the Hydra run directory."""
 
@@ -93,7 +104,12 @@ class Workspace:
         check_config(cfg)
         self.speed = throughput_settings(cfg)
         self.cfg = cfg
-        self.accelerator = Accelerator(mixed_precision=mixed_precision_of(cfg), step_scheduler_with_optimizer=False)
+        # "auto": bf16 autocast where the hardware computes bf16 natively (mixed_precision_of), else float32
+        self.mixed_precision = mixed_precision_of(cfg)
+        _fresh_accelerator_state(self.mixed_precision)
+        self.accelerator = Accelerator(mixed_precision=self.mixed_precision, step_scheduler_with_optimizer=False)
+        log.info("mixed precision: %s (training.mixed_precision: %s)", self.mixed_precision,
+                 cfg.training.mixed_precision)
         acc = self.accelerator
         self.is_main = acc.is_main_process
         self.rank = acc.process_index

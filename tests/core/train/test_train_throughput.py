@@ -171,10 +171,12 @@ class _Crash(Exception):
     pass
 
 
-def test_resume_with_k_noise_samples_continues_bit_for_bit(tmp_path, one_thread, monkeypatch):
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_resume_with_k_noise_samples_continues_bit_for_bit(tmp_path, one_thread, monkeypatch, precision):
     """A K=3 run that dies after its mid-epoch checkpoint and is resumed logs the same losses and
     learning rates and ends with the same weights as one that ran straight; every step line
-    carries the time the step waited for its batch."""
+    carries the time the step waited for its batch. The same under bf16 autocast on the CPU (run after a
+    float32 training in the same process, which accelerate's one state used to refuse)."""
     from dpflow_core.train import workspace
 
     data = write_synthetic_dataset(tmp_path / "dataset.npz", n_episodes=4, episode_length=30, image_size=(32, 32))
@@ -187,6 +189,7 @@ def test_resume_with_k_noise_samples_continues_bit_for_bit(tmp_path, one_thread,
         "training.torch_threads=1",
         "checkpoint.every_n_steps=2",
         "checkpoint.topk.k=0",
+        f"training.mixed_precision={precision}",
     ]
     train(_compose(data, *common), tmp_path / "straight")
 
@@ -217,3 +220,44 @@ def test_resume_with_k_noise_samples_continues_bit_for_bit(tmp_path, one_thread,
     assert sa["global_step"] == sb["global_step"] == 6
     for name, value in sa["model"].items():
         assert torch.equal(value, sb["model"][name]), name
+
+
+def test_bf16_autocast_trains_in_bf16_close_to_float32(tmp_path, one_thread):
+    """``training.mixed_precision=bf16`` on the CPU really computes in bfloat16: from the same seed and batches,
+    its losses differ from float32's (bf16 keeps 8 mantissa bits, so an equal loss would mean no autocast) but
+    stay within 5 % of them over the first steps; ``auto`` resolves to what the machine computes natively."""
+    from dpflow_core.train.config import mixed_precision_of, native_bf16
+
+    data = write_synthetic_dataset(tmp_path / "dataset.npz", n_episodes=4, episode_length=30, image_size=(32, 32))
+    common = ["logging.mode=disabled", "training.num_epochs=1", "training.max_train_steps=4",
+              "training.torch_threads=1", "checkpoint.topk.k=0"]
+    losses = {}
+    for i, precision in enumerate(("no", "bf16", "no")):
+        run = tmp_path / f"{i}_{precision}"
+        train(_compose(data, *common, f"training.mixed_precision={precision}"), run)
+        losses.setdefault(precision, []).append(
+            [r["train_loss"] for r in read_json_log(run / "logs.json.txt") if "epoch_summary" not in r])
+    (fp32, again), (bf16,) = losses["no"], losses["bf16"]
+    assert fp32 == again  # the float32 run after the bf16 one is float32 again
+    assert all(a != b for a, b in zip(fp32, bf16))
+    assert np.allclose(bf16, fp32, rtol=0.05)
+    cfg = _compose(data, "training.mixed_precision=auto")
+    assert mixed_precision_of(cfg, "cpu") == ("bf16" if native_bf16("cpu") else "no")
+    with pytest.raises(RunError, match="mixed_precision"):
+        mixed_precision_of(_compose(data, "training.mixed_precision=fp8"))
+
+
+def test_native_bf16_reads_the_cpu_flags():
+    """bf16 autocast only where the CPU has bfloat16 instructions (else oneDNN emulates them, slower than
+    float32); the machine's own answer agrees with lscpu's flags where lscpu exists."""
+    import shutil
+    import subprocess
+
+    from dpflow_core.train.config import native_bf16
+
+    assert native_bf16("cpu", {"avx2", "avx512f", "avx512_bf16"})
+    assert native_bf16("cpu", {"amx_bf16", "amx_tile"}) and native_bf16("cpu", {"asimd", "bf16"})
+    assert not native_bf16("cpu", {"avx2", "avx512f", "avx512bw"}) and not native_bf16("cpu", set())
+    if shutil.which("lscpu"):
+        flags = set(subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split())
+        assert native_bf16("cpu") == bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
