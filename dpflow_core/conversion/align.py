@@ -64,7 +64,9 @@ ALIGN_IMPORTS = ("scipy.spatial.transform", "dpflow_core.recordings.reader", "dp
 #: 13: the gripper-width stream's offset against the camera measured from the fingers' image change
 #: (``gripper_offset_s`` and ``gripper_offset``, :mod:`dpflow_core.recordings.gripper_timing`): beyond 0.1 s warned,
 #: beyond 0.25 s refused (``gripper_offset``).
-CONVERTER_VERSION = "13"
+#: 14: a clock's drift (``clock_skew``) is the Theil-Sen slope of its window offsets, not least squares: one
+#: mis-measured window refused an honest world episode (1 of 480).
+CONVERTER_VERSION = "14"
 #: Member names and per-step shapes/dtypes (formats.md section 2), in the order written.
 LOWDIM_KEYS = (
     "robot0_eef_pos",

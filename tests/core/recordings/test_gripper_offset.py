@@ -76,7 +76,7 @@ def test_honest_world_episodes_measure_near_zero_and_convert(world, task):
         assert g["r2"] >= 0.6 and g["contrast"] >= 0.5 and g["travel_m"] > 0.04 and g["cells"], g
         assert not [f for f in e["plausibility"]["findings"] if f["code"] == "gripper_offset"]
     assert w["meta"]["options"]["content_checks"]["plausibility"]["policies"]["gripper_offset"] == "reject"
-    assert w["meta"]["converter"]["version"] == "13"
+    assert int(w["meta"]["converter"]["version"]) >= 13
     assert ReplayBuffer(w["result"].path).n_episodes == len(honest)
 
 
