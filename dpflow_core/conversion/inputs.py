@@ -156,10 +156,10 @@ def load_inputs(manifest_or_paths: Any, *, mixed_tasks: bool = False) -> Convers
         if len(tasks) > 1 and not mixed_tasks:
             named = ", ".join(f"{t!r} ({where})" for t, where in tasks.items())
             raise ConversionError(
-                f"manifests of different tasks: {named}. A policy trained on both learns the mixture of their "
-                "demonstrations (no trainer config has a task input); convert one task per dataset, or mix them "
-                "on purpose with --mixed-tasks (convert(..., mixed_tasks=True)), which records each episode's task",
-                source, code="mixed_tasks")
+                f"mixed_tasks: the inputs are of different tasks: {named}. A policy trained on both learns the "
+                "mixture of their demonstrations (no trainer config has a task input); convert one task per "
+                "dataset, or mix them on purpose (dpflow convert --mixed-tasks), which records each episode's task",
+                code="mixed_tasks")
         for entry in m.accepted:
             stem = entry.stem
             try:  # a Manifest built in code never went through manifest_from_dict's check: the same rule here

@@ -127,7 +127,7 @@ def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict
         "options": options,
         "offsets": offsets,
         "stale_files_removed": stale,
-        "warnings": offset_warnings(offsets) + [{"stem": stem, **w} for stem in dict.fromkeys(r["stem"] for r in ok)
+        "warnings": _mixed_tasks_warning(inputs) + offset_warnings(offsets) + [{"stem": stem, **w} for stem in dict.fromkeys(r["stem"] for r in ok)
                                                  for w in by_stem[stem].pairing_warnings]
                     + [{"stem": stem, "code": code, "reason": reason} for stem, code, reason in dict.fromkeys(
                         (r["stem"], d["code"], d["reason"]) for r in ok for d in r["report"].get("damaged_frames") or [])],
@@ -137,3 +137,17 @@ def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict
         "sha256": None,
         "size_bytes": None,
     }
+
+
+def _mixed_tasks_warning(inputs) -> list[dict]:
+    """A ``mixed_tasks`` warning when the episodes come from manifests of different tasks (mixed on purpose:
+    ``convert(..., mixed_tasks=True)``), naming the tasks and their episode counts; else none."""
+    counts: dict[str, int] = {}
+    for e in inputs.episodes:
+        if e.task:
+            counts[e.task] = counts.get(e.task, 0) + 1
+    if inputs.task is not None or len(counts) < 2:
+        return []
+    named = ", ".join(f"{task} ({n})" for task, n in counts.items())
+    return [{"code": "mixed_tasks", "reason": f"episodes of {len(counts)} tasks in one dataset: {named}; each episode's "
+                                              "task is in inputs.episodes[].task, inputs.root is the first manifest's"}]

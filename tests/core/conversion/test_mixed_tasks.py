@@ -42,7 +42,7 @@ def test_two_tasks_in_one_dataset_are_refused_naming_both(two_tasks, tmp_path):
     assert err.value.code == "mixed_tasks"
     text = str(err.value)
     assert "'pick_place'" in text and "'stack'" in text and str(paths[0]) in text and str(paths[1]) in text
-    assert "--mixed-tasks" in text
+    assert text.startswith("mixed_tasks: ") and "--mixed-tasks" in text and "convert(" not in text
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
@@ -53,6 +53,8 @@ def test_mixed_on_purpose_each_episode_records_its_task(two_tasks, tmp_path):
     meta = json.loads(r.sidecar_path.read_text())
     assert meta["task"] is None and r.n_episodes == 5
     assert {e["stem"]: e["task"] for e in meta["inputs"]["episodes"]} == truth
+    (warning,) = [w for w in meta["warnings"] if w["code"] == "mixed_tasks"]
+    assert "pick_place (2)" in warning["reason"] and "stack (3)" in warning["reason"]
 
 
 def test_one_task_records_no_per_episode_task(two_tasks, tmp_path):
@@ -60,6 +62,7 @@ def test_one_task_records_no_per_episode_task(two_tasks, tmp_path):
     r = convert(str(paths[1]), tmp_path / "stack.npz", ConversionSettings(image_size=SIZE), workers=1, cache=False)
     meta = json.loads(r.sidecar_path.read_text())
     assert meta["task"] == "stack" and all("task" not in e for e in meta["inputs"]["episodes"])
+    assert not [w for w in meta["warnings"] if w["code"] == "mixed_tasks"]
 
 
 def test_cli_refuses_then_mixes_with_the_flag(two_tasks, tmp_path):
@@ -70,3 +73,5 @@ def test_cli_refuses_then_mixes_with_the_flag(two_tasks, tmp_path):
     mixed = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "b.npz"), "--mixed-tasks"])
     assert mixed.exit_code == 0, mixed.output
     assert json.loads(mixed.output)["n_episodes"] == len(truth)
+    plain = CliRunner().invoke(app, [*args[:-1], "-o", str(tmp_path / "c.npz"), "--mixed-tasks"])
+    assert plain.exit_code == 0 and "mixed_tasks" in plain.output, plain.output  # the warning is printed
