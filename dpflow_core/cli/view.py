@@ -30,8 +30,11 @@ def view_cmd(
     """Write a Rerun recording (.rrd) of SOURCE, print its path, and optionally serve it on loopback."""
     from dpflow_core.view.rrd import ViewError
 
-    if (source is None) == (rollouts is None):
-        raise typer.BadParameter("give SOURCE, or --rollouts DIR (not both)")
+    if source is None and rollouts is None:
+        raise typer.BadParameter("nothing to view: give SOURCE (with --predict, the dataset.npz to predict on), "
+                                 "or --rollouts DIR")
+    if source is not None and rollouts is not None:
+        raise typer.BadParameter("give SOURCE or --rollouts DIR, not both")
     if source is not None and source.suffix == ".rrd":
         paths = [source]
         if not source.is_file():

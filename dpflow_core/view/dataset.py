@@ -23,6 +23,8 @@ chunks (:func:`dpflow_core.inference.predict_dataset`) against the recorded ones
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,11 +139,17 @@ def dataset_view_name(npz: str | Path, episode: int) -> str:
 
 
 def checkpoint_view_name(checkpoint: str | Path) -> str:
-    """``<run>_<stem>``: a checkpoint named after its run's folder and its file stem (``run_a_latest`` for
-    ``run_a/checkpoints/latest.ckpt``), so that the predictions of two runs' ``latest.ckpt`` do not collide."""
+    """``<run>_<stem>``: a checkpoint named after its run and its file stem, so that the predictions of two runs'
+    ``latest.ckpt`` do not collide: ``run_a_latest`` for a run folder's ``run_a/checkpoints/latest.ckpt``, and
+    ``run_a_1541c446_latest`` for one downloaded by ``dpflow checkpoint`` (``<root>/run_a/<sha16>/latest.ckpt``:
+    the run, then the first 8 hex digits of the hash folder)."""
     ckpt = Path(checkpoint).absolute()
-    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    return f"{run.name + '_' if run.name else ''}{ckpt.stem}"
+    parent = ckpt.parent
+    if parent.name == "checkpoints":
+        return f"{parent.parent.name + '_' if parent.parent.name else ''}{ckpt.stem}"
+    if re.fullmatch(r"[0-9a-f]{16}", parent.name) and parent.parent.name:
+        return f"{parent.parent.name}_{parent.name[:8]}_{ckpt.stem}"
+    return f"{parent.name + '_' if parent.name else ''}{ckpt.stem}"
 
 
 def view_dataset(npz: str | Path, out: str | Path | None = None, *, episode: int = 0, every: int = 1,

@@ -320,3 +320,5 @@ def test_two_runs_latest_checkpoints_get_different_prediction_view_names(tmp_pat
     b = checkpoint_view_name(tmp_path / "run_b" / "checkpoints" / "latest.ckpt")
     assert (a, b) == ("run_a_latest", "run_b_latest")
     assert checkpoint_view_name(tmp_path / "epoch=0003.ckpt") == f"{tmp_path.name}_epoch=0003"
+    # downloaded by `dpflow checkpoint`: <root>/<run>/<sha16>/latest.ckpt names the run, not only the hash folder
+    assert checkpoint_view_name(tmp_path / "run_a" / "1541c4468cacb277" / "latest.ckpt") == "run_a_1541c446_latest"
