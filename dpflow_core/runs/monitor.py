@@ -286,12 +286,20 @@ def read_output_head(server: GpuServer, path: str, n_bytes: int = 64 * 1024) -> 
 def last_error_line(output: str) -> str:
     """The line of a process ``output`` that best names its failure, at most 300 characters.
 
-    The last line that starts with ``error:`` or contains ``Error``/``error`` (a traceback's
-    final line, argparse's message); else the last non-blank line; ``"(no output)"`` for none.
+    The last line that starts with ``error:`` (the trainer's own one-line message, argparse's), else the last that
+    contains ``Error``/``error`` (a traceback's final line), unless that is only the launcher's
+    ``subprocess.CalledProcessError`` about the trainer it ran (accelerate's traceback ends so, below the
+    trainer's own message); else the last non-blank line; ``"(no output)"`` for none.
     Carriage returns (progress bars) count as line breaks.
     """
     lines = [ln.strip() for ln in output.replace("\r", "\n").splitlines() if ln.strip()]
     for ln in reversed(lines):
-        if ln.startswith("error:") or "Error" in ln or "error" in ln:
+        if ln.startswith("error:"):
+            return ln[:300]
+    for ln in reversed(lines):
+        if ("Error" in ln or "error" in ln) and not ln.startswith("subprocess.CalledProcessError"):
+            return ln[:300]
+    for ln in reversed(lines):
+        if "Error" in ln or "error" in ln:
             return ln[:300]
     return lines[-1][:300] if lines else "(no output)"

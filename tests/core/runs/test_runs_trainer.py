@@ -85,3 +85,19 @@ def test_resume_continuity_passes_and_the_full_run_exits_naturally(server, datas
     b = [dict(r, lr=r["lr"] + 1e-5) if r["global_step"] == 3 else r for r in a]
     compared, _, max_lr, mismatches = compare_logs(a, b, 2)
     assert compared == 3 and max_lr > 1e-3 and any("step 3: lr" in m for m in mismatches)
+
+
+@pytest.mark.slow
+def test_a_trainer_refusing_its_config_is_named_not_the_launcher(server, dataset):
+    """The built-in trainer under accelerate's launcher refuses a bad setting with its own ``error:`` line, and the
+    launcher's traceback ends with a ``subprocess.CalledProcessError`` below it. The run's problem used to quote
+    that last line, a command line of overrides; it now quotes the trainer's reason."""
+    spec = smoke_spec("bad-precision", dataset, 10.0,
+                      SmokeSettings(max_train_steps=2, batch_size=4, extra_overrides=("training.mixed_precision=bf17",)),
+                      config_name="tiny")
+    result = run_smoke(server, spec, timeout_s=300)
+    assert not result.passed and result.exit_code not in (0, None)
+    (problem,) = [p for p in result.problems if p.startswith("exit status")]
+    assert "error: training.mixed_precision must be one of" in problem and "got 'bf17'" in problem, problem
+    assert "CalledProcessError" not in problem
+    assert "subprocess.CalledProcessError" in result.output_tail  # the launcher's line is there, and not quoted
