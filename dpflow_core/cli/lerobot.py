@@ -78,9 +78,9 @@ DELTA_OPTION = typer.Option(None, "--delta-actions",
 @app.command("lerobot-norm-stats")
 def lerobot_norm_stats_cmd(
     dataset: Path = typer.Argument(..., help="LeRobot dataset folder (holding meta/info.json)."),
-    output: Path = typer.Option(None, "-o", "--output", help="File or folder [default: DATASET/norm_stats.json]."),
+    output: Path = typer.Option(None, "-o", "--output", help="File or folder (default: DATASET/norm_stats.json)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing norm_stats.json."),
-    codebase_version: str = typer.Option(None, "--codebase-version", help="Required codebase_version [default: v3.0 or v2.1]."),
+    codebase_version: str = typer.Option(None, "--codebase-version", help="Required codebase_version (default: v3.0 or v2.1)."),
     action_horizon: int = ACTION_HORIZON_OPTION,
     batch_size: int = BATCH_SIZE_OPTION,
     delta_actions: str = DELTA_OPTION,

@@ -52,7 +52,7 @@ CONNECTION_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("data_root", Optional[str], _option(None, "--remote-dir", "--data-root", envvar="DPFLOW_SERVER_ROOT",
                                          help="Data root on the server (default: ~/dpflow-data; locally outputs/server).")),
     ("remote_repo", Optional[str], _option(None, "--remote-repo", envvar="DPFLOW_SERVER_REPO",
-                                           help="Training repository on the server [default locally: this checkout].")),
+                                           help="Training repository on the server (default locally: this checkout).")),
     ("python", Optional[str], _option(None, "--python", envvar="DPFLOW_SERVER_PYTHON",
                                       help="Python command on the server (default: python3; locally this interpreter).")),
     ("activate", Optional[str], _option(None, "--activate", envvar="DPFLOW_SERVER_ACTIVATE",
@@ -61,7 +61,7 @@ CONNECTION_OPTIONS: tuple[tuple[str, object, object], ...] = (
                                           help="nvidia-smi command on the server (a path when it is not on PATH).")),
     ("expect_gpu", Optional[bool], _option(None, "--expect-gpu/--no-expect-gpu", envvar="DPFLOW_SERVER_EXPECT_GPU",
                                            help="The server must have a working GPU: a missing or failing nvidia-smi fails "
-                                                "preflight and refuses smoke/train [default: on over SSH, off locally].")),
+                                                "preflight and refuses smoke/train (default: on over SSH, off locally).")),
 )
 _CONNECTION_NAMES = tuple(name for name, _, _ in CONNECTION_OPTIONS)
 #: The flag that takes the server from a lab.yaml instead of the flags above.
