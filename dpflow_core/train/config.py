@@ -135,6 +135,26 @@ def mixed_precision_of(cfg: DictConfig, device: str | None = None) -> str:
     return value
 
 
+def bf16_reason(device: str) -> str:
+    """Why ``auto`` chose as it did on ``device``, for the run's log: the CPU flag that computes bf16, the GPU's
+    name, or the lack of either."""
+    if device.startswith("cuda"):
+        return (f"{torch.cuda.get_device_name()} computes bf16" if native_bf16(device)
+                else "this GPU has no native bf16")
+    flags = _cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}
+    return f"this CPU has {', '.join(sorted(flags))}" if flags else "this CPU has no bf16 instructions"
+
+
+def _cpu_flags() -> set[str]:
+    """The instruction-set flags of ``/proc/cpuinfo`` (x86 ``flags``, ARM ``Features``); empty where unreadable."""
+    try:
+        text = open("/proc/cpuinfo", encoding="ascii", errors="replace").read()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.split(":")[0].strip() in ("flags", "Features")
+            for flag in line.split(":", 1)[1].split()}
+
+
 def native_bf16(device: str, cpu_flags: set[str] | None = None) -> bool:
     """Whether ``device`` (``"cpu"`` or ``"cuda"``) computes bfloat16 natively, so that bf16 autocast pays.
 
@@ -146,12 +166,7 @@ def native_bf16(device: str, cpu_flags: set[str] | None = None) -> bool:
     if device.startswith("cuda"):
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if cpu_flags is None:
-        try:
-            text = open("/proc/cpuinfo", encoding="ascii", errors="replace").read()
-        except OSError:
-            return False
-        cpu_flags = {flag for line in text.splitlines() if line.split(":")[0].strip() in ("flags", "Features")
-                     for flag in line.split(":", 1)[1].split()}
+        cpu_flags = _cpu_flags()
     return bool(cpu_flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 

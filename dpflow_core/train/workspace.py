@@ -41,6 +41,7 @@ from dpflow_core.replay_buffer import ReplayBuffer
 from dpflow_core.train import checkpoint as ckpt
 from dpflow_core.train.config import (
     apply_threads,
+    bf16_reason,
     check_config,
     mixed_precision_of,
     obs_encoder_lr_scale,
@@ -108,8 +109,9 @@ class Workspace:
         self.mixed_precision = mixed_precision_of(cfg)
         _fresh_accelerator_state(self.mixed_precision)
         self.accelerator = Accelerator(mixed_precision=self.mixed_precision, step_scheduler_with_optimizer=False)
-        log.info("mixed precision: %s (training.mixed_precision: %s)", self.mixed_precision,
-                 cfg.training.mixed_precision)
+        asked = cfg.training.mixed_precision
+        log.info("mixed precision: %s (training.mixed_precision: %s%s)", self.mixed_precision, asked,
+                 f": {bf16_reason(self.accelerator.device.type)}" if asked == "auto" else "")
         acc = self.accelerator
         self.is_main = acc.is_main_process
         self.rank = acc.process_index

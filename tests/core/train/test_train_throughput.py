@@ -222,7 +222,7 @@ def test_resume_with_k_noise_samples_continues_bit_for_bit(tmp_path, one_thread,
         assert torch.equal(value, sb["model"][name]), name
 
 
-def test_bf16_autocast_trains_in_bf16_close_to_float32(tmp_path, one_thread):
+def test_bf16_autocast_trains_in_bf16_close_to_float32(tmp_path, one_thread, caplog):
     """``training.mixed_precision=bf16`` on the CPU really computes in bfloat16: from the same seed and batches,
     its losses differ from float32's (bf16 keeps 8 mantissa bits, so an equal loss would mean no autocast) but
     stay within 5 % of them over the first steps; ``auto`` resolves to what the machine computes natively."""
@@ -243,6 +243,12 @@ def test_bf16_autocast_trains_in_bf16_close_to_float32(tmp_path, one_thread):
     assert np.allclose(bf16, fp32, rtol=0.05)
     cfg = _compose(data, "training.mixed_precision=auto")
     assert mixed_precision_of(cfg, "cpu") == ("bf16" if native_bf16("cpu") else "no")
+    with caplog.at_level("INFO", logger="dpflow.train"):
+        train(_compose(data, *common, "training.mixed_precision=auto"), tmp_path / "auto")
+    logged = caplog.text  # what the run's train.log gets
+    expected = "bf16 (training.mixed_precision: auto: this CPU has" if native_bf16("cpu") else \
+        "no (training.mixed_precision: auto: this CPU has no bf16 instructions)"
+    assert f"mixed precision: {expected}" in logged, logged
     with pytest.raises(RunError, match="mixed_precision"):
         mixed_precision_of(_compose(data, "training.mixed_precision=fp8"))
 
