@@ -34,8 +34,8 @@ def sample_recordings(
     seconds: Optional[float] = typer.Option(None, "--seconds", "-s", min=0.5, help="Random motion: mean episode length in seconds (+-15 %; default 8)."),
     seed: int = typer.Option(0, "--seed", help="Random seed; equal seeds write identical files."),
     task: str = typer.Option("pick_place", "--task", help="Task name (folder name and file stem prefix)."),
-    width: Optional[int] = typer.Option(None, "--width", min=16, help="Random motion: camera width in pixels (even; default 320)."),
-    height: Optional[int] = typer.Option(None, "--height", min=16, help="Random motion: camera height in pixels (even; default 240)."),
+    width: Optional[int] = typer.Option(None, "--width", min=16, help="Camera width in pixels (even; default 320 random motion, 128 world)."),
+    height: Optional[int] = typer.Option(None, "--height", min=16, help="Camera height in pixels (even; default 240 random motion, 128 world)."),
     motion: str = typer.Option(
         "auto", "--motion",
         help="world: scripted demonstrations of a simulated task (pick_place, stack); random: smooth random "
@@ -50,6 +50,7 @@ def sample_recordings(
     from rich.table import Table
     from dpflow_core.names import validate_name
     from dpflow_core.recordings.samples import SampleSpec, write_task
+    from dpflow_core.sim.record import SimRecordingSpec
     from dpflow_core.sim.tasks import TASKS
 
     validate_name(task, "task")
@@ -60,17 +61,18 @@ def sample_recordings(
         typer.echo(f"note: {task!r} is not a world task (the world's tasks: {', '.join(TASKS)}): writing smooth "
                    "random camera motion with no task in it (--motion random); --motion world makes a world "
                    "task's demonstrations", err=True)
-    given = [f"--{n}" for n, v in (("seconds", seconds), ("width", width), ("height", height)) if v is not None]
-    if world and given:
-        raise typer.BadParameter(f"{', '.join(given)}: only for random motion (--motion random); a world "
-                                 "demonstration lasts as long as its task takes, through the world's own camera")
-    seconds, width, height = seconds or 8.0, width or 320, height or 240
+    if world and seconds is not None:
+        raise typer.BadParameter("--seconds: only for random motion (--motion random); a world demonstration "
+                                 "lasts as long as its task takes")
+    seconds = seconds or 8.0
+    width, height = (width or 128, height or 128) if world else (width or 320, height or 240)
     if width % 2 or height % 2:
         raise RecordingError(f"--width and --height must be even for H.264 (got {width}x{height})")
     if world:
         if task not in TASKS:
             raise typer.BadParameter(f"--motion world: the world's tasks are {list(TASKS)}, got {task!r}")
-        _world_recordings(out, task, episodes, seed, camera_latency)
+        _world_recordings(out, task, episodes, seed, SimRecordingSpec(width=width, height=height,
+                                                                      camera_latency_s=camera_latency))
         return
     spec = replace(SampleSpec(), width=width, height=height)
     with _progress() as bar:
@@ -91,12 +93,13 @@ def sample_recordings(
     Console().print(table)
 
 
-def _world_recordings(out: Path, task: str, episodes: int, seed: int, camera_latency: float) -> None:
+def _world_recordings(out: Path, task: str, episodes: int, seed: int, spec) -> None:
+    """Record ``episodes`` world demonstrations of ``task`` with the camera of ``spec`` (a
+    :class:`~dpflow_core.sim.record.SimRecordingSpec`) into ``out/<task>``."""
     from rich.console import Console
 
-    from dpflow_core.sim.record import SimRecordingSpec, record_task
+    from dpflow_core.sim.record import record_task
 
-    spec = SimRecordingSpec(camera_latency_s=camera_latency)
     with _progress() as bar:
         job = bar.add_task(f"recording {task} in the simulated world", total=episodes)
         try:

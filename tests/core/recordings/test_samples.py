@@ -99,10 +99,27 @@ def test_cli_sample_recordings(tmp_path):
     assert _digests(tmp_path / "rec2" / "stack_cups") == first
     odd = CliRunner().invoke(app, ["sample-recordings", str(tmp_path / "r3"), "--width", "127", "--motion", "random"])
     assert isinstance(odd.exception, RecordingError) and "must be even" in odd.exception.reason
-    # a world task's demonstrations have the world's camera and last as long as the task: the options are refused
+    # a world task's demonstrations last as long as the task: --seconds is refused
     world = CliRunner().invoke(app, ["sample-recordings", str(tmp_path / "r4"), "--task", "stack", "--seconds", "6"])
     assert world.exit_code == 2 and "--seconds: only for random motion" in world.output
     assert not (tmp_path / "r4").exists()
+    # the world's camera size is the user's to choose (the README's Python recipe records at 64 x 64)
+    small = CliRunner().invoke(app, ["sample-recordings", str(tmp_path / "r5"), "--task", "stack", "-n", "1",
+                                     "--width", "64", "--height", "48"])
+    assert small.exit_code == 0, small.output
+    meta = json.loads((tmp_path / "r5" / "stack" / "sim_task.json").read_text())
+    assert (meta["recording"]["width"], meta["recording"]["height"]) == (64, 48)
+    from mcap.reader import make_reader
+    from mcap_protobuf.decoder import DecoderFactory
+
+    codec = av.CodecContext.create("h264", "r")
+    with open(tmp_path / "r5" / "stack" / "stack_0000_vio.mcap", "rb") as f:
+        for _, _, _, image in make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages(
+                topics=["/robot0/sensor/camera0/compressed"]):
+            frames = codec.decode(av.Packet(image.data))
+            if frames:
+                break
+    assert (frames[0].width, frames[0].height) == (64, 48)  # decoded, not read from the metadata
 
 
 def test_cli_errors_exit_2_with_one_line(tmp_path):
