@@ -146,7 +146,8 @@ def train_cmd(
     trained = run.result.train_result(run.spec, host=server_config.host, dataset_sha256=remote.sha256,
                                       dataset_local_path=None)
     _verdict("natural exit", report.passed, "; ".join(report.problems) or
-             f"exit 0, epoch {report.last_epoch}, global_step {report.last_global_step}, {report.checkpoint.describe()}")
+             f"exit 0, last logged epoch {report.last_epoch}, global_step {report.last_global_step}; "
+             f"{report.checkpoint.describe()}")
     if not handle.gpu_ids:
         _verdict("GPU release", False, CPU_RUN_NOTE, blocking=False)
     for step in report.oom_advice:

@@ -145,8 +145,11 @@ class CheckpointProbe:
         if not self.loadable:
             why = self.error or ("missing entries: " + ", ".join(self.missing))
             return f"{self.path} ({self.size_bytes} bytes): not loadable: {why}{held}"
-        return (f"{self.path} ({self.size_bytes} bytes): loadable, format {self.format}{held}, "
-                f"epoch {self.epoch}, global_step {self.global_step}")
+        # the trainer's checkpoint counts what is done (epoch 1, global_step 5 after epoch 0's last step 4):
+        # said so, beside the log's last epoch and step, which count from 0
+        done = (f"saved after {self.epoch} epoch(s), {self.global_step} step(s)" if self.format == "dpflow-train-checkpoint"
+                else f"epoch {self.epoch}, global_step {self.global_step}")
+        return f"{self.path} ({self.size_bytes} bytes): loadable, format {self.format}{held}, {done}"
 
 
 def probe_checkpoint(server: GpuServer, path: str, timeout_s: float = 600.0) -> CheckpointProbe:

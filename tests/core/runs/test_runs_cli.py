@@ -81,7 +81,7 @@ def test_train_then_checkpoint_then_an_oom_run(env):
     assert f"  run directory:  {env['root']}/runs/cli-train\n" in out
     assert f"  W&B directory:  {env['root']}/runs/cli-train/wandb\n" in out
     assert "[WARN] GPU release: CPU run: GPU release not checked" in out
-    assert "[PASS] natural exit: exit 0, epoch 1, global_step 5" in out
+    assert "[PASS] natural exit: exit 0, last logged epoch 1, global_step 5; " in out
     code, out = invoke("checkpoint", "cli-train", "--remote-dir", env["root"], "-o", env["tmp"] / "ckpts")
     assert code == 0, out
     assert "[PASS] checkpoint sha256" in out and str(env["tmp"] / "ckpts" / "cli-train") in out
@@ -105,7 +105,7 @@ def test_train_without_run_name_reattaches_to_the_running_training_of_the_datase
     code, out = invoke("train", env["dataset"], "--poll", 0.2, *common)  # no --run-name: the same run, followed
     assert code == 0, out
     assert f"attached to {name}\n" in out and "launched" not in out
-    assert "[PASS] natural exit: exit 0, epoch 1, global_step 7" in out
+    assert "[PASS] natural exit: exit 0, last logged epoch 1, global_step 7; " in out
     assert os.listdir(Path(env["root"]) / "runs") == [name]  # no second run
 
 

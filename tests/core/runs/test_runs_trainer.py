@@ -77,6 +77,8 @@ def test_resume_continuity_passes_and_the_full_run_exits_naturally(server, datas
     assert natural.passed, natural.problems
     assert natural.checkpoint.format == "dpflow-train-checkpoint" and natural.checkpoint.epoch == 2
     assert (natural.batches_per_epoch, natural.last_global_step) == (2, 3)
+    # the checkpoint counts what is done, the log from 0: said so, not as a second "epoch 2, global_step 4"
+    assert natural.checkpoint.describe().endswith("saved after 2 epoch(s), 4 step(s)")
 
     # The comparison does see a schedule that does not continue.
     from dpflow_core.logs import parse_log_text
