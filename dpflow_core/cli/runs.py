@@ -129,7 +129,12 @@ def train_cmd(
     from dpflow_core.runs.scale import RunHooks
 
 
+    printed = set()
+
     def progress(p, new):
+        if (p.epoch, p.global_step) in printed:  # an epoch summary after the step's line: nothing new to say
+            return
+        printed.add((p.epoch, p.global_step))
         typer.echo(f"  epoch {p.epoch} step {p.global_step} loss {p.train_loss} lr {p.lr}"
                    + (f" {p.steps_per_s:.2f} steps/s" if p.steps_per_s else ""))
 

@@ -82,6 +82,8 @@ def test_train_then_checkpoint_then_an_oom_run(env):
     assert f"  W&B directory:  {env['root']}/runs/cli-train/wandb\n" in out
     assert "[WARN] GPU release: CPU run: GPU release not checked" in out
     assert "[PASS] natural exit: exit 0, last logged epoch 1, global_step 5; " in out
+    shown = re.findall(r"^  epoch (\d+) step (\d+) ", out, re.M)
+    assert shown and len(shown) == len(set(shown)), shown  # each step's line once (an epoch summary repeated it)
     code, out = invoke("checkpoint", "cli-train", "--remote-dir", env["root"], "-o", env["tmp"] / "ckpts")
     assert code == 0, out
     assert "[PASS] checkpoint sha256" in out and str(env["tmp"] / "ckpts" / "cli-train") in out
