@@ -496,13 +496,12 @@ def clock_skew(estimate_in, pose_ts_ns: np.ndarray, pose_ok: np.ndarray | None, 
                options: OffsetOptions = DEFAULT_OPTIONS) -> dict[str, Any]:
     """How fast a stream's clock runs against the pose clock, from its offset measured in windows of the episode.
 
-    Two clocks that tick at different rates (a pose clock 3 % fast) give an offset that grows along the
-    episode: each frame is paired with a pose further off the later it is. The episode is cut into
-    :attr:`OffsetOptions.skew_windows` windows of equal time (each at least
-    :attr:`OffsetOptions.skew_min_window_s` long, else fewer); the offset is measured in each
-    (``estimate_in``: :func:`camera_offset` or :func:`imu_offset` on the samples of one window)
-    and a line fitted through the measured ones, robust to one mis-measured window (Theil-Sen: the median of
-    the pairwise slopes, ``scipy.stats.theilslopes``).
+    Two clocks that tick at different rates (a pose clock 3 % fast) give an offset that grows along the episode:
+    each frame is paired with a pose further off the later it is. The episode is cut into
+    :attr:`OffsetOptions.skew_windows` windows of equal time (each at least :attr:`OffsetOptions.skew_min_window_s`
+    long, else fewer); the offset is measured in each (``estimate_in``: :func:`camera_offset` or :func:`imu_offset`
+    on one window's samples) and a line fitted through the measured ones, robust to one mis-measured window
+    (Theil-Sen: the median of the pairwise slopes, ``scipy.stats.theilslopes``).
 
     Args:
         estimate_in: ``(pose mask (M,) bool, start ns, end ns)`` -> :class:`OffsetEstimate` of the stream's samples
@@ -540,10 +539,6 @@ def clock_skew(estimate_in, pose_ts_ns: np.ndarray, pose_ok: np.ndarray | None, 
             offs.append(float(est.offset_s))
     if len(offs) < 3:
         return {**out, "reason": f"{len(offs)} of {n} windows measured, fewer than 3"}
-    # Theil-Sen (the median of the slopes between every two windows), not least squares: one window whose offset
-    # was mis-measured (a pause, a wrong correlation peak: +0.18 s among three windows within 4 ms of 0 in a world
-    # episode) swung the least-squares slope to 7 ms a second and refused an honest episode; a true drift moves
-    # every window and gives its slope either way.
     from scipy.stats import theilslopes
 
     slope = float(theilslopes(offs, mids).slope)

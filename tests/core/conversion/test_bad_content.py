@@ -552,8 +552,9 @@ def test_duplicates_across_the_manifests_of_one_dataset_are_rejected(tmp_path):
     refresh_vio_result(d2)
     m1, m2 = pair_recordings(tmp_path / "a" / "pick_place"), pair_recordings(d2)
     assert len(m2.accepted) == 3  # each folder alone holds no duplicate
+    # the two folders are named as two tasks (pick_place, pick_cup): mixed on purpose, else refused as mixed_tasks
     result = convert([m1, m2], tmp_path / "out" / "dataset.npz", ConversionSettings(image_size=SIZE),
-                     workers=1, cache=False)
+                     workers=1, cache=False, mixed_tasks=True)
     rej = {r["stem"]: r for r in result.rejected if r["code"] == "duplicate_episode"}
     assert sorted(rej) == ["pick_cup_0100", "pick_cup_0101"]
     assert f"same content as episode {first[0].stem!r}" in rej["pick_cup_0100"]["reason"]

@@ -114,19 +114,19 @@ def _inputs() -> ConversionInputs:
 
 
 @pytest.mark.parametrize("options, key", [
-    ({}, "0a45b0a04de06bf3f04bad818d4cb1bf9c11b6a00ccfd9a9a282c5cc24bc7a29"),
+    ({}, "73e973a44e59340c53a233966ac35dd4e4e00115627bc663f5c0ea1ef888b24b"),
     (dict(image_size=(32, 24), max_gap_s=1, gap_policy="reject", min_segment_frames=20),
-     "82a77e5e4573026080bd3c93bdae3b39da7c7372f5c2386e947e6fd95290c79a"),
+     "531fbc7c9ebc28dade5fdb40360dbc8e0612673c34463936993f512ebffee7ff"),
     (dict(image_size=(64, 48), rate_policy="group", frequency_tolerance=0.1, min_overlap_fraction=0.3,
-          invalid_pose_policy="reject"), "de8bcc52d6d306d4a918087aba2dcc2bf360764c377c4d6c2179bde3c4ab44e3"),
+          invalid_pose_policy="reject"), "6f67f2ea2425f9fafeeb77d125c326721b8fc688c1dfee9d3e0d70a5c1821d1f"),
     (dict(image_size=(32, 24), plausibility={"max_speed_mps": 4.0, "policies": {"gripper_dead": "warn"}},
-          short_episode_policy="warn"), "0a964b3a2dc7de0ec26c5c4b0f1b31fedc198dd177d08d6d8132999e397e2723"),
+          short_episode_policy="warn"), "f7449ab50304a7fe14faf15827cb818da9c293f803d473bf93deb9733085675c"),
 ])
 def test_dataset_keys_are_those_of_the_loose_options(options, key):
     """The keys (and so the reuse of existing datasets) of the options as they were passed one by one before the
     settings object: computed with the previous code and pinned here; re-pinned at converter 8 with the IMU's
     plausibility classes, and at each later version (11: the pose_rate_low, pose_glitch, pose_mirrored and clock_skew
-    options; 12: imu_reversed's and camera_pose_mismatch's; 13: gripper_offset's; the version and the options are part
+    options; 12: imu_reversed's and camera_pose_mismatch's; 13: gripper_offset's; 14: the clock_skew slope, the version alone: with "13" the keys are the old ones; the version and the options are part
     of every key, so both change them by design)."""
     assert dataset_key(_inputs(), ConversionSettings(**options)) == key
 
@@ -135,12 +135,12 @@ def test_an_alignment_job_carries_the_settings_and_its_cache_key_is_unchanged():
     entry = _inputs().episodes[0]
     settings = ConversionSettings(image_size=(32, 24))
     job = alignment_job(entry, settings, DAS_DEFAULT, True)
-    assert episode_key(job) == "292327cc83c0d5baa671e0bd0c5da1118f1fdb7e2494bb1b0c5a74be5e6ee77e"
+    assert episode_key(job) == "d2bd9acfb597cbefc88a17498b68df39bbee76395d9394ef064f9bc927b75e4d"
     odd = ConversionSettings(image_size=(32, 24), invalid_pose_policy="reject", min_overlap_fraction=0.3, max_gap_s=1.0,
                              gap_policy="reject", min_segment_frames=20, min_pose_score=0.5,
                              plausibility={"max_speed_mps": 4.0}, short_episode_policy="warn")
     odd_job = alignment_job(entry, odd, DAS_DEFAULT, False)
-    assert episode_key(odd_job) == "6f9a88bae60520e416215a9972fb67aa1ac2666687cbef3be3224fe9c5e697a5"
+    assert episode_key(odd_job) == "30bffc615769732388b1c1456c9c15dcd2237757b70a98a862089fd179ac1824"
     # what the worker reads back: the alignment settings, the rate ones at their defaults
     assert settings_of_job(job) == settings
     assert settings_of_job(odd_job) == odd
