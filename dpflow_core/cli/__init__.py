@@ -12,13 +12,33 @@ import re
 import sys
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from dpflow_core.errors import DpflowError
 
+def _flags_without_type(params):
+    """On/off flags take no value: no "<bool>" after them in the help (this Typer shows one, which reads as if
+    ``--overwrite true`` were asked for). Returns ``params``."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Group(TyperGroup):
+    """The app and its sub-apps: their own flags (``--version``, ``--help``) without a value type."""
+
+    def get_params(self, ctx):
+        return _flags_without_type(super().get_params(ctx))
+
+
 class _Command(TyperCommand):
     """A command whose usage line names its arguments the POSIX way: ``dpflow convert [OPTIONS] INPUTS...``,
-    a required argument in capitals and an optional one in brackets (this Typer writes ``{inputs}...``)."""
+    a required argument in capitals and an optional one in brackets (this Typer writes ``{inputs}...``), and whose
+    on/off flags show no value type."""
+
+    def get_params(self, ctx):
+        return _flags_without_type(super().get_params(ctx))
 
     def collect_usage_pieces(self, ctx):
         pieces = super().collect_usage_pieces(ctx)
@@ -39,6 +59,7 @@ app = typer.Typer(
 def posix_usage(typer_app: typer.Typer) -> typer.Typer:
     """``typer_app`` with its commands' usage lines the POSIX way (:class:`_Command`) unless a command asks for
     another class; the same app, returned."""
+    typer_app.info.cls = _Group
     register = typer_app.command
 
     def command(*args, cls=_Command, **kwargs):

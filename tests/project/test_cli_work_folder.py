@@ -73,6 +73,8 @@ def test_usage_lines_name_arguments_the_posix_way():
         out = runner.invoke(app, [*path, "--help"], terminal_width=200).output
         usage = next(line for line in out.splitlines() if "Usage:" in line).split("Usage:")[1].strip()
         assert "{" not in usage and "}" not in usage, (path, usage)
+        # an on/off flag takes no value: no "<bool>" after it (a new user typed `--overwrite true`)
+        assert "<bool>" not in out, (path, [ln for ln in out.splitlines() if "<bool>" in ln][:2])
         # a "[default: ...]" in a help text is rich markup to Typer: it vanished and left "server ." behind
         assert not re.search(r"[\w)] \.(\s|$)", out), (path, re.search(r".{40}[\w)] \.(\s|$)", out))
         for p in cmd.params:
@@ -83,3 +85,5 @@ def test_usage_lines_name_arguments_the_posix_way():
         seen[" ".join(path)] = usage
     assert seen["convert"].endswith("[OPTIONS] INPUTS...") and seen["rollout"].endswith("[OPTIONS] [CHECKPOINT]")
     assert seen["scale train"].endswith("[OPTIONS] DATASET") and len(seen) > 20
+    for group in ([], ["cache"], ["scale"]):
+        assert "<bool>" not in runner.invoke(app, [*group, "--help"], terminal_width=200).output, group
