@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from dpflow_core.cli import app
 from dpflow_core.errors import PairingError, RecordingError
 from dpflow_core.recordings.topics import DAS_DEFAULT
+
+if TYPE_CHECKING:  # the world's recording stack is imported when a world task is recorded
+    from dpflow_core.sim.record import SimRecordingSpec
 
 
 def _progress() -> Progress:
@@ -93,7 +96,7 @@ def sample_recordings(
     Console().print(table)
 
 
-def _world_recordings(out: Path, task: str, episodes: int, seed: int, spec) -> None:
+def _world_recordings(out: Path, task: str, episodes: int, seed: int, spec: SimRecordingSpec) -> None:
     """Record ``episodes`` world demonstrations of ``task`` with the camera of ``spec`` (a
     :class:`~dpflow_core.sim.record.SimRecordingSpec`) into ``out/<task>``."""
     from rich.console import Console

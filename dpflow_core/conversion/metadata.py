@@ -127,8 +127,9 @@ def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict
         "options": options,
         "offsets": offsets,
         "stale_files_removed": stale,
-        "warnings": _mixed_tasks_warning(inputs) + offset_warnings(offsets) + [{"stem": stem, **w} for stem in dict.fromkeys(r["stem"] for r in ok)
-                                                 for w in by_stem[stem].pairing_warnings]
+        "warnings": _mixed_tasks_warning(inputs, [by_stem[stem] for stem in dict.fromkeys(r["stem"] for r in ok)])
+                    + offset_warnings(offsets) + [{"stem": stem, **w} for stem in dict.fromkeys(r["stem"] for r in ok)
+                                                  for w in by_stem[stem].pairing_warnings]
                     + [{"stem": stem, "code": code, "reason": reason} for stem, code, reason in dict.fromkeys(
                         (r["stem"], d["code"], d["reason"]) for r in ok for d in r["report"].get("damaged_frames") or [])],
         "workers": None,
@@ -139,11 +140,12 @@ def dataset_metadata(inputs, ok: list[dict], rejected: list[dict], options: dict
     }
 
 
-def _mixed_tasks_warning(inputs) -> list[dict]:
-    """A ``mixed_tasks`` warning when the episodes come from manifests of different tasks (mixed on purpose:
-    ``convert(..., mixed_tasks=True)``), naming the tasks and their episode counts; else none."""
+def _mixed_tasks_warning(inputs, converted: list) -> list[dict]:
+    """A ``mixed_tasks`` warning when the ``converted`` episodes (their ``EpisodeInput``) come from manifests of
+    different tasks (mixed on purpose: ``convert(..., mixed_tasks=True)``), naming the tasks and how many episodes
+    of each the dataset holds; else none."""
     counts: dict[str, int] = {}
-    for e in inputs.episodes:
+    for e in converted:
         if e.task:
             counts[e.task] = counts.get(e.task, 0) + 1
     if inputs.task is not None or len(counts) < 2:

@@ -30,6 +30,8 @@ log = logging.getLogger("dpflow.train")
 
 LOGGING_MODES = ("offline", "online", "disabled")
 MIXED_PRECISION = ("no", "fp16", "bf16", "auto")
+#: CPU instruction-set flags (``/proc/cpuinfo``) with native bfloat16 arithmetic: x86 AVX512-BF16 and AMX, ARM BF16.
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def obs_encoder_lr_scale(cfg: DictConfig) -> float:
@@ -141,7 +143,7 @@ def bf16_reason(device: str) -> str:
     if device.startswith("cuda"):
         return (f"{torch.cuda.get_device_name()} computes bf16" if native_bf16(device)
                 else "this GPU has no native bf16")
-    flags = _cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}
+    flags = _cpu_flags() & BF16_CPU_FLAGS
     return f"this CPU has {', '.join(sorted(flags))}" if flags else "this CPU has no bf16 instructions"
 
 
@@ -167,7 +169,7 @@ def native_bf16(device: str, cpu_flags: set[str] | None = None) -> bool:
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if cpu_flags is None:
         cpu_flags = _cpu_flags()
-    return bool(cpu_flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool(cpu_flags & BF16_CPU_FLAGS)
 
 
 def check_config(cfg: DictConfig) -> None:

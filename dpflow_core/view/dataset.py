@@ -24,7 +24,6 @@ chunks (:func:`dpflow_core.inference.predict_dataset`) against the recorded ones
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass
 from pathlib import Path
 
