@@ -2,12 +2,16 @@
 
 Steps (each skipped when its product is given):
 
-1. record ``--episodes`` scripted demonstrations of ``--task`` in the world (``dpflow_core.sim.record``);
-2. pair and convert them at 64 x 64 (``dpflow pair`` / ``dpflow convert``'s functions);
+1. record ``--episodes`` scripted demonstrations of ``--task`` in the world (``dpflow_core.sim.record``), in
+   each of ``--blocks`` seed blocks (block k: seeds ``k * 1000`` on, into ``recordings/`` for k = 0 and
+   ``recordings_b<k>/`` after; ``dpflow sample-recordings --seed k`` writes the same);
+2. pair and convert them, all blocks into one dataset, at 64 x 64 (``dpflow pair`` / ``dpflow convert``'s
+   functions);
 3. train the ``sim`` trainer config (the camera policy) and the same config without the camera
    (``task.rgb_keys=[]``), each with ``python -m dpflow_core.train`` on this machine;
 4. roll each out on ``--rollouts`` held-out initial states, beside the oracle, replay and hold baselines
-   on the same states (``dpflow_core.sim.evaluate.evaluate_closed_loop``, what ``dpflow rollout`` runs).
+   on the same states (``dpflow_core.sim.evaluate.evaluate_closed_loop``, what ``dpflow rollout`` runs),
+   executing ``--n-action-steps`` of each chunk (default: the checkpoint's).
 
 Prints one table (predictor, successes, rate, Wilson 95 % interval) and, with ``--json``, the figures
 and the wall time of each step. Example (the README main job's figures)::
@@ -42,7 +46,9 @@ def _train(dataset: Path, run_dir: Path, extra: list[str]) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--task", default="pick_place")
-    ap.add_argument("--episodes", type=int, default=120)
+    ap.add_argument("--episodes", type=int, default=120, help="Demonstrations per seed block.")
+    ap.add_argument("--blocks", type=int, default=1, help="Seed blocks of --episodes demonstrations each.")
+    ap.add_argument("--n-action-steps", type=int, help="Actions executed per chunk in the rollouts.")
     ap.add_argument("--rollouts", type=int, default=200)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dataset", type=Path)
@@ -61,25 +67,28 @@ def main() -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
-    task_dir = out / "recordings" / args.task
+    roots = [out / ("recordings" if k == 0 else f"recordings_b{k}") for k in range(args.blocks)]
+    task_dirs = [root / args.task for root in roots]
     dataset = args.dataset
     if dataset is None:
         t = time.perf_counter()
-        if not (task_dir / "sim_task.json").is_file():
-            record_task(out / "recordings", args.task, args.episodes)
+        for k, (root, task_dir) in enumerate(zip(roots, task_dirs)):
+            if not (task_dir / "sim_task.json").is_file():
+                record_task(root, args.task, args.episodes, seed=k)
         times["record_s"] = time.perf_counter() - t
         t = time.perf_counter()
         dataset = out / "dataset.npz"
         if not dataset.is_file():
-            manifest, _ = save_manifest(pair_recordings(task_dir), out / "manifests")
-            convert(manifest, dataset, ConversionSettings(image_size=(64, 64)))
+            manifests = [save_manifest(pair_recordings(d), out / ("manifests" if k == 0 else f"manifests_b{k}"))[0]
+                         for k, d in enumerate(task_dirs)]
+            convert(manifests if len(manifests) > 1 else manifests[0], dataset, ConversionSettings(image_size=(64, 64)))
         times["convert_s"] = time.perf_counter() - t
-    train_seeds = [int(e["seed"]) for e in (read_sim_task(task_dir) or {"episodes": []})["episodes"]] or None
+    train_seeds = [int(e["seed"]) for d in task_dirs for e in (read_sim_task(d) or {"episodes": []})["episodes"]] or None
 
     t = time.perf_counter()
     ckpt = args.checkpoint or _train(dataset, out / "run_camera", args.train_overrides)
     times["train_camera_s"] = time.perf_counter() - t
-    settings = ClosedLoopSettings(episodes=args.rollouts, video_episodes=4)
+    settings = ClosedLoopSettings(episodes=args.rollouts, video_episodes=4, n_action_steps=args.n_action_steps)
     t = time.perf_counter()
     camera = evaluate_closed_loop(ckpt, args.task, out / "rollouts_camera", settings, training_seeds=train_seeds,
                                   overwrite=True)
@@ -92,7 +101,8 @@ def main() -> int:
         times["train_no_camera_s"] = time.perf_counter() - t
         t = time.perf_counter()
         blind = evaluate_closed_loop(blind_ckpt, args.task, out / "rollouts_no_camera",
-                                     ClosedLoopSettings(episodes=args.rollouts, baselines=(), video_episodes=0),
+                                     ClosedLoopSettings(episodes=args.rollouts, baselines=(), video_episodes=0,
+                                                        n_action_steps=args.n_action_steps),
                                      training_seeds=train_seeds, overwrite=True)
         times["rollouts_no_camera_s"] = time.perf_counter() - t
         rows.insert(1, ("no-camera policy", blind.policy))

@@ -194,7 +194,9 @@ def evaluate_closed_loop(
     policy, others = loaded(policy), {k: loaded(v) for k, v in others.items()}
     out.mkdir(parents=True, exist_ok=True)
     film = _Film()
-    records = rollout_policy(policy, task, seeds, recording, video=film, video_episodes=video_episodes)
+    n_exec = s.n_action_steps
+    records = rollout_policy(policy, task, seeds, recording, n_action_steps=n_exec, video=film,
+                             video_episodes=video_episodes)
     write_rollouts(out, "policy", records)
     summaries = []
     for name in baselines:
@@ -202,7 +204,7 @@ def evaluate_closed_loop(
         write_rollouts(out, name, base)
         summaries.append(RolloutSummary.of(name, base))
     for name, other in others.items():
-        base = rollout_policy(other, task, seeds, recording)
+        base = rollout_policy(other, task, seeds, recording, n_action_steps=n_exec)
         write_rollouts(out, name, base)
         summaries.append(RolloutSummary.of(name, base))
     mine = RolloutSummary.of("policy", records)

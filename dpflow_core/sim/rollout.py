@@ -71,9 +71,9 @@ class RolloutRecord:
     """One episode: its ``seed``, ``success``, ``failure_mode`` (None on success), ``time_to_success_s``
     (None on failure), ``duration_s`` simulated, ``decisions`` (policy calls), ``grasp_attempts``
     (``held`` or why a grasp failed), the ``latency`` settings applied (s), ``predict_s`` (mean wall
-    time of one policy call on this machine) and ``placement``, where the block ended against its target
+    time of one policy call on this machine), ``placement``, where the block ended against its target
     (:func:`~dpflow_core.sim.tasks.placement`: ``xy_m``, ``yaw_rad`` for ``stack``, ``on_target``; to 0.1 mm
-    and 0.1 mrad)."""
+    and 0.1 mrad), and ``n_action_steps``, the actions executed per decision (None for a baseline)."""
 
     seed: int
     success: bool
@@ -85,6 +85,7 @@ class RolloutRecord:
     latency: dict[str, float]
     predict_s: float | None = None
     placement: dict[str, Any] | None = None
+    n_action_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -206,12 +207,13 @@ def _run_targets(ep: _Episode, times: np.ndarray, pos: np.ndarray, rotvec: np.nd
     return None
 
 
-def _record(seed, ep, t_ok, decisions, latency, predict_s=None) -> RolloutRecord:
+def _record(seed, ep, t_ok, decisions, latency, predict_s=None, n_action_steps=None) -> RolloutRecord:
     return RolloutRecord(
         int(seed), t_ok is not None, None if t_ok is not None else failure_mode(ep.world, ep.task),
         None if t_ok is None else round(float(t_ok), 3), round(float(ep.world.time_s), 3), decisions,
         list(ep.world.grasp_attempts), latency, predict_s,
         {k: round(v, 4) if isinstance(v, float) else v for k, v in placement(ep.world, ep.task).items()},
+        n_action_steps,
     )
 
 
@@ -354,7 +356,9 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
 
     view = PolicyView.of(policy)
     lat = view.latency | {"action_s": float(action_latency_s)}
-    n_exec = int(n_action_steps or view.n_action_steps)
+    n_exec = int(view.n_action_steps if n_action_steps is None else n_action_steps)
+    if n_exec < 1:
+        raise ValueError(f"n_action_steps must be >= 1, got {n_action_steps}")
     tick = 1.0 / recording.fps
     timeout = TIMEOUT_S[task]
     size = max(1, int(batch))
@@ -378,6 +382,9 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
             else:
                 out_b = policy.predict_action(batched, generator=torch.Generator().manual_seed(noise_seed), frame="dataset")
             acts = [{key: v[i] for key, v in out_b.items()} for i in range(len(obs))]
+            if n_exec > len(acts[0]["timestamp"]):
+                raise ValueError(f"n_action_steps {n_exec} exceeds the {len(acts[0]['timestamp'])} actions the policy "
+                                 "predicts per chunk (its horizon)")
             took = (time.perf_counter() - started) / len(active)
             for k, act in zip(active, acts):
                 index = group[k][0]
@@ -386,7 +393,7 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
                 hook = (lambda w, i=index: video(i, w)) if video is not None and index < video_episodes else None
                 t_ok[k] = _execute(eps[k], act, lat, n_exec, timeout, hook)
             active = [k for k in active if t_ok[k] is None and eps[k].world.time_s < timeout - 1e-9]
-        out.extend(_record(seed, eps[k], t_ok[k], decisions[k], lat, round(spent[k] / max(1, decisions[k]), 5))
+        out.extend(_record(seed, eps[k], t_ok[k], decisions[k], lat, round(spent[k] / max(1, decisions[k]), 5), n_exec)
                    for k, (_, seed) in enumerate(group))
     for w in worlds:
         w.close()

@@ -38,6 +38,10 @@ class ClosedLoopSettings:
             (:data:`~dpflow_core.sim.tasks.SUCCESS_TARGET`).
         margin: by how much (absolute fraction) it must beat every non-oracle baseline.
         video_episodes: episodes filmed into ``rollouts.mp4`` and ``contact_sheet.png``.
+        n_action_steps: actions executed of each predicted chunk before the policy decides again (a robot's
+            deploy-time choice, UMI's steps per inference); None: the checkpoint's ``n_action_steps``. It
+            does not enter training, so one checkpoint can be judged at several. Every policy of the run
+            (baseline checkpoints too) executes the same number.
     """
 
     episodes: int = setting(200, "--episodes", "episodes", "Held-out initial states (rollouts per predictor).",
@@ -51,6 +55,9 @@ class ClosedLoopSettings:
                             "baseline.")
     video_episodes: int = setting(4, "--video-episodes", "video_episodes",
                                   "Episodes filmed into rollouts.mp4 and contact_sheet.png.")
+    n_action_steps: int | None = setting(None, "--n-action-steps", "n_action_steps",
+                                         "Actions executed of each predicted chunk before the next decision (default: "
+                                         "the checkpoint's n_action_steps).")
 
     def __post_init__(self):
         object.__setattr__(self, "baselines", baselines_of(self.baselines))
@@ -60,6 +67,8 @@ class ClosedLoopSettings:
         if self.episodes < 1 or self.seed < 0 or self.video_episodes < 0:
             raise ValueError(f"episodes must be >= 1, seed and video_episodes >= 0; got {self.episodes}, "
                              f"{self.seed}, {self.video_episodes}")
+        if self.n_action_steps is not None and self.n_action_steps < 1:
+            raise ValueError(f"n_action_steps must be >= 1 (or None: the checkpoint's), got {self.n_action_steps}")
         if not ((self.target is None or 0 <= self.target <= 1) and 0 <= self.margin <= 1):
             raise ValueError(f"target and margin are fractions in [0, 1], got {self.target}, {self.margin}")
 

@@ -56,6 +56,7 @@ class RolloutEvaluationConfig(dg.Config):
     target: Optional[float] = Field(default=_DEFAULTS.target, description=_help("target"))
     margin: float = Field(default=_DEFAULTS.margin, description=_help("margin"))
     video_episodes: int = Field(default=_DEFAULTS.video_episodes, description=_help("video_episodes"))
+    n_action_steps: Optional[int] = Field(default=_DEFAULTS.n_action_steps, description=_help("n_action_steps"))
     baseline_checkpoints: dict[str, str] = Field(
         default_factory=dict, description="Other checkpoints rolled out as baselines on the same states, by name "
         "(e.g. {'no_camera': '/path/blind.ckpt'}); each must be beaten by the margin too.")

@@ -32,18 +32,20 @@ def test_every_judge_setting_has_an_option_and_a_config_field_with_its_default_a
 
 def test_both_front_ends_map_onto_the_same_judge():
     command, config_cls = _front_ends()
-    expected = ClosedLoopSettings(episodes=50, seed=3, baselines=("hold",), target=0.5, margin=0.1, video_episodes=0)
-    config = config_cls(episodes=50, seed=3, baselines=["hold"], target=0.5, margin=0.1, video_episodes=0)
+    expected = ClosedLoopSettings(episodes=50, seed=3, baselines=("hold",), target=0.5, margin=0.1, video_episodes=0,
+                                  n_action_steps=4)
+    config = config_cls(episodes=50, seed=3, baselines=["hold"], target=0.5, margin=0.1, video_episodes=0,
+                        n_action_steps=4)
     assert ClosedLoopSettings.from_config(config) == expected
     values = {p.name: p.default for p in command.params} | dict(episodes=50, seed=3, baselines="hold", target=0.5,
-                                                                 margin=0.1, video_episodes=0)
+                                                                 margin=0.1, video_episodes=0, n_action_steps=4)
     assert ClosedLoopSettings.from_options(values) == expected
     assert ClosedLoopSettings(baselines="none").baselines == ()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--baselines", "oracle,teleop"], "unknown baselines ['teleop']"), (["-n", "0"], "episodes must be >= 1"),
-    (["--target", "1.5"], "fractions in [0, 1]"),
+    (["--target", "1.5"], "fractions in [0, 1]"), (["--n-action-steps", "0"], "n_action_steps must be >= 1"),
 ])
 def test_a_bad_judge_setting_is_refused_on_the_command_line_by_name(tmp_path, args, message):
     r = CliRunner().invoke(app, ["rollout", str(tmp_path / "x.ckpt"), "--task", "pick_place", *args])

@@ -447,3 +447,29 @@ def test_rollout_refuses_a_task_its_recordings_or_checkpoint_do_not_hold(stack_d
                                  f"a={twice}", "--baseline-checkpoint", f"a={twice}", "-o", str(tmp_path / "r")])
     assert r.exit_code == 2 and "the name 'a' is given twice" in said(r)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_rollout_executes_the_n_action_steps_it_is_given(tmp_path):
+    """``n_action_steps`` is the robot's choice at deploy time: executing 4 of each chunk instead of the
+    checkpoint's 8 decides every 0.3 s instead of every 0.7 s (the first action is past, as above), for the
+    policy and for every baseline checkpoint, and is written into each record."""
+    probe = _ProbePolicy()
+    seeds = eval_seeds(1)
+    [rec] = rollout_policy(probe, "pick_place", seeds, batch=1, n_action_steps=4)
+    starts = [c["timestamp"][-1] for c in probe.calls[1:6]]
+    assert np.allclose(np.diff(starts), 0.3, atol=1 / 30 + 1e-9)
+    assert rec.n_action_steps == 4 and rec.decisions == len(probe.calls)
+    default = _ProbePolicy()
+    assert rollout_policy(default, "pick_place", seeds, batch=1)[0].n_action_steps == 8
+    assert len(probe.calls) > 2 * len(default.calls) - 2  # 0.3 s apart against 0.7 s over the same 16 s
+    other = _ProbePolicy()
+    res = evaluate_closed_loop(_ProbePolicy(), "pick_place", tmp_path / "r",
+                               ClosedLoopSettings(episodes=1, baselines=(), video_episodes=0, n_action_steps=4),
+                               baseline_policies={"other": other})
+    assert len(other.calls) == len(probe.calls)
+    for name in ("rollouts.json", "rollouts_other.json"):
+        assert json.loads((tmp_path / "r" / name).read_text())[0]["n_action_steps"] == 4
+    with pytest.raises(ValueError, match="exceeds the 16 actions"):
+        rollout_policy(_ProbePolicy(), "pick_place", seeds, n_action_steps=17)
+    with pytest.raises(ValueError, match="n_action_steps must be >= 1"):
+        rollout_policy(_ProbePolicy(), "pick_place", seeds, n_action_steps=0)
