@@ -6,7 +6,7 @@ Steps (each skipped when its product is given):
    each of ``--blocks`` seed blocks (block k: seeds ``k * 1000`` on, into ``recordings/`` for k = 0 and
    ``recordings_b<k>/`` after; ``dpflow sample-recordings --seed k`` writes the same);
 2. pair and convert them, all blocks into one dataset, at 64 x 64 (``dpflow pair`` / ``dpflow convert``'s
-   functions);
+   functions; block k > 0 under stems ``b<k>_<stem>``);
 3. train the ``sim`` trainer config (the camera policy) and the same config without the camera
    (``task.rgb_keys=[]``), each with ``python -m dpflow_core.train`` on this machine;
 4. roll each out on ``--rollouts`` held-out initial states, beside the oracle, replay and hold baselines
@@ -41,6 +41,21 @@ def _train(dataset: Path, run_dir: Path, extra: list[str]) -> Path:
            f"hydra.run.dir={run_dir}", *extra]
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return run_dir / "checkpoints" / "latest.ckpt"
+
+
+def _pair_block(task_dir: Path, k: int, out: Path):
+    """Block 0 pairs by name; block k > 0 repeats block 0's stems (``stack_0000`` ...), so it pairs from an
+    explicit manifest that renames them ``b<k>_<stem>`` (README, "two recording sessions whose stems collide")."""
+    from dpflow_core.pairing import pair_recordings
+
+    if k == 0:
+        return pair_recordings(task_dir)
+    stems = sorted(p.name[: -len("_vio.json")] for p in task_dir.glob("*_vio.json"))
+    explicit = out / f"pairs_b{k}.json"
+    explicit.write_text(json.dumps({"episodes": [
+        {"stem": f"b{k}_{s}", "raw_mcap": f"{s}.mcap", "vio_mcap": f"{s}_vio.mcap", "vio_json": f"{s}_vio.json"}
+        for s in stems]}))
+    return pair_recordings(task_dir, explicit_manifest=explicit, task=task_dir.name)
 
 
 def main() -> int:
@@ -79,7 +94,7 @@ def main() -> int:
         t = time.perf_counter()
         dataset = out / "dataset.npz"
         if not dataset.is_file():
-            manifests = [save_manifest(pair_recordings(d), out / ("manifests" if k == 0 else f"manifests_b{k}"))[0]
+            manifests = [save_manifest(_pair_block(d, k, out), out / ("manifests" if k == 0 else f"manifests_b{k}"))[0]
                          for k, d in enumerate(task_dirs)]
             convert(manifests if len(manifests) > 1 else manifests[0], dataset, ConversionSettings(image_size=(64, 64)))
         times["convert_s"] = time.perf_counter() - t

@@ -402,3 +402,33 @@ def test_recordings_folder_that_does_not_exist_is_named_as_missing(tmp_path, mon
         run_demo(missing, tmp_path / "out", episodes=2, seed=0, config=None)
     # refused before anything was written: no output folder, no Dagster home
     assert not (tmp_path / "out").exists() and not (tmp_path / "home").exists()
+
+
+def test_the_demo_config_per_task_comes_from_the_world_task_and_the_lab_file(tmp_path):
+    """The main job's asset config: a world task gets the ``sim`` trainer config and its own additions (``stack``
+    executes 4 actions per decision, carried into the checkpoint by a training override, the no-camera ablation
+    alike); a lab's recordings get neither; the lab.yaml's ``assets`` win over both; a broken sim_task.json is
+    named."""
+    from dpflow_core.sim.record import SIM_TASK_FILE
+    from dpflow_dagster.demo import demo_asset_config
+
+    def folder(name, task=None, text=None):
+        path = tmp_path / name
+        path.mkdir()
+        if task or text:
+            (path / SIM_TASK_FILE).write_text(text or json.dumps({"task": task, "episodes": []}))
+        return path
+
+    main = demo_asset_config(None, {})
+    assert main["train_run"] == {"config_name": "sim"} and main["no_camera_run"] == {"config_name": "sim"}
+    assert main["rollout_evaluation"] == {"episodes": 200} and main["dataset_npz"]["image_width"] == 64
+    stack = demo_asset_config(folder("stack", "stack"), {"train_run": {"run_name": "s1"}})
+    assert stack["train_run"] == {"config_name": "sim", "extra_overrides": ["n_action_steps=4"], "run_name": "s1"}
+    assert stack["no_camera_run"] == {"config_name": "sim", "extra_overrides": ["n_action_steps=4"]}
+    assert demo_asset_config(folder("pp", "pick_place"), {})["train_run"] == {"config_name": "sim"}
+    lab = demo_asset_config(folder("pick_cup"), {"train_run": {"epochs": 3}})
+    assert lab["train_run"] == {"epochs": 3} and "smoke_run" not in lab and "rollout_evaluation" not in lab
+    mine = demo_asset_config(folder("stack2", "stack"), {"train_run": {"extra_overrides": ["n_action_steps=6"]}})
+    assert mine["train_run"]["extra_overrides"] == mine["no_camera_run"]["extra_overrides"] == ["n_action_steps=6"]
+    with pytest.raises(ValueError, match="not a dpflow world task file"):
+        demo_asset_config(folder("bad", text='{"task": "juggle", "episodes": []}'), {})
