@@ -46,6 +46,7 @@ import typer
 import yaml
 from rich.console import Console
 
+from dpflow_core.cli import posix_usage
 from dpflow_core.errors import InvalidNameError, RemoteError
 from dpflow_core.names import validate_name
 from dpflow_core.server.lab import SCALE_KEYS, lab_servers
@@ -464,7 +465,7 @@ def run_demo(
     return 0
 
 
-cli = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+cli = posix_usage(typer.Typer(add_completion=False, pretty_exceptions_enable=False))
 
 
 @cli.command()

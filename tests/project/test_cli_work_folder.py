@@ -87,3 +87,8 @@ def test_usage_lines_name_arguments_the_posix_way():
     assert seen["scale train"].endswith("[OPTIONS] DATASET") and len(seen) > 20
     for group in ([], ["cache"], ["scale"]):
         assert "<bool>" not in runner.invoke(app, [*group, "--help"], terminal_width=200).output, group
+    # dpflow demo's own app (dpflow_dagster.demo, reached through os.execv) alike
+    from dpflow_dagster.demo import cli as demo_cli
+
+    demo_help = runner.invoke(demo_cli, ["--help"], terminal_width=200).output
+    assert "--recordings" in demo_help and "<bool>" not in demo_help, demo_help
