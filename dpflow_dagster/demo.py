@@ -68,10 +68,10 @@ WORLD_ASSET_CONFIG: dict[str, dict[str, Any]] = {
     "train_run": {"config_name": "sim"},
     "rollout_evaluation": {"episodes": 200},
 }
-#: Added after WORLD_ASSET_CONFIG for one world task. ``stack`` executes 4 actions of each predicted chunk (0.4 s)
-#: before deciding again, not the ``sim`` config's 8: it places within 12 mm, and deciding twice as often took the
+#: Added after WORLD_ASSET_CONFIG for one world task. ``stack`` executes 4 actions of each predicted chunk before
+#: deciding again, not the ``sim`` config's 8 (a decision every 0.3 s, not 0.7 s): it places within 12 mm, and that took the
 #: same checkpoint from 59.5 % to 69.5 % on the same 200 held-out states (65.5-74.5 % on two more blocks), while
-#: ``pick_place`` fell from 96.5 % to 84.5 % with 4 (docs/benchmarks.md, "Actions executed per decision"). It is a
+#: ``pick_place`` fell from 96.5 % to 84.5 % with 4 (docs/benchmarks.md, "actions executed per decision"). It is a
 #: training override so that the checkpoint carries it: rollouts, ``dpflow serve`` and a robot read it from there.
 WORLD_TASK_ASSET_CONFIG: dict[str, dict[str, dict[str, Any]]] = {
     "stack": {"train_run": {"extra_overrides": ["n_action_steps=4"]}},
