@@ -115,9 +115,20 @@ def main() -> None:
         app()
     except DpflowError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        _json_error(exc.code, exc.path, exc.reason)
         sys.exit(2)
     except OSError as exc:
         # An I/O error the stage did not expect (output folder not writable, disk full): one line, no traceback.
         where = f"{exc.filename}: " if exc.filename else ""
         typer.secho(f"error: {where}{exc.strerror or exc} (errno {exc.errno})", fg=typer.colors.RED, err=True)
+        _json_error("os_error", None if exc.filename is None else str(exc.filename), f"{exc.strerror or exc} (errno {exc.errno})")
         sys.exit(2)
+
+
+def _json_error(code: str, path: str | None, reason: str) -> None:
+    """A command asked for ``--json`` gets its refusal as JSON on stdout too, ``{"error": {"code", "path",
+    "reason"}}``, so that a script reading stdout sees why instead of nothing (the line on stderr stays)."""
+    if "--json" in sys.argv[1:]:
+        import json
+
+        typer.echo(json.dumps({"error": {"code": code, "path": path, "reason": reason}}))

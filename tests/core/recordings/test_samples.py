@@ -129,3 +129,17 @@ def test_cli_errors_exit_2_with_one_line(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {tmp_path / 'rec' / 'pick_place'}: already holds recordings; choose an empty folder"
+
+
+def test_a_refusal_asked_for_as_json_is_json_on_stdout(tmp_path):
+    """A script running ``dpflow ... --json`` reads stdout: a refused command gives it the code, the path and the
+    reason there, besides the one line on stderr and exit 2 (it printed nothing on stdout before)."""
+    missing = tmp_path / "nowhere" / "manifest.json"
+    proc = subprocess.run(["dpflow", "convert", str(missing), "-o", str(tmp_path / "d.npz"), "--json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: ") and "Traceback" not in proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert err["path"] == str(missing) and err["reason"] and err["code"] != "error", err
+    assert err["reason"] in proc.stderr
+    plain = subprocess.run(["dpflow", "convert", str(missing), "-o", str(tmp_path / "d.npz")], capture_output=True, text=True)
+    assert plain.returncode == 2 and plain.stdout == "" and plain.stderr == proc.stderr
