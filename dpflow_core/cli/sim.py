@@ -85,6 +85,7 @@ def rollout_cmd(
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
+        typer.echo(f"{result.task}: {result.episodes} held-out states, {result.n_action_steps} actions executed per decision")
         typer.echo(result.table())
         typer.echo(f"results: {result.out_dir}" + (f"; film: {result.video}, {result.contact_sheet}" if result.video else ""))
         typer.echo("closed_loop_success: " + ("PASS" if result.passed else f"FAIL ({result.reason})"))

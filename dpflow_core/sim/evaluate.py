@@ -61,6 +61,7 @@ class ClosedLoopResult(StageResult):
         baselines: ``{name: summary dict}``.
         target, margin: of the verdict; passed: the verdict; reason: why it failed ("" when it passed).
         out_dir, video, contact_sheet: the written files (video and sheet None when not filmed).
+        n_action_steps: the actions every policy executed of each chunk (None: nothing rolled out).
     """
 
     task: str
@@ -76,6 +77,7 @@ class ClosedLoopResult(StageResult):
     out_dir: Path
     video: Path | None
     contact_sheet: Path | None
+    n_action_steps: int | None = None
 
     @classmethod
     def not_simulated(cls, task: str, settings: ClosedLoopSettings) -> "ClosedLoopResult":
@@ -212,7 +214,7 @@ def evaluate_closed_loop(
     video, sheet = film.write(out)
     result = ClosedLoopResult(
         task, True, episodes, (seeds[0], seeds[-1]), mine.__dict__ | {}, {s.name: dict(s.__dict__) for s in summaries},
-        float(target), float(margin), passed, reason, out, video, sheet,
+        float(target), float(margin), passed, reason, out, video, sheet, records[0].n_action_steps,
     )
     write_text_atomic(out / "closed_loop.json", json.dumps(result.to_dict(), indent=2))
     return result

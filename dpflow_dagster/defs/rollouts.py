@@ -206,7 +206,9 @@ def rollout_evaluation(
         "passed": result.passed,
         "out_dir": dg.MetadataValue.path(str(result.out_dir)),
         "rollouts_json": dg.MetadataValue.path(str(result.out_dir / "rollouts.json")),
-        "command": f"dpflow rollout {ckpt.local_path} --task {result.task} --episodes {result.episodes}",
+        "n_action_steps": result.n_action_steps,
+        "command": f"dpflow rollout {ckpt.local_path} --task {result.task} --episodes {result.episodes}"
+                   + (f" --n-action-steps {config.n_action_steps}" if config.n_action_steps else ""),
     }
     if result.contact_sheet:
         data = base64.b64encode(Path(result.contact_sheet).read_bytes()).decode("ascii")

@@ -466,7 +466,8 @@ def test_a_rollout_executes_the_n_action_steps_it_is_given(tmp_path):
     res = evaluate_closed_loop(_ProbePolicy(), "pick_place", tmp_path / "r",
                                ClosedLoopSettings(episodes=1, baselines=(), video_episodes=0, n_action_steps=4),
                                baseline_policies={"other": other})
-    assert len(other.calls) == len(probe.calls)
+    assert len(other.calls) == len(probe.calls) and res.n_action_steps == 4
+    assert json.loads((tmp_path / "r" / "closed_loop.json").read_text())["n_action_steps"] == 4
     for name in ("rollouts.json", "rollouts_other.json"):
         assert json.loads((tmp_path / "r" / name).read_text())[0]["n_action_steps"] == 4
     with pytest.raises(ValueError, match="exceeds the 16 actions"):
