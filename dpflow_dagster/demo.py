@@ -179,9 +179,15 @@ def check_run_config(job, run_config: dict, config: Optional[Path]) -> None:
 
 
 def _merge(base: dict, extra: dict) -> dict:
+    """Per asset, ``extra``'s fields over ``base``'s; Hydra ``extra_overrides`` are joined, ``extra``'s last (so
+    they win), so that a lab.yaml's own overrides keep a world task's."""
     out = {k: dict(v) for k, v in base.items()}
     for key, values in (extra or {}).items():
-        out.setdefault(key, {}).update(values or {})
+        values = dict(values or {})
+        joined = [*out.get(key, {}).get("extra_overrides", []), *values.pop("extra_overrides", [])]
+        out.setdefault(key, {}).update(values)
+        if joined:
+            out[key]["extra_overrides"] = joined
     return out
 
 
@@ -189,8 +195,8 @@ def demo_asset_config(recordings: Optional[Path], assets: dict) -> dict[str, dic
     """The demo's config per asset: :data:`DEMO_ASSET_CONFIG`, then for a task recorded in the world (no
     ``recordings``: the main job's ``pick_place``; else a folder holding ``sim_task.json``) :data:`WORLD_ASSET_CONFIG`
     and that task's :data:`WORLD_TASK_ASSET_CONFIG`, then the lab.yaml's ``assets`` (each key replaces the
-    defaults'). The no-camera ablation (``no_camera_run``) trains as ``train_run`` does unless its own entry says
-    otherwise.
+    defaults', except ``extra_overrides``, which are appended: a later Hydra override wins). The no-camera
+    ablation (``no_camera_run``) trains as ``train_run`` does, its own entry merged in the same way.
 
     Raises:
         ValueError: the folder's ``sim_task.json`` is not the world's (names the file).
@@ -203,7 +209,8 @@ def demo_asset_config(recordings: Optional[Path], assets: dict) -> dict[str, dic
         config = _merge(_merge(config, WORLD_ASSET_CONFIG), WORLD_TASK_ASSET_CONFIG.get(meta["task"], {}))
     config = _merge(config, assets)
     same_training = {k: v for k, v in config.get("train_run", {}).items() if k not in ("run_name", "resume")}
-    config["no_camera_run"] = {**same_training, **config.get("no_camera_run", {})}
+    config["no_camera_run"] = _merge({"no_camera_run": same_training}, {"no_camera_run": config.get("no_camera_run", {})})[
+        "no_camera_run"]
     return config
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from dpflow_core.cli import app
+from dpflow_core.cli import app, counted
 from dpflow_core.cli.options import settings_options
 from dpflow_core.sim.settings import ClosedLoopSettings
 
@@ -85,7 +85,8 @@ def rollout_cmd(
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        typer.echo(f"{result.task}: {result.episodes} held-out states, {result.n_action_steps} actions executed per decision")
+        typer.echo(f"{result.task}: {counted(result.episodes, 'held-out state')}, "
+                   f"{counted(result.n_action_steps, 'action')} executed per decision")
         typer.echo(result.table())
         typer.echo(f"results: {result.out_dir}" + (f"; film: {result.video}, {result.contact_sheet}" if result.video else ""))
         typer.echo("closed_loop_success: " + ("PASS" if result.passed else f"FAIL ({result.reason})"))

@@ -196,7 +196,10 @@ def evaluate_closed_loop(
     policy, others = loaded(policy), {k: loaded(v) for k, v in others.items()}
     out.mkdir(parents=True, exist_ok=True)
     film = _Film()
-    n_exec = s.n_action_steps
+    from dpflow_core.sim.rollout import PolicyView
+
+    # every policy of the run executes the same number: the setting, else the judged policy's own
+    n_exec = s.n_action_steps if s.n_action_steps is not None else PolicyView.of(policy).n_action_steps
     records = rollout_policy(policy, task, seeds, recording, n_action_steps=n_exec, video=film,
                              video_episodes=video_episodes)
     write_rollouts(out, "policy", records)

@@ -322,11 +322,17 @@ def _observe(ep: _Episode, view: PolicyView, lat: dict[str, float], tick: float,
 
 
 def _execute(ep: _Episode, act: dict[str, np.ndarray], lat: dict[str, float], n_exec: int, timeout: float,
-             hook: Callable[[GripperWorld], None] | None) -> float | None:
-    """Run one predicted chunk (one episode's slice): drop the past actions, execute the next ``n_exec``."""
+             hook: Callable[[GripperWorld], None] | None, strict: bool = False) -> float | None:
+    """Run one predicted chunk (one episode's slice): drop the past actions, execute the next ``n_exec``.
+    ``strict`` (an ``n_action_steps`` asked for): refuse a chunk with fewer than ``n_exec`` actions ahead after
+    the episode's first decision (at t = 0 the frame is not yet late), rather than execute fewer than recorded."""
     world, now = ep.world, ep.world.time_s
     times = np.asarray(act["timestamp"], float)
-    keep = np.flatnonzero(times >= now + lat["action_s"] - 1e-9)[:n_exec]
+    ahead = np.flatnonzero(times >= now + lat["action_s"] - 1e-9)
+    if strict and now > 0 and len(ahead) < n_exec:
+        raise ValueError(f"n_action_steps {n_exec}: only {len(ahead)} of the {len(times)} predicted actions lie ahead "
+                         "once the observation and action latencies have passed; execute at most that many")
+    keep = ahead[:n_exec]
     if len(keep) == 0:
         keep = np.array([len(times) - 1])
     targets = [ep.tcp_target(p, r) for p, r in zip(act["robot0_eef_pos"][keep], act["robot0_eef_rot_axis_angle"][keep])]
@@ -349,6 +355,8 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
 
     Up to ``batch`` episodes run in lockstep (they decide at the same simulated times), and their
     observations go to one batched ``predict_action`` call: each episode still sees only its own world.
+    ``n_action_steps``: the actions executed of each chunk (None: the policy's own); when given, a chunk with
+    fewer actions ahead once the latencies have passed is refused rather than executed short (ValueError).
     A served policy gets that batch as one request with the same noise seed, so a rollout through
     ``dpflow serve`` is the in-process rollout, chunk for chunk.
     """
@@ -391,7 +399,7 @@ def rollout_policy(policy, task: str, seeds: Sequence[int], recording: SimRecord
                 spent[k] += took
                 decisions[k] += 1
                 hook = (lambda w, i=index: video(i, w)) if video is not None and index < video_episodes else None
-                t_ok[k] = _execute(eps[k], act, lat, n_exec, timeout, hook)
+                t_ok[k] = _execute(eps[k], act, lat, n_exec, timeout, hook, strict=n_action_steps is not None)
             active = [k for k in active if t_ok[k] is None and eps[k].world.time_s < timeout - 1e-9]
         out.extend(_record(seed, eps[k], t_ok[k], decisions[k], lat, round(spent[k] / max(1, decisions[k]), 5), n_exec)
                    for k, (_, seed) in enumerate(group))

@@ -68,7 +68,8 @@ class ClosedLoopSettings:
             raise ValueError(f"episodes must be >= 1, seed and video_episodes >= 0; got {self.episodes}, "
                              f"{self.seed}, {self.video_episodes}")
         if self.n_action_steps is not None and self.n_action_steps < 1:
-            raise ValueError(f"n_action_steps must be >= 1 (or None: the checkpoint's), got {self.n_action_steps}")
+            raise ValueError(f"n_action_steps must be >= 1 (leave it unset for the checkpoint's own), got "
+                             f"{self.n_action_steps}")
         if not ((self.target is None or 0 <= self.target <= 1) and 0 <= self.margin <= 1):
             raise ValueError(f"target and margin are fractions in [0, 1], got {self.target}, {self.margin}")
 

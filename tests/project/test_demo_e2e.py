@@ -428,7 +428,10 @@ def test_the_demo_config_per_task_comes_from_the_world_task_and_the_lab_file(tmp
     assert demo_asset_config(folder("pp", "pick_place"), {})["train_run"] == {"config_name": "sim"}
     lab = demo_asset_config(folder("pick_cup"), {"train_run": {"epochs": 3}})
     assert lab["train_run"] == {"epochs": 3} and "smoke_run" not in lab and "rollout_evaluation" not in lab
-    mine = demo_asset_config(folder("stack2", "stack"), {"train_run": {"extra_overrides": ["n_action_steps=6"]}})
-    assert mine["train_run"]["extra_overrides"] == mine["no_camera_run"]["extra_overrides"] == ["n_action_steps=6"]
+    # a lab's own overrides come after the world task's (Hydra: the last wins), for both trainings
+    mine = demo_asset_config(folder("stack2", "stack"), {"train_run": {"extra_overrides": ["training.seed=1"]},
+                                                         "no_camera_run": {"extra_overrides": ["n_action_steps=6"]}})
+    assert mine["train_run"]["extra_overrides"] == ["n_action_steps=4", "training.seed=1"]
+    assert mine["no_camera_run"]["extra_overrides"] == ["n_action_steps=4", "training.seed=1", "n_action_steps=6"]
     with pytest.raises(ValueError, match="not a dpflow world task file"):
         demo_asset_config(folder("bad", text='{"task": "juggle", "episodes": []}'), {})

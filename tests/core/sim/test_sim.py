@@ -472,5 +472,17 @@ def test_a_rollout_executes_the_n_action_steps_it_is_given(tmp_path):
         assert json.loads((tmp_path / "r" / name).read_text())[0]["n_action_steps"] == 4
     with pytest.raises(ValueError, match="exceeds the 16 actions"):
         rollout_policy(_ProbePolicy(), "pick_place", seeds, n_action_steps=17)
+    # the first of 16 actions is past (the frame is 0.1 s old): 15 lie ahead, and 16 would be recorded but not run
+    with pytest.raises(ValueError, match="only 15 of the 16 predicted actions lie ahead"):
+        rollout_policy(_ProbePolicy(), "pick_place", seeds, n_action_steps=16)
+    assert rollout_policy(_ProbePolicy(), "pick_place", seeds, n_action_steps=15)[0].n_action_steps == 15
+    # unset, every policy of a run executes the judged policy's own number, a baseline checkpoint's own aside
+    own4 = _ProbePolicy()
+    own4.cfg = type("cfg", (), {"n_action_steps": 4, "task": _ProbePolicy.cfg.task})
+    res = evaluate_closed_loop(_ProbePolicy(), "pick_place", tmp_path / "d",
+                               ClosedLoopSettings(episodes=1, baselines=(), video_episodes=0),
+                               baseline_policies={"own4": own4})
+    assert res.n_action_steps == 8
+    assert json.loads((tmp_path / "d" / "rollouts_own4.json").read_text())[0]["n_action_steps"] == 8
     with pytest.raises(ValueError, match="n_action_steps must be >= 1"):
         rollout_policy(_ProbePolicy(), "pick_place", seeds, n_action_steps=0)
