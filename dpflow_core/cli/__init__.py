@@ -112,7 +112,7 @@ from dpflow_core.cli import clean as _clean  # noqa: E402,F401
 def main() -> None:
     """Console-script entry point: run the app, print DpflowError in one line."""
     try:
-        app()
+        _run_app()
     except DpflowError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         _json_error(exc.code, exc.path, exc.reason)
@@ -123,6 +123,28 @@ def main() -> None:
         typer.secho(f"error: {where}{exc.strerror or exc} (errno {exc.errno})", fg=typer.colors.RED, err=True)
         _json_error("os_error", None if exc.filename is None else str(exc.filename), f"{exc.strerror or exc} (errno {exc.errno})")
         sys.exit(2)
+
+
+def _run_app() -> None:
+    """Run the app. With ``--json``, Click does not exit on a usage error (a refused option value, a missing
+    argument) but hands it here, where it is printed as Click prints it and, as JSON, on stdout."""
+    if "--json" not in sys.argv[1:]:
+        app()
+        return
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    except Exception as exc:
+        # Typer's own Click exceptions (ClickException and its usage errors) carry show(), format_message() and
+        # exit_code; every other exception (DpflowError, OSError) goes on to main()
+        if not all(hasattr(exc, a) for a in ("show", "format_message", "exit_code")):
+            raise
+        exc.show()
+        _json_error("usage", None, exc.format_message())
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _json_error(code: str, path: str | None, reason: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -143,3 +144,14 @@ def test_a_refusal_asked_for_as_json_is_json_on_stdout(tmp_path):
     assert err["reason"] in proc.stderr
     plain = subprocess.run(["dpflow", "convert", str(missing), "-o", str(tmp_path / "d.npz")], capture_output=True, text=True)
     assert plain.returncode == 2 and plain.stdout == "" and plain.stderr == proc.stderr
+    # a refused option value and a missing option: usage errors, the same way
+    for args, reason in [(["rollout", str(missing), "--task", "stack", "--n-action-steps", "0"], "n_action_steps must be >= 1"),
+                         (["rollout", str(missing)], "Missing option '--task'")]:
+        usage = subprocess.run(["dpflow", *args, "--json"], capture_output=True, text=True)
+        assert usage.returncode == 2 and reason in usage.stderr and "Traceback" not in usage.stderr, usage.stderr
+        err = json.loads(usage.stdout)["error"]
+        assert err["code"] == "usage" and reason in err["reason"], err
+    # --json asked for and nothing refused: the command's own exit status and output
+    shown = subprocess.run(["dpflow", "cache", "show", "--json"], capture_output=True, text=True,
+                           env={**os.environ, "DPFLOW_CACHE_DIR": str(tmp_path / "cache")})
+    assert shown.returncode == 0 and "error" not in json.loads(shown.stdout)
