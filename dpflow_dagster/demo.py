@@ -176,6 +176,16 @@ def check_run_config(job, run_config: dict, config: Optional[Path]) -> None:
     except DagsterInvalidConfigError as exc:
         reasons = "; ".join(e.message for e in exc.errors) or str(exc)
         raise typer.BadParameter(f"{config or 'the demo settings'}: invalid asset settings: {reasons}") from None
+    # values the types allow but the judge's settings refuse (episodes 0, n_action_steps 0) would fail only after
+    # the training: they are refused now, by the same ClosedLoopSettings the rollout_evaluation asset builds
+    from dpflow_dagster.defs.rollouts import RolloutEvaluationConfig
+
+    values = ((run_config.get("ops") or {}).get("rollout_evaluation") or {}).get("config") or {}
+    try:
+        RolloutEvaluationConfig(**values).settings()
+    except ValueError as exc:
+        raise typer.BadParameter(f"{config or 'the demo settings'}: invalid asset settings: rollout_evaluation: "
+                                 f"{exc}") from None
 
 
 def _merge(base: dict, extra: dict) -> dict:
