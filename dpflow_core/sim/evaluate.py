@@ -194,12 +194,16 @@ def evaluate_closed_loop(
 
     loaded = lambda p: load_policy(p) if isinstance(p, (str, Path)) else p  # noqa: E731
     policy, others = loaded(policy), {k: loaded(v) for k, v in others.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    film = _Film()
     from dpflow_core.sim.rollout import PolicyView
 
     # every policy of the run executes the same number: the setting, else the judged policy's own
     n_exec = s.n_action_steps if s.n_action_steps is not None else PolicyView.of(policy).n_action_steps
+    for name, p in [("policy", policy), *others.items()]:  # before any folder or rollout: what is known up front
+        horizon = getattr(p, "horizon", None)
+        if isinstance(horizon, int) and n_exec > horizon:
+            raise ValueError(f"n_action_steps {n_exec} exceeds the {horizon} actions {name} predicts per chunk (its horizon)")
+    out.mkdir(parents=True, exist_ok=True)
+    film = _Film()
     records = rollout_policy(policy, task, seeds, recording, n_action_steps=n_exec, video=film,
                              video_episodes=video_episodes)
     write_rollouts(out, "policy", records)

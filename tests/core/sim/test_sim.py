@@ -484,5 +484,9 @@ def test_a_rollout_executes_the_n_action_steps_it_is_given(tmp_path):
                                baseline_policies={"own4": own4})
     assert res.n_action_steps == 8
     assert json.loads((tmp_path / "d" / "rollouts_own4.json").read_text())[0]["n_action_steps"] == 8
+    # past a horizon: refused before the results folder is made
+    with pytest.raises(ValueError, match="exceeds the 16 actions policy predicts"):
+        evaluate_closed_loop(_ProbePolicy(), "pick_place", tmp_path / "e", ClosedLoopSettings(episodes=1, n_action_steps=17))
+    assert not (tmp_path / "e").exists()
     with pytest.raises(ValueError, match="n_action_steps must be >= 1"):
         rollout_policy(_ProbePolicy(), "pick_place", seeds, n_action_steps=0)
